@@ -1,0 +1,144 @@
+"""LLM: the offline, vLLM-shaped Python API (``LLM(...).generate / .chat``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from tandem.config import CacheConfig, SchedulerConfig
+from tandem.engine.llm_engine import LLMEngine, ModelSpec
+from tandem.errors import RequestError
+from tandem.loader.registry import DEFAULT_MODEL
+from tandem.loader.tokenizer import apply_chat_template
+from tandem.outputs import CompletionOutput, RequestOutput
+from tandem.sampling_params import SamplingParams
+from tandem.spec.config import SpeculativeConfig, resolve_speculative_config
+
+PromptType = str | Sequence[int] | Mapping[str, Any]
+Message = Mapping[str, str]
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        tokenizer: str | None = None,
+        dtype: str = "auto",
+        device: str = "auto",
+        seed: int = 0,
+        load_format: str = "auto",
+        revision: str | None = None,
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.92,
+        kv_cache_memory_bytes: int | None = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = None,
+        block_size: int = 16,
+        enable_prefix_caching: bool = False,
+        speculative_config: str | Mapping[str, Any] | SpeculativeConfig | None = None,
+        log_stats: bool = False,
+        **deprecated: Any,
+    ) -> None:
+        from tandem.spec.config import DEPRECATED_KWARGS
+
+        unknown = set(deprecated) - set(DEPRECATED_KWARGS)
+        if unknown:
+            raise TypeError(f"LLM() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        spec = resolve_speculative_config(
+            speculative_config, {k: v for k, v in deprecated.items() if v is not None})
+        self.engine = LLMEngine(
+            ModelSpec(model=model, tokenizer=tokenizer, dtype=dtype, device=device, seed=seed,
+                      load_format=load_format, revision=revision, max_model_len=max_model_len),
+            CacheConfig(block_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
+                        kv_cache_memory_bytes=kv_cache_memory_bytes,
+                        enable_prefix_caching=enable_prefix_caching),
+            SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+            spec,
+            log_stats=log_stats,
+        )
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        items = _as_prompt_list(prompts)
+        if sampling_params is None:
+            params_list = [SamplingParams()] * len(items)
+        elif isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(items)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(items):
+                raise ValueError(
+                    f"got {len(params_list)} sampling_params for {len(items)} prompts; pass one or one per prompt")
+        engine = self.engine
+        ids: list[str] = []
+        results: dict[str, RequestOutput] = {}
+        for item, params in zip(items, params_list):
+            rid = engine.new_request_id()
+            ids.append(rid)
+            text, tokens = _split_prompt(item)
+            try:
+                engine.add_request(rid, text, params, prompt_token_ids=tokens)
+            except RequestError as e:
+                results[rid] = _error_output(rid, text, tokens, str(e))
+        bar = tqdm(total=len(items), desc="Processed prompts", disable=not use_tqdm or len(items) < 2)
+        bar.update(len(results))
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    results[out.request_id] = out
+                    bar.update(1)
+        bar.close()
+        return [results[rid] for rid in ids]
+
+    def chat(
+        self,
+        messages: Sequence[Message] | Sequence[Sequence[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        prompts = [
+            {"prompt_token_ids": apply_chat_template(self.engine.tokenizer, list(conv), add_generation_prompt)}
+            for conv in conversations
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+
+def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if isinstance(prompts, (str, Mapping)):
+        return [prompts]
+    seq = list(prompts)
+    if seq and all(isinstance(t, int) for t in seq):
+        return [seq]  # a single token-id prompt
+    return seq
+
+
+def _split_prompt(item: PromptType) -> tuple[str | None, list[int] | None]:
+    if isinstance(item, str):
+        return item, None
+    if isinstance(item, Mapping):
+        if "prompt_token_ids" in item:
+            return item.get("prompt"), list(item["prompt_token_ids"])
+        if "prompt" in item:
+            return str(item["prompt"]), None
+        raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+    return None, [int(t) for t in item]
+
+
+def _error_output(rid: str, text: str | None, tokens: list[int] | None, message: str) -> RequestOutput:
+    return RequestOutput(
+        request_id=rid, prompt=text, prompt_token_ids=tokens or [],
+        outputs=[CompletionOutput(0, "", [], None, None, finish_reason="error")],
+        finished=True, error=message,
+    )

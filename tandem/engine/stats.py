@@ -1,0 +1,101 @@
+"""Engine counters (what /metrics exports) and the periodic log line.
+
+Counters only ever increase; the server turns them into Prometheus counters by deltas. Speculation
+counters follow vLLM's meaning: a *draft* is one proposal of ≥ 1 token for one request in one step;
+``accepted_per_pos[i]`` counts drafts whose token at position i was accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+logger = logging.getLogger("tandem")
+
+
+@dataclass
+class SpecStats:
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def record(self, num_draft: int, num_accepted: int) -> None:
+        if num_draft <= 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_pos) < num_draft:
+            self.accepted_per_pos.extend([0] * (num_draft - len(self.accepted_per_pos)))
+        for i in range(num_accepted):
+            self.accepted_per_pos[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """τ = 1 + accepted / drafts (tokens emitted per verify step, bonus included)."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    def per_position_rates(self) -> list[float]:
+        return [a / self.num_drafts for a in self.accepted_per_pos] if self.num_drafts else []
+
+    def copy(self) -> SpecStats:
+        return SpecStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
+                         list(self.accepted_per_pos))
+
+
+@dataclass
+class EngineStats:
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_preemptions: int = 0
+    request_success: dict[str, int] = field(default_factory=dict)  # finish_reason → count
+    spec: SpecStats = field(default_factory=SpecStats)
+    num_steps: int = 0
+
+
+class PeriodicLogger:
+    """Logs throughput, queue sizes, KV usage and speculation rates every ``interval`` seconds."""
+
+    def __init__(self, interval: float = 5.0) -> None:
+        self.interval = interval
+        self._last = time.monotonic()
+        self._last_prompt = 0
+        self._last_gen = 0
+        self._last_spec = SpecStats()
+
+    def maybe_log(self, stats: EngineStats, running: int, waiting: int, kv_usage: float) -> None:
+        now = time.monotonic()
+        dt = now - self._last
+        if dt < self.interval:
+            return
+        spec = stats.spec
+        msg = (
+            f"Avg prompt throughput: {(stats.prompt_tokens - self._last_prompt) / dt:.1f} tokens/s, "
+            f"Avg generation throughput: {(stats.generation_tokens - self._last_gen) / dt:.1f} tokens/s, "
+            f"Running: {running} reqs, Waiting: {waiting} reqs, KV cache usage: {100 * kv_usage:.1f}%"
+        )
+        d_drafts = spec.num_drafts - self._last_spec.num_drafts
+        if d_drafts:
+            d_tok = spec.num_draft_tokens - self._last_spec.num_draft_tokens
+            d_acc = spec.num_accepted_tokens - self._last_spec.num_accepted_tokens
+            per_pos = [
+                (a - (self._last_spec.accepted_per_pos[i] if i < len(self._last_spec.accepted_per_pos) else 0)) / d_drafts
+                for i, a in enumerate(spec.accepted_per_pos)
+            ]
+            msg += (
+                f" | SpecDecoding metrics: Mean acceptance length: {1 + d_acc / d_drafts:.2f}, "
+                f"Accepted: {d_acc} tokens, Drafted: {d_tok} tokens, "
+                f"Draft acceptance rate: {100 * d_acc / max(d_tok, 1):.1f}%, "
+                f"Per-position acceptance rate: {', '.join(f'{r:.3f}' for r in per_pos)}"
+            )
+        logger.info(msg)
+        self._last = now
+        self._last_prompt = stats.prompt_tokens
+        self._last_gen = stats.generation_tokens
+        self._last_spec = spec.copy()

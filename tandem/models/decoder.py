@@ -1,0 +1,184 @@
+"""Decoder-only transformer covering Llama, Mistral, Qwen2, Qwen3 and Gemma3 through ModelArch flags.
+
+Differences are flags, not copies: qkv bias (Qwen2), per-head q/k RMSNorm (Qwen3, Gemma3), tied
+embeddings, Gemma's (1 + w) norms, sandwich norms around attention and MLP, scaled embeddings,
+sliding-window layers with their own rope base, and final logit soft-capping.
+
+``forward(input_ids [T], positions [T], meta, kv_caches)`` runs over a flat batch of query tokens
+(prefill chunks, decodes and k+1-token verifies alike); ``compute_logits`` is applied only to the
+rows that are sampled. ``aux_layers`` lets a caller collect the hidden states entering chosen layers
+(for EAGLE-style heads) without a second copy of this code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from tandem.errors import ModelLoadError
+from tandem.loader.arch import ModelArch
+from tandem.models.layers import GatedMLP, PackedLinear, RMSNorm, Rotary
+from tandem.worker.attention import paged_attention, write_kv
+from tandem.worker.attn_metadata import AttentionMetadata
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class Attention(nn.Module):
+    def __init__(self, arch: ModelArch, layer: int, rotary: Rotary) -> None:
+        super().__init__()
+        self.num_heads = arch.num_heads
+        self.num_kv_heads = arch.num_kv_heads
+        self.head_dim = arch.head_dim
+        q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+        self.qkv_proj = PackedLinear(arch.hidden_size, {"q_proj": q, "k_proj": kv, "v_proj": kv},
+                                     bias=arch.attention_bias)
+        self.o_proj = nn.Linear(q, arch.hidden_size, bias=False)
+        if arch.qk_norm:
+            self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, offset=arch.is_gemma)
+            self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, offset=arch.is_gemma)
+        else:
+            self.q_norm = self.k_norm = None
+        self.rotary = rotary
+        self.scale = arch.attn_scale
+        self.sliding_window = arch.sliding_window if arch.is_sliding(layer) else None
+        self.q_size, self.kv_size = q, kv
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_cache: KVCache) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)
+        q = qkv[:, : self.q_size].reshape(t, self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size: self.q_size + self.kv_size].reshape(t, self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size:].reshape(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
+        o = paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale, self.sliding_window)
+        return self.o_proj(o.reshape(t, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArch, layer: int, rotary: Rotary) -> None:
+        super().__init__()
+        gemma = arch.is_gemma
+        self.self_attn = Attention(arch, layer, rotary)
+        self.mlp = GatedMLP(arch.hidden_size, arch.intermediate_size, arch.hidden_act)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, offset=gemma)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, offset=gemma)
+        self.sandwich = gemma
+        if gemma:
+            self.pre_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, offset=True)
+            self.post_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, offset=True)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_cache: KVCache) -> torch.Tensor:
+        if self.sandwich:
+            h = self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), positions, meta, kv_cache))
+            x = x + h
+            h = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+            return x + h
+        x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, arch: ModelArch, max_positions: int) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        rotary = Rotary(arch.head_dim, arch.rope_theta, max_positions, arch.rope_scaling)
+        local = rotary
+        if arch.rope_local_theta is not None:
+            local = Rotary(arch.head_dim, arch.rope_local_theta, max_positions, None)
+        self.layers = nn.ModuleList(
+            DecoderLayer(arch, i, local if arch.is_sliding(i) else rotary) for i in range(arch.num_layers)
+        )
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, offset=arch.is_gemma)
+        self.embed_scale = math.sqrt(arch.hidden_size) if arch.is_gemma else None
+
+
+class CausalLM(nn.Module):
+    """The full model. Parameter names follow HF except packed qkv_proj / gate_up_proj."""
+
+    def __init__(self, arch: ModelArch, max_positions: int) -> None:
+        super().__init__()
+        self.arch = arch
+        self.model = DecoderModel(arch, max_positions)
+        self.lm_head = None if arch.tie_word_embeddings else nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+        aux_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:  # hidden [T, H], aux hidden states
+        m = self.model
+        x = m.embed_tokens(input_ids)
+        if m.embed_scale is not None:
+            x = x * torch.tensor(m.embed_scale, dtype=x.dtype)
+        aux: list[torch.Tensor] = []
+        for i, layer in enumerate(m.layers):
+            if i in aux_layers:
+                aux.append(x)
+            x = layer(x, positions, meta, kv_caches[i])
+        return m.norm(x), aux
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] → [N, V] float32
+        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = torch.nn.functional.linear(hidden, w).float()
+        cap = self.arch.final_logit_softcapping
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    # ---- weight loading -------------------------------------------------------------------------
+    _PACKED = {
+        "q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+        "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj",
+    }
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into the parameters; raise if any parameter stays unloaded."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        packed_loaded: dict[str, set[str]] = {}
+        for name, tensor in weights:
+            if name.startswith("lm_head.") and self.lm_head is None:
+                continue  # tied checkpoints may still ship a copy
+            if "rotary_emb" in name:
+                continue
+            parts = name.split(".")
+            if len(parts) >= 3 and parts[-2] in self._PACKED:
+                shard, pname = parts[-2], parts[-1]
+                mod_name = ".".join(parts[:-2] + [self._PACKED[shard]])
+                try:
+                    module = self.get_submodule(mod_name)
+                except AttributeError:
+                    raise ModelLoadError(f"unexpected weight {name!r} in checkpoint") from None
+                module.load_shard(shard, pname, tensor)
+                packed_loaded.setdefault(f"{mod_name}.{pname}", set()).add(shard)
+                continue
+            if name not in params:
+                raise ModelLoadError(f"unexpected weight {name!r} in checkpoint")
+            p = params[name]
+            if tuple(p.shape) != tuple(tensor.shape):
+                raise ModelLoadError(
+                    f"weight {name!r} has shape {tuple(tensor.shape)}, the model expects {tuple(p.shape)}"
+                )
+            with torch.no_grad():
+                p.copy_(tensor)
+            loaded.add(name)
+        for pname, shards in packed_loaded.items():
+            module = self.get_submodule(pname.rsplit(".", 1)[0])
+            if shards == set(module.shards):
+                loaded.add(pname)
+        missing = sorted(set(params) - loaded)
+        if missing:
+            more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+            raise ModelLoadError(f"checkpoint is missing weights: {', '.join(missing[:5])}{more}")

@@ -1,0 +1,139 @@
+"""Building blocks shared by the model families: norms, rotary embedding, packed linears, MLP.
+
+Numerics follow Hugging Face transformers operation for operation (float32 accumulation in norms,
+rope tables built as ``pos * inv_freq`` in float32) so greedy outputs match HF token for token in
+float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Llama-style RMSNorm: ``w * (x / rms(x))``; Gemma-style (``offset=True``): ``(x / rms(x)) * (1 + w)``."""
+
+    def __init__(self, dim: int, eps: float, offset: bool = False) -> None:
+        super().__init__()
+        self.eps = eps
+        self.offset = offset
+        self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (h * (1.0 + self.weight.float())).to(dtype)
+        return self.weight * h.to(dtype)
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    factor = float(scaling["factor"])
+    low = float(scaling.get("low_freq_factor", 1.0))
+    high = float(scaling.get("high_freq_factor", 4.0))
+    old_len = float(scaling.get("original_max_position_embeddings", 8192))
+    low_wavelen = old_len / low
+    high_wavelen = old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (HF "rotate_half" layout) with a precomputed cos/sin table."""
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int,
+                 scaling: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        attention_factor = 1.0
+        if scaling:
+            kind = scaling.get("rope_type", scaling.get("type", "default"))
+            if kind == "llama3":
+                inv_freq = _llama3_inv_freq(inv_freq, scaling)
+            elif kind == "linear":
+                inv_freq = inv_freq / float(scaling["factor"])
+            elif kind not in ("default", None):
+                raise NotImplementedError(f"rope scaling type {kind!r} is not supported yet")
+        pos = torch.arange(max_positions, dtype=torch.float32)
+        freqs = pos[:, None] * inv_freq[None, :]  # [max_pos, d/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos() * attention_factor, persistent=False)
+        self.register_buffer("sin", emb.sin() * attention_factor, persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        # q: [T, h, d], k: [T, kvh, d]
+        cos = self.cos[positions].to(q.dtype)[:, None, :]
+        sin = self.sin[positions].to(q.dtype)[:, None, :]
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class PackedLinear(nn.Module):
+    """One matmul for several HF projections (q/k/v → qkv, gate/up → gate_up).
+
+    ``shards`` maps each HF sub-name to its output size; weights load shard by shard.
+    """
+
+    def __init__(self, in_features: int, shards: dict[str, int], bias: bool = False) -> None:
+        super().__init__()
+        self.shards = dict(shards)
+        out = sum(shards.values())
+        self.weight = nn.Parameter(torch.empty(out, in_features))
+        self.bias = nn.Parameter(torch.zeros(out)) if bias else None
+        self.offsets: dict[str, tuple[int, int]] = {}
+        o = 0
+        for name, size in shards.items():
+            self.offsets[name] = (o, size)
+            o += size
+
+    def load_shard(self, shard: str, param: str, tensor: torch.Tensor) -> None:
+        start, size = self.offsets[shard]
+        target = self.weight if param == "weight" else self.bias
+        if target is None:
+            raise KeyError(f"{shard}.{param}: this layer has no bias")
+        if tensor.shape[0] != size or tensor.shape[1:] != target.shape[1:]:
+            raise ValueError(f"{shard}.{param}: shape {tuple(tensor.shape)} does not fit {size} rows")
+        with torch.no_grad():
+            target[start:start + size].copy_(tensor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+def activation(name: str):  # type: ignore[no-untyped-def]
+    if name in ("silu", "swish"):
+        return F.silu
+    if name in ("gelu_pytorch_tanh", "gelu_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "gelu":
+        return F.gelu
+    raise NotImplementedError(f"activation {name!r} is not supported")
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, act: str) -> None:
+        super().__init__()
+        self.gate_up_proj = PackedLinear(hidden, {"gate_proj": intermediate, "up_proj": intermediate})
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.act = activation(act)
+        self.intermediate = intermediate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gu = self.gate_up_proj(x)
+        g, u = gu[..., : self.intermediate], gu[..., self.intermediate:]
+        return self.down_proj(self.act(g) * u)

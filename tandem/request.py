@@ -1,0 +1,101 @@
+"""Request: the engine's mutable record of one sequence being generated.
+
+Invariants:
+- ``token_ids`` = prompt + output; ``num_computed_tokens`` of them have KV in the cache.
+- In the decode phase ``num_computed_tokens == num_tokens - 1`` (the last sampled token is fed next).
+- ``spec_token_ids`` are drafts proposed for the next step; they are query tokens only and never part
+  of ``token_ids`` until accepted. Rejected drafts roll back by count: their KV slots are simply
+  overwritten later.
+- ``draft_num_computed`` is the same counter for a draft model's own KV cache (shares block_ids).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from tandem.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"
+
+    @property
+    def finished(self) -> bool:
+        return self.name.startswith("FINISHED")
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_ids: tuple[int, ...]
+    max_model_len: int
+    prompt: str | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    generator: torch.Generator | None = None
+    token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    spec_token_ids: list[int] = field(default_factory=list)
+    spec_probs: torch.Tensor | None = None  # [k, V] draft q when the draft samples
+    block_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    stop_reason: int | str | None = None
+    draft_num_computed: int = 0
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0
+    # speculation counters (per request)
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    # logprobs collected per output token / prompt position
+    logprobs: list[dict] = field(default_factory=list)
+    prompt_logprobs: list[dict | None] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    first_token_time: float | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self.token_ids) + len(self.spec_token_ids)
+
+    @property
+    def is_decoding(self) -> bool:
+        """Caught up with its tokens: the next step feeds the last token (plus drafts)."""
+        return self.num_computed_tokens == self.num_tokens - 1
+
+    @property
+    def max_output_tokens(self) -> int:
+        room = self.max_model_len - self.num_prompt_tokens
+        mt = self.params.max_tokens
+        return room if mt is None else min(mt, room)

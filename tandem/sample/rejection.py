@@ -1,0 +1,214 @@
+"""Speculative rejection sampling: verify draft tokens against the target so the output is the target's.
+
+Glossary (see docs/architecture.md):
+- **draft tokens** d_0..d_{k-1}: proposed by a cheap proposer (draft model, EAGLE, n-gram, suffix).
+  q_j is the distribution d_j was drawn from; proposers without probabilities (n-gram, suffix,
+  greedy drafts) act as a one-hot q_j at d_j (``draft_probs=None``).
+- **target distribution** p_j: ``probs_from_logits`` of the target's row j, i.e. after the draft
+  tokens d_0..d_{j-1}, with every sampling parameter applied. A request verifying k drafts has k + 1
+  contiguous rows; row k follows the last draft.
+- **accepted tokens**: d_j is accepted with probability min(1, p_j(d_j) / q_j(d_j)); verification
+  stops at the first rejection.
+- **recovered token**: emitted at the first rejection j, sampled from norm(max(p_j − q_j, 0)) (for a
+  one-hot q: p_j with d_j removed, renormalised). This correction is what makes the emitted token
+  distributed exactly as p_j: P(emit x) = min(p(x), q(x)) + (1 − Σ min(p, q)) · residual(x) = p(x).
+- **bonus token**: when all k drafts are accepted, one more token is sampled from p_k for free.
+- Every verify step therefore emits num_accepted + 1 tokens (k = 0 is plain sampling of one token).
+- **greedy** requests: accept while d_j == argmax p_j; the first mismatch emits argmax p_j; if all
+  are accepted the bonus is argmax p_k. No randomness is consumed.
+- τ = mean tokens emitted per verify step = 1 + accepted / verify steps; per-position acceptance rate
+  = accepted at position i / drafts reaching position i (see ``cost_model``).
+
+Randomness and reproducibility: per request, from its generator, we draw k uniforms (acceptance) then
+k + 1 rows of Exp(1) noise (the recovered/bonus sample by exponential race, ``sampler``), always the
+same amount whatever gets accepted. Requests sharing one generator object (the engine's default) are
+drawn together; a seeded request with its own generator gets the same draws in any batch. A k = 0
+request consumes exactly what ``sampler.sample`` would (one noise row), so it yields the same token.
+
+Vectorisation: p_j(d_j), q_j(d_j), the accept test, the residual of every draft row and the race of
+every row are computed for the whole batch at once; the only host sync is the final transfer of the
+accept flags and candidate tokens, after which the python bookkeeping per request is O(k).
+
+Benchmark mode (``synthetic_acceptance_rate``): each draft position is accepted independently with
+that probability and the recovered token is sampled from p_j (greedy: argmax p_j). This forces a
+chosen acceptance profile to measure engine cost; its output is NOT the target's distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tandem.sample.sampler import draw_exponential, draw_uniform, exponential_race, group_by_generator
+
+
+@dataclass(frozen=True)
+class RejectionOutput:
+    token_ids: list[list[int]]  # per request: accepted drafts, then exactly one recovered/bonus token
+    num_accepted: list[int]  # per request, 0..k_i
+
+
+def _recover(
+    target_probs: torch.Tensor, draft_probs: torch.Tensor | None, draft_token_ids: torch.Tensor
+) -> torch.Tensor:
+    """Recovery distribution norm(max(p − q, 0)) for draft rows: [M, V].
+
+    target_probs: [M, V] p_j; draft_probs: [M, V] q_j or None (one-hot q at draft_token_ids [M]).
+    Where the residual is all zero (p ≤ q everywhere, so rejection had probability 0) fall back to p.
+    Module-level on purpose: tests swap it to show that a wrong recovery is detected.
+    """
+    if draft_probs is None:
+        residual = target_probs.scatter(1, draft_token_ids[:, None], 0.0)
+    else:
+        residual = (target_probs - draft_probs).clamp_min_(0.0)
+    total = residual.sum(dim=-1, keepdim=True)  # [M, 1]
+    return torch.where(total > 0, residual / total.clamp_min(1e-30), target_probs)
+
+
+def rejection_sample(
+    target_probs: torch.Tensor,
+    draft_token_ids: Sequence[Sequence[int]],
+    draft_probs: torch.Tensor | None,
+    rows_greedy: Sequence[bool],
+    generators: Sequence[torch.Generator],
+    synthetic_acceptance_rate: float | None = None,
+) -> RejectionOutput:
+    """Verify each request's drafts; emit accepted drafts + one recovered or bonus token.
+
+    target_probs: [Σ(k_i + 1), V] rows of request i contiguous, in request order.
+    draft_token_ids: per request, k_i ≥ 0 tokens. draft_probs: [Σ k_i, V] q at each draft position,
+    or None for deterministic drafts (one-hot q). rows_greedy, generators: per request.
+    """
+    num_req = len(draft_token_ids)
+    if len(rows_greedy) != num_req or len(generators) != num_req:
+        raise ValueError(
+            f"rows_greedy ({len(rows_greedy)}) and generators ({len(generators)}) must have one "
+            f"entry per request ({num_req})"
+        )
+    ks = [len(d) for d in draft_token_ids]
+    total_drafts = sum(ks)
+    total_rows = total_drafts + num_req
+    if target_probs.dim() != 2 or target_probs.shape[0] != total_rows:
+        raise ValueError(
+            f"target_probs must be [sum(k_i + 1)={total_rows}, vocab], got {tuple(target_probs.shape)}"
+        )
+    vocab = target_probs.shape[1]
+    if draft_probs is not None and tuple(draft_probs.shape) != (total_drafts, vocab):
+        raise ValueError(
+            f"draft_probs must be [sum(k_i)={total_drafts}, {vocab}], got {tuple(draft_probs.shape)}"
+        )
+    rate = synthetic_acceptance_rate
+    if rate is not None and not 0.0 <= rate <= 1.0:
+        raise ValueError(f"synthetic_acceptance_rate must be in [0, 1], got {rate}")
+    if num_req == 0:
+        return RejectionOutput([], [])
+    flat_drafts = [int(t) for d in draft_token_ids for t in d]
+    if flat_drafts and not (0 <= min(flat_drafts) and max(flat_drafts) < vocab):
+        raise ValueError(f"draft token ids must be in [0, {vocab}), got {flat_drafts}")
+
+    device = target_probs.device
+    p = target_probs.float()  # [R, V], R = total_rows
+
+    # Row layout. row_start[i]: first target row of request i; draft_start[i]: its first draft index.
+    row_start: list[int] = []
+    draft_start: list[int] = []
+    r = d = 0
+    for k in ks:
+        row_start.append(r)
+        draft_start.append(d)
+        r += k + 1
+        d += k
+    draft_rows = [row_start[i] + j for i, k in enumerate(ks) for j in range(k)]
+    draft_greedy = [rows_greedy[i] for i, k in enumerate(ks) for _ in range(k)]
+    random_req = [i for i in range(num_req) if not rows_greedy[i]]
+
+    target_argmax = p.argmax(dim=-1)  # [R]: greedy choice at every row
+    tokens = target_argmax.clone()  # [R]: candidate emitted token at every row
+
+    # --- randomness, per generator group: uniforms first, then noise rows ---
+    need_uniform = [ks[i] > 0 and (rate is not None or not rows_greedy[i]) for i in range(num_req)]
+    uniforms = torch.zeros(total_drafts, dtype=torch.float32, device=device)  # [D]
+    # Noise rows of random requests, stacked in request order: [Σ_{random i} (k_i + 1), V].
+    rand_rows: list[int] = [row_start[i] + j for i in random_req for j in range(ks[i] + 1)]
+    rand_pos: dict[int, int] = {}  # request → offset of its rows in rand_rows
+    off = 0
+    for i in random_req:
+        rand_pos[i] = off
+        off += ks[i] + 1
+    noise = (
+        torch.empty((len(rand_rows), vocab), dtype=torch.float32, device=device)
+        if rand_rows
+        else None
+    )
+    for gen, reqs in group_by_generator(generators):
+        u_reqs = [i for i in reqs if need_uniform[i]]
+        if u_reqs:
+            n_u = sum(ks[i] for i in u_reqs)
+            u_idx = [draft_start[i] + j for i in u_reqs for j in range(ks[i])]
+            uniforms.index_copy_(
+                0, torch.tensor(u_idx, dtype=torch.long, device=device), draw_uniform(n_u, gen, device)
+            )
+        n_reqs = [i for i in reqs if not rows_greedy[i]]
+        if n_reqs:
+            assert noise is not None
+            n_idx = [rand_pos[i] + j for i in n_reqs for j in range(ks[i] + 1)]
+            noise.index_copy_(
+                0,
+                torch.tensor(n_idx, dtype=torch.long, device=device),
+                draw_exponential(len(n_idx), vocab, gen, device),
+            )
+
+    # --- acceptance at every draft position ---
+    if total_drafts:
+        drows = torch.tensor(draft_rows, dtype=torch.long, device=device)  # [D]
+        dtok = torch.tensor(flat_drafts, dtype=torch.long, device=device)  # [D]
+        if rate is not None:
+            accept = uniforms < rate
+        else:
+            accept = dtok == target_argmax.index_select(0, drows)  # greedy rule
+            if random_req:
+                p_d = p[drows, dtok]  # [D] p_j(d_j)
+                if draft_probs is None:
+                    random_accept = uniforms < p_d  # q_j(d_j) = 1
+                else:
+                    q_d = draft_probs.float()[torch.arange(total_drafts, device=device), dtok]
+                    # u < p/q without dividing: also right when q_d = 0 (accept) or p_d = 0 (reject)
+                    random_accept = uniforms * q_d < p_d
+                is_greedy = torch.tensor(draft_greedy, dtype=torch.bool, device=device)
+                accept = torch.where(is_greedy, accept, random_accept)
+    else:
+        accept = torch.zeros(0, dtype=torch.bool, device=device)
+
+    # --- candidate recovered/bonus token at every row of random requests ---
+    if rand_rows:
+        assert noise is not None
+        ridx = torch.tensor(rand_rows, dtype=torch.long, device=device)
+        dist = p.index_select(0, ridx)  # [n_rand, V]; bonus rows sample p_k as is
+        if rate is None:
+            # Positions (within rand_rows) and indices (within drafts) of random requests' drafts.
+            sub_pos = [rand_pos[i] + j for i in random_req for j in range(ks[i])]
+            if sub_pos:
+                sub_draft = [draft_start[i] + j for i in random_req for j in range(ks[i])]
+                sidx = torch.tensor(sub_pos, dtype=torch.long, device=device)
+                didx = torch.tensor(sub_draft, dtype=torch.long, device=device)
+                q_sub = None if draft_probs is None else draft_probs.float().index_select(0, didx)
+                recovered = _recover(dist.index_select(0, sidx), q_sub, dtok.index_select(0, didx))
+                dist.index_copy_(0, sidx, recovered)
+        tokens.index_copy_(0, ridx, exponential_race(dist, noise))
+
+    # --- one host transfer, then O(k) bookkeeping per request ---
+    flat = torch.cat([accept.long(), tokens]).tolist()
+    acc, toks = flat[:total_drafts], flat[total_drafts:]
+    out_tokens: list[list[int]] = []
+    out_accepted: list[int] = []
+    for i, k in enumerate(ks):
+        ds = draft_start[i]
+        n = 0
+        while n < k and acc[ds + n]:
+            n += 1
+        drafts = [int(t) for t in draft_token_ids[i][:n]]
+        out_tokens.append(drafts + [toks[row_start[i] + n]])
+        out_accepted.append(n)
+    return RejectionOutput(out_tokens, out_accepted)

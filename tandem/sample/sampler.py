@@ -1,0 +1,90 @@
+"""Draw one token per row from ``probs_from_logits`` output, without a host sync.
+
+Random rows use the exponential race: if E_v ~ Exp(1) i.i.d., then argmax_v p_v / E_v is distributed
+as p (it is the first arrival among independent exponential clocks of rates p_v). It needs no
+cumulative sum, no division by the total and no ``multinomial``, so it stays on the device and works
+on unnormalised rows too.
+
+Reproducibility: the noise of a row is drawn from that row's own generator (a request with a seed) as
+a separate [rows, vocab] draw, so a seeded request gets the same token for the same probabilities
+whatever else is in the batch. Rows without a generator share the default generator in one draw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from tandem.sample.rows import SamplingRow
+
+_TINY = torch.finfo(torch.float32).tiny
+
+
+def group_by_generator(
+    generators: Sequence[torch.Generator],
+) -> list[tuple[torch.Generator, list[int]]]:
+    """Positions of each distinct generator (by identity), in order of first appearance."""
+    groups: dict[int, tuple[torch.Generator, list[int]]] = {}
+    for pos, gen in enumerate(generators):
+        entry = groups.get(id(gen))
+        if entry is None:
+            groups[id(gen)] = (gen, [pos])
+        else:
+            entry[1].append(pos)
+    return list(groups.values())
+
+
+def draw_exponential(
+    num_rows: int, vocab: int, generator: torch.Generator, device: torch.device
+) -> torch.Tensor:
+    """[num_rows, vocab] i.i.d. Exp(1) from ``generator`` (drawn on the generator's device)."""
+    noise = torch.empty((num_rows, vocab), dtype=torch.float32, device=generator.device)
+    noise.exponential_(generator=generator)
+    # Exp(1) may round to 0 on some backends; p / 0 would be inf (or NaN for p = 0) and win.
+    return noise.clamp_min_(_TINY).to(device, non_blocking=True)
+
+
+def draw_uniform(num: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """[num] i.i.d. U[0, 1) from ``generator``."""
+    u = torch.rand(num, dtype=torch.float32, device=generator.device, generator=generator)
+    return u.to(device, non_blocking=True)
+
+
+def exponential_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """argmax(probs / noise) per row: a sample from each row of probs (normalised or not)."""
+    return (probs / noise).argmax(dim=-1)
+
+
+def sample(
+    probs: torch.Tensor, rows: Sequence[SamplingRow], default_generator: torch.Generator
+) -> torch.Tensor:
+    """One token per row: [num_rows] int64 on probs' device.
+
+    probs: [num_rows, vocab] from ``probs_from_logits``. Greedy rows take the argmax and consume no
+    randomness; random rows race against Exp(1) noise from ``row.generator or default_generator``.
+    """
+    if probs.dim() != 2 or probs.shape[0] != len(rows):
+        raise ValueError(
+            f"expected probs of shape [num_rows={len(rows)}, vocab], got {tuple(probs.shape)}"
+        )
+    out = probs.argmax(dim=-1)  # [num_rows]
+    random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
+    if not random_rows:
+        return out
+    vocab = probs.shape[1]
+    device = probs.device
+    gens = [
+        g if (g := rows[i].generator) is not None else default_generator for i in random_rows
+    ]
+    groups = group_by_generator(gens)
+    if len(groups) == 1:
+        noise = draw_exponential(len(random_rows), vocab, groups[0][0], device)
+    else:
+        noise = torch.empty((len(random_rows), vocab), dtype=torch.float32, device=device)
+        for gen, positions in groups:
+            idx = torch.tensor(positions, dtype=torch.long, device=device)
+            noise.index_copy_(0, idx, draw_exponential(len(positions), vocab, gen, device))
+    ridx = torch.tensor(random_rows, dtype=torch.long, device=device)
+    tokens = exponential_race(probs.index_select(0, ridx).float(), noise)
+    return out.index_copy_(0, ridx, tokens)

@@ -1,0 +1,170 @@
+"""Token-budget scheduler: no prefill/decode phases, one rule for everything.
+
+Each step every scheduled request gets ``num_new_tokens`` query tokens so that its
+``num_computed_tokens`` catches up with ``num_tokens_with_spec`` (prompt + output + drafts), under
+a per-step token budget (``max_num_batched_tokens``) and ``max_num_seqs``. That single rule covers
+chunked prefill (a long prompt takes several steps), decode (1 token), verification of k drafts
+(k + 1 tokens), and recompute after preemption (num_computed_tokens reset to 0).
+
+Order: running requests first (FCFS by admission), then waiting ones, FCFS. When KV blocks run out,
+the most recently admitted running request is preempted (blocks freed, recompute later) and put at
+the front of the waiting queue — nothing is lost, nothing crashes. ``lookahead`` extra slots per
+request are reserved for a draft model's KV writes of the next proposal.
+
+Pure Python over Request objects and a BlockPool: testable without weights.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tandem.kv.block_pool import BlockPool
+from tandem.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int  # query tokens this step (includes scheduled drafts)
+    start: int  # num_computed_tokens before the step = position of the first query token
+    spec_token_ids: tuple[int, ...]  # drafts included among the query tokens (trailing)
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the end of the request's tokens, so it samples."""
+        r = self.request
+        return self.start + self.num_new_tokens == r.num_tokens + len(self.spec_token_ids)
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    scheduled: tuple[ScheduledRequest, ...]
+    preempted: tuple[str, ...]
+    num_batched_tokens: int
+
+    @property
+    def empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, pool: BlockPool, block_size: int, max_num_batched_tokens: int,
+                 max_num_seqs: int, max_model_len: int, lookahead: int = 0) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.lookahead = lookahead
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # ---- queue management ----------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def finish(self, req: Request, status: RequestStatus) -> None:
+        """Mark finished, drop from the queues and free its KV blocks."""
+        req.status = status
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            try:
+                self.waiting.remove(req)
+            except ValueError:
+                pass
+        self._free(req)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def _free(self, req: Request) -> None:
+        if req.block_ids:
+            self.pool.free(req.block_ids)
+            req.block_ids = []
+
+    def _blocks_needed(self, req: Request, num_tokens: int) -> int:
+        total = min(num_tokens, self.max_model_len + self.lookahead)
+        return max(0, -(-total // self.block_size) - len(req.block_ids))
+
+    def _try_allocate(self, req: Request, num_tokens: int) -> bool:
+        need = self._blocks_needed(req, num_tokens)
+        if need == 0:
+            return True
+        if not self.pool.can_allocate(need):
+            return False
+        req.block_ids.extend(self.pool.allocate(need))
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self._free(req)
+        req.num_computed_tokens = 0
+        req.draft_num_computed = 0
+        req.spec_token_ids = []
+        req.spec_probs = None
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    # ---- the step ------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[str] = []
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens_with_spec - req.num_computed_tokens, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            lookahead = self.lookahead if req.num_computed_tokens + num_new >= req.num_tokens else 0
+            while not self._try_allocate(req, req.num_computed_tokens + num_new + lookahead):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is req:
+                    break
+            if req.status is RequestStatus.PREEMPTED:
+                continue  # it was the victim; `i` now points past the end or at the next one
+            scheduled.append(self._make(req, num_new))
+            budget -= num_new
+            i += 1
+
+        if not preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                req = self.waiting[0]
+                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+                lookahead = self.lookahead if req.num_computed_tokens + num_new >= req.num_tokens else 0
+                if not self._try_allocate(req, req.num_computed_tokens + num_new + lookahead):
+                    break
+                self.waiting.popleft()
+                req.status = RequestStatus.RUNNING
+                self.running.append(req)
+                scheduled.append(self._make(req, num_new))
+                budget -= num_new
+
+        return SchedulerOutput(
+            scheduled=tuple(scheduled),
+            preempted=tuple(preempted),
+            num_batched_tokens=self.max_num_batched_tokens - budget,
+        )
+
+    def _make(self, req: Request, num_new: int) -> ScheduledRequest:
+        # Drafts are the trailing query tokens; a budget cut drops the tail drafts.
+        num_spec = max(0, req.num_computed_tokens + num_new - req.num_tokens)
+        if num_spec < len(req.spec_token_ids):
+            req.spec_token_ids = req.spec_token_ids[:num_spec]
+            if req.spec_probs is not None:
+                req.spec_probs = req.spec_probs[:num_spec]
+        return ScheduledRequest(req, num_new, req.num_computed_tokens, tuple(req.spec_token_ids))
+
+    def running_requests(self) -> Iterable[Request]:
+        return iter(self.running)

@@ -1,0 +1,99 @@
+"""Draft-model proposer: a small model with its own paged KV cache proposes k tokens per request.
+
+The draft's KV tensors have as many blocks as the target's and use the *same* block tables, so the
+scheduler's one allocation (with ``lookahead = k`` spare slots) covers both. Per request the draft
+keeps ``draft_num_computed``; each proposal first catches up on tokens it has not seen (the prompt
+on the first call, then the tokens accepted last step), which yields draft token 1, then runs k − 1
+single-token steps. Rollback after verification is by count, like the target's:
+``draft_num_computed = min(draft_num_computed, num_tokens - 1)`` — positions holding accepted
+drafts are valid because those tokens are now part of the sequence.
+
+Greedy drafting (default) proposes argmax tokens (one-hot q). ``probabilistic`` samples each draft
+token from the draft's distribution under the request's own sampling parameters and returns q, so
+the rejection sampler can use min(1, p/q).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from tandem.request import Request
+from tandem.sample.logits import probs_from_logits, process_logits
+from tandem.sample.rows import SamplingRow
+from tandem.sample.sampler import sample
+from tandem.spec.base import DraftProposal
+from tandem.worker.batch import SeqChunk
+from tandem.worker.model_runner import ModelRunner
+
+
+class DraftModelProposer:
+    def __init__(self, runner: ModelRunner, probabilistic: bool, default_generator: torch.Generator) -> None:
+        self.runner = runner
+        self.probabilistic = probabilistic
+        self.default_generator = default_generator
+
+    def rollback(self, req: Request) -> None:
+        req.draft_num_computed = min(req.draft_num_computed, req.num_tokens - 1)
+
+    def propose_requests(self, reqs: Sequence[Request], ks: Sequence[int]) -> DraftProposal:
+        active = [i for i, k in enumerate(ks) if k > 0]
+        drafts: list[list[int]] = [[] for _ in reqs]
+        qs: list[list[torch.Tensor]] = [[] for _ in reqs]
+        if not active:
+            return DraftProposal(drafts, None)
+        # Step 1: catch up on unseen tokens; the last row predicts draft token 1.
+        chunks = []
+        rows = []
+        t = 0
+        for i in active:
+            r = reqs[i]
+            self.rollback(r)
+            toks = r.token_ids[r.draft_num_computed:]
+            chunks.append(SeqChunk(toks, r.draft_num_computed, r.block_ids))
+            t += len(toks)
+            rows.append(t - 1)
+        logits = self.runner.forward_logits(chunks, rows)
+        self._pick(reqs, active, logits, drafts, qs)
+        for i in active:
+            reqs[i].draft_num_computed = reqs[i].num_tokens
+        # Steps 2..k: one token at a time for the requests that still want more.
+        step = 1
+        while True:
+            live = [i for i in active if ks[i] > step]
+            if not live:
+                break
+            chunks = [SeqChunk([drafts[i][-1]], reqs[i].num_tokens + step - 1, reqs[i].block_ids) for i in live]
+            logits = self.runner.forward_logits(chunks, range(len(live)))
+            self._pick(reqs, live, logits, drafts, qs)
+            for i in live:
+                reqs[i].draft_num_computed = reqs[i].num_tokens + step
+            step += 1
+        probs = None
+        if self.probabilistic:
+            flat = [q for i in range(len(reqs)) for q in qs[i]]
+            probs = torch.stack(flat) if flat else None
+        return DraftProposal(drafts, probs)
+
+    def _pick(self, reqs: Sequence[Request], idx: list[int], logits: torch.Tensor,
+              drafts: list[list[int]], qs: list[list[torch.Tensor]]) -> None:
+        if not self.probabilistic:
+            for row, tok in zip(idx, logits.argmax(-1).tolist()):
+                drafts[row].append(tok)
+            return
+        rows = [
+            SamplingRow(
+                params=reqs[i].params,
+                prompt_token_ids=reqs[i].prompt_token_ids,
+                output_token_ids=reqs[i].output_token_ids + drafts[i],
+                eos_token_ids=reqs[i].eos_token_ids,
+                generator=reqs[i].generator,
+            )
+            for i in idx
+        ]
+        probs = probs_from_logits(process_logits(logits, rows), rows)
+        toks = sample(probs, rows, self.default_generator).tolist()
+        for j, i in enumerate(idx):
+            drafts[i].append(toks[j])
+            qs[i].append(probs[j])

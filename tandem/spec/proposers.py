@@ -1,0 +1,51 @@
+"""Build the engine's proposer from a SpeculativeConfig.
+
+The engine asks every proposer the same question, ``propose_requests(requests, ks)``: for each
+running request in the decode phase, up to ``ks[i]`` draft tokens. Token-only proposers (n-gram,
+later suffix) implement the weight-free ``Proposer`` protocol over ``ProposalInput``; the adapter
+here hands them just the accepted tokens. Model-based proposers (draft model, later EAGLE) need the
+requests' block tables and counters, so they take Request objects directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from tandem.request import Request
+from tandem.spec.base import DraftProposal, ProposalInput, Proposer
+from tandem.spec.config import SpeculativeConfig
+from tandem.spec.draft_model import DraftModelProposer
+from tandem.spec.ngram import NgramProposer
+from tandem.worker.model_runner import ModelRunner
+
+
+class EngineProposer(Protocol):
+    def propose_requests(self, reqs: Sequence[Request], ks: Sequence[int]) -> DraftProposal: ...
+
+
+class TokenProposerAdapter:
+    """Feeds a token-only Proposer from engine Requests."""
+
+    def __init__(self, proposer: Proposer) -> None:
+        self.proposer = proposer
+
+    def propose_requests(self, reqs: Sequence[Request], ks: Sequence[int]) -> DraftProposal:
+        return self.proposer.propose(
+            [ProposalInput(r.request_id, r.token_ids, k) for r, k in zip(reqs, ks)]
+        )
+
+
+def build_proposer(cfg: SpeculativeConfig | None, draft_runner: ModelRunner | None,
+                   generator: torch.Generator) -> EngineProposer | None:
+    if cfg is None:
+        return None
+    if cfg.method == "ngram":
+        return TokenProposerAdapter(NgramProposer.from_config(cfg))
+    if cfg.method == "draft_model":
+        if draft_runner is None:
+            raise RuntimeError("draft_model speculation needs a loaded draft model")
+        return DraftModelProposer(draft_runner, cfg.draft_sample_method == "probabilistic", generator)
+    raise NotImplementedError(f"speculative method {cfg.method!r}")

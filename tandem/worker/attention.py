@@ -1,0 +1,116 @@
+"""Paged attention in plain torch (the CPU path, and the reference for GPU kernels).
+
+KV cache layout per layer: ``[num_blocks * block_size, num_kv_heads, head_dim]`` for K and for V,
+i.e. a flat slot dimension; block ``b`` owns slots ``b*block_size : (b+1)*block_size``.
+
+Requests are processed one by one with SDPA over their gathered context (exact, simple); requests
+with short queries (decodes, verifies) are padded into one batched call to cut per-call overhead.
+Masking: causal with offset (query row r of a request with context L and q new tokens sits at
+position L - q + r), optionally a sliding window (key j visible iff j > pos - window, as HF Gemma3).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tandem.worker.attn_metadata import AttentionMetadata
+
+# Requests whose query is at most this long go through the padded batched path.
+_BATCHED_MAX_QUERY = 8
+
+
+def write_kv(
+    k_cache: torch.Tensor,  # [num_slots, kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    k: torch.Tensor,  # [num_tokens, kv_heads, head_dim]
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens]
+) -> None:
+    k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def _mask(q_len: int, ctx: int, window: int | None, device: torch.device) -> torch.Tensor | None:
+    """Bool mask [q_len, ctx]: True = attend. None when every key is visible (single decode)."""
+    if q_len == 1 and (window is None or ctx <= window):
+        return None
+    qpos = torch.arange(ctx - q_len, ctx, device=device)[:, None]
+    kpos = torch.arange(ctx, device=device)[None, :]
+    m = kpos <= qpos
+    if window is not None:
+        m = m & (kpos > qpos - window)
+    return m
+
+
+def paged_attention(
+    q: torch.Tensor,  # [num_tokens, heads, head_dim]
+    k_cache: torch.Tensor,  # [num_slots, kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:  # [num_tokens, heads, head_dim]
+    out = torch.empty_like(q)
+    heads, kv_heads = q.shape[1], k_cache.shape[1]
+    gqa = heads != kv_heads
+    short = [i for i in range(meta.num_reqs) if meta.query_len(i) <= _BATCHED_MAX_QUERY]
+    long = [i for i in range(meta.num_reqs) if meta.query_len(i) > _BATCHED_MAX_QUERY]
+    if len(short) == 1:
+        long, short = long + short, []
+    for i in long:
+        s, e = meta.query_start[i], meta.query_start[i + 1]
+        slots = meta.context_slots[i]
+        k = k_cache.index_select(0, slots).transpose(0, 1)  # [kvh, ctx, d]
+        v = v_cache.index_select(0, slots).transpose(0, 1)
+        mask = _mask(e - s, meta.seq_lens[i], sliding_window, q.device)
+        o = F.scaled_dot_product_attention(
+            q[s:e].transpose(0, 1), k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale,
+            enable_gqa=gqa,
+        )  # [h, q_len, d]
+        out[s:e] = o.transpose(0, 1)
+    if short:
+        _batched_short(q, k_cache, v_cache, meta, scale, sliding_window, short, out, gqa)
+    return out
+
+
+def _batched_short(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int | None,
+    reqs: list[int],
+    out: torch.Tensor,
+    gqa: bool,
+) -> None:
+    """Pad short queries (≤ _BATCHED_MAX_QUERY) and their contexts into one SDPA call."""
+    n = len(reqs)
+    max_q = max(meta.query_len(i) for i in reqs)
+    max_ctx = max(meta.seq_lens[i] for i in reqs)
+    dev = q.device
+    # Gather index [n, max_ctx]; padding points at slot 0 and is masked out below.
+    gather = torch.zeros(n, max_ctx, dtype=torch.long, device=dev)
+    q_rows = torch.zeros(n, max_q, dtype=torch.long, device=dev)
+    q_valid = torch.zeros(n, max_q, dtype=torch.bool, device=dev)
+    ctx_lens = torch.tensor([meta.seq_lens[i] for i in reqs], device=dev)
+    q_lens = torch.tensor([meta.query_len(i) for i in reqs], device=dev)
+    for j, i in enumerate(reqs):
+        L = meta.seq_lens[i]
+        gather[j, :L] = meta.context_slots[i]
+        ql = meta.query_len(i)
+        q_rows[j, :ql] = torch.arange(meta.query_start[i], meta.query_start[i] + ql, device=dev)
+        q_valid[j, :ql] = True
+    k = k_cache[gather].to(q.dtype).permute(0, 2, 1, 3)  # [n, kvh, max_ctx, d]
+    v = v_cache[gather].to(q.dtype).permute(0, 2, 1, 3)
+    qb = q[q_rows].permute(0, 2, 1, 3)  # [n, h, max_q, d]
+    # Position of query row r of request j: ctx_len - q_len + r.
+    qpos = (ctx_lens - q_lens)[:, None] + torch.arange(max_q, device=dev)[None, :]  # [n, max_q]
+    kpos = torch.arange(max_ctx, device=dev)[None, None, :]
+    mask = (kpos <= qpos[:, :, None]) & (kpos < ctx_lens[:, None, None])
+    if window is not None:
+        mask = mask & (kpos > qpos[:, :, None] - window)
+    o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask[:, None], scale=scale, enable_gqa=gqa)
+    o = o.permute(0, 2, 1, 3)  # [n, max_q, h, d]
+    out[q_rows[q_valid]] = o[q_valid]

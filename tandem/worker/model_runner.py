@@ -1,0 +1,32 @@
+"""ModelRunner: one model, its KV cache and the device; runs a forward over SeqChunks.
+
+Returns float32 logits only for the rows the caller asks for (sampled positions), so a long prefill
+chunk never materialises a [T, vocab] tensor unless prompt logprobs are requested.
+Used for the target and, with its own instance, for a draft model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from tandem.models.decoder import CausalLM, KVCache
+from tandem.worker.batch import SeqChunk, build_inputs
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, kv_caches: list[KVCache], block_size: int,
+                 device: torch.device) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.device = device
+
+    @torch.inference_mode()
+    def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int]) -> torch.Tensor:
+        """Run the chunks; return logits [len(rows), V] for flat query rows ``rows``."""
+        inputs = build_inputs(chunks, self.block_size, self.device)
+        hidden, _ = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
+        idx = torch.tensor(list(rows), dtype=torch.long, device=self.device)
+        return self.model.compute_logits(hidden.index_select(0, idx))
