@@ -1,8 +1,30 @@
 """tandem: an LLM inference engine whose first-class feature is lossless speculative decoding."""
 
-from tandem.engine.llm import LLM
-from tandem.outputs import CompletionOutput, RequestOutput
-from tandem.sampling_params import SamplingParams
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+
+if TYPE_CHECKING:
+    from tandem.engine.llm import LLM
+    from tandem.outputs import CompletionOutput, RequestOutput
+    from tandem.sampling_params import SamplingParams
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: importing a submodule (scheduler, sampler) must not pull in the whole engine.
+    if name == "LLM":
+        from tandem.engine.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from tandem.sampling_params import SamplingParams
+
+        return SamplingParams
+    if name in ("RequestOutput", "CompletionOutput"):
+        from tandem import outputs
+
+        return getattr(outputs, name)
+    raise AttributeError(f"module 'tandem' has no attribute {name!r}")

@@ -156,6 +156,28 @@ def test_rows_for_request_includes_earlier_drafts():
     assert out[:, 7].tolist() == [0.0, -1.0, -1.0]
 
 
+def test_verify_rows_share_histories_but_penalise_like_explicit_lists():
+    torch.manual_seed(7)
+    prompt = torch.randint(0, 30, (40,)).tolist()
+    output = torch.randint(0, 30, (12,)).tolist()
+    drafts = [3, 3, 29, 0]
+    params = [
+        SP(repetition_penalty=1.5, frequency_penalty=0.3, presence_penalty=0.2),
+        SP(frequency_penalty=-0.4),
+        SP(),
+        SP(repetition_penalty=0.7, min_tokens=14, stop_token_ids=(5,)),
+    ]
+    rows, explicit = [], []
+    for p in params:
+        rows += rows_for_request(p, prompt, output, drafts, (2,))
+        explicit += [row(p, prompt, output + drafts[:j], (2,)) for j in range(len(drafts) + 1)]
+    logits = torch.randn(len(rows), 30)
+    assert torch.equal(process_logits(logits, rows), process_logits(logits, explicit))
+    # the prompt passed as a tensor gives the same result
+    as_tensor = [SamplingRow(r.params, torch.tensor(prompt), r.output_token_ids, r.eos_token_ids) for r in rows]
+    assert torch.equal(process_logits(logits, as_tensor), process_logits(logits, explicit))
+
+
 # ---------------------------------------------------------------- probs_from_logits
 
 
@@ -191,6 +213,14 @@ def test_top_k():
     # disabled values: 0, -1, >= vocab
     for k in (0, -1, 5, 100):
         torch.testing.assert_close(probs_from_logits(logits, [row(SP(top_k=k))]), torch.softmax(logits, -1))
+
+
+def test_top_k_keeps_ties_at_the_boundary():
+    # HF/vLLM threshold semantics: everything equal to the k-th value survives (both code paths).
+    logits = torch.tensor([[2.0, 1.0, 1.0, 1.0, 0.0]])
+    for params in (SP(top_k=2), SP(top_k=2, top_p=0.999)):
+        probs = probs_from_logits(logits, [row(params)])
+        assert (probs[0] > 0).tolist() == [True, True, True, True, False]
 
 
 def test_top_p_keeps_smallest_nucleus():

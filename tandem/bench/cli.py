@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
-from tandem.bench.datasets import DatasetError, normalize_dataset_name, sample_requests
-from tandem.errors import TandemError
+from tandem.bench.datasets import normalize_dataset_name, sample_requests
+from tandem.errors import ConfigError, TandemError
 
 DEFAULT_PERCENTILE_METRICS = "ttft,tpot,itl"
 
@@ -28,36 +27,53 @@ DEFAULT_PERCENTILE_METRICS = "ttft,tpot,itl"
 # --------------------------------------------------------------------------------------------
 
 
-def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> Any:
-    """HF tokenizer for a model id/dir (or a ``.gguf`` file); else tandem's alias loader.
+def _tandem_tokenizer_loader() -> Any | None:
+    """tandem's own loader (local HF dirs, ``.gguf`` files with a cache, built-in aliases), if present."""
+    try:
+        from tandem.loader import tokenizer as tandem_tok
+    except ImportError:
+        return None
+    return getattr(tandem_tok, "load_tokenizer_for", None) or getattr(tandem_tok, "load_tokenizer", None)
 
-    ``tandem.loader.tokenizer.load_tokenizer_for`` resolves tandem's built-in aliases (e.g.
-    ``smollm2-135m-instruct``) when that module exists.
+
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> Any:
+    """The benchmark tokenizer for a model id, local directory, ``.gguf`` file or tandem alias.
+
+    Order: tandem's loader first (it resolves aliases such as ``smollm2-135m-instruct`` and caches
+    GGUF tokenizers, which transformers rebuilds slowly), then ``transformers.AutoTokenizer`` from
+    local files / the HF cache (first when ``--trust-remote-code`` is set), and only for
+    ``org/name`` ids the hub itself (offline machines retry for ~45 s before failing). All failing
+    is an error that asks for ``--tokenizer``.
     """
     from tandem.bench.serve import BenchmarkError
 
-    path = Path(name_or_path)
-    try:
+    path = Path(name_or_path).expanduser()
+
+    def hf(local_only: bool) -> Any:
         from transformers import AutoTokenizer
 
         if path.is_file() and path.suffix == ".gguf":
             return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-    except Exception as hf_exc:  # noqa: BLE001 - any HF failure: try tandem's aliases next
+        return AutoTokenizer.from_pretrained(
+            name_or_path, trust_remote_code=trust_remote_code, local_files_only=local_only
+        )
+
+    tandem_loader = _tandem_tokenizer_loader()
+    attempts = [lambda: hf(True)]
+    if tandem_loader is not None:
+        attempts.insert(0 if not trust_remote_code else 1, lambda: tandem_loader(name_or_path))
+    if not path.exists() and "/" in name_or_path:  # looks like a hub id ("org/name"): go online last
+        attempts.append(lambda: hf(False))
+    errors = []
+    for attempt in attempts:
         try:
-            from tandem.loader.tokenizer import load_tokenizer_for  # type: ignore[import-not-found]
-        except ImportError:
-            raise BenchmarkError(
-                f"cannot load a tokenizer for {name_or_path!r} ({type(hf_exc).__name__}: {hf_exc}); "
-                "pass --tokenizer with a local HF tokenizer directory, model path or .gguf file"
-            ) from hf_exc
-        try:
-            return load_tokenizer_for(name_or_path)
-        except Exception as exc:  # noqa: BLE001
-            raise BenchmarkError(
-                f"cannot load a tokenizer for {name_or_path!r} (transformers: {hf_exc}; tandem: {exc}); "
-                "pass --tokenizer with a local HF tokenizer directory, model path or .gguf file"
-            ) from exc
+            return attempt()
+        except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; try the next loader
+            errors.append(f"{type(exc).__name__}: {exc}")
+    raise BenchmarkError(
+        f"cannot load a tokenizer for {name_or_path!r} ({'; '.join(errors)}); "
+        "pass --tokenizer with a local HF tokenizer directory, model path, .gguf file or tandem alias"
+    )
 
 
 def sample_from_args(args: argparse.Namespace, tokenizer: Any) -> list:
@@ -91,12 +107,22 @@ def parse_goodput(items: list[str] | None) -> dict[str, float] | None:
     for item in items:
         key, sep, value = item.partition(":")
         if not sep or key not in ("ttft", "tpot", "e2el"):
-            raise argparse.ArgumentTypeError(f"--goodput takes KEY:MS with KEY in ttft,tpot,e2el; got {item!r}")
+            raise ConfigError("--goodput", f"takes KEY:MS with KEY in ttft,tpot,e2el; got {item!r}")
         try:
             out[key] = float(value)
         except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"--goodput {item!r}: {value!r} is not a number") from exc
+            raise ConfigError("--goodput", f"{value!r} in {item!r} is not a number") from exc
     return out
+
+
+def parse_percentiles(text: str) -> list[float]:
+    try:
+        values = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError as exc:
+        raise ConfigError("--metric-percentiles", f"comma-separated numbers expected, got {text!r}") from exc
+    if not values or any(not 0 <= v <= 100 for v in values):
+        raise ConfigError("--metric-percentiles", f"values must be in [0, 100], got {text!r}")
+    return values
 
 
 def _add_dataset_args(p: argparse.ArgumentParser, default_num_prompts: int) -> None:
@@ -144,6 +170,15 @@ def _add_client_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    """Entry for ``bench serve``. Ctrl-C during the run prints what was measured (exit code 130)."""
+    try:
+        return _run_serve(args)
+    except KeyboardInterrupt:
+        print("\nInterrupted before the benchmark started; nothing measured.", file=sys.stderr)
+        return 130
+
+
+def _run_serve(args: argparse.Namespace) -> int:
     from tandem.bench.metrics import METRIC_NAMES
     from tandem.bench.report import print_report
     from tandem.bench.serve import (
@@ -158,8 +193,8 @@ def run_serve(args: argparse.Namespace) -> int:
     selected = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
     bad = [m for m in selected if m not in METRIC_NAMES]
     if bad:
-        raise DatasetError(f"--percentile-metrics: unknown {bad} (allowed: {', '.join(METRIC_NAMES)})")
-    percentiles = [float(p) for p in args.metric_percentiles.split(",") if p.strip()]
+        raise ConfigError("--percentile-metrics", f"unknown {bad}", allowed=METRIC_NAMES)
+    percentiles = parse_percentiles(args.metric_percentiles)
     goodput = parse_goodput(args.goodput)
 
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
@@ -176,19 +211,15 @@ def run_serve(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
         request_timeout_s=args.request_timeout,
     )
-    try:
-        result = asyncio.run(
-            run_benchmark(
-                requests, client, base_url,
-                request_rate=args.request_rate, burstiness=args.burstiness,
-                max_concurrency=args.max_concurrency, seed=args.seed, tokenizer=tokenizer,
-                selected_percentiles=percentiles, goodput=goodput, disable_tqdm=args.disable_tqdm,
-                initial_test=not args.skip_initial_test,
-            )
+    result = asyncio.run(
+        run_benchmark(
+            requests, client, base_url,
+            request_rate=args.request_rate, burstiness=args.burstiness,
+            max_concurrency=args.max_concurrency, seed=args.seed, tokenizer=tokenizer,
+            selected_percentiles=percentiles, goodput=goodput, disable_tqdm=args.disable_tqdm,
+            initial_test=not args.skip_initial_test,
         )
-    except KeyboardInterrupt:
-        print("\nInterrupted before the benchmark started; nothing measured.", file=sys.stderr)
-        return 130
+    )
     print_report(
         result.metrics, result.duration, selected,
         max_concurrency=args.max_concurrency, request_rate=args.request_rate,
@@ -286,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except (TandemError, argparse.ArgumentTypeError) as exc:
+    except TandemError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -32,6 +32,7 @@ import asyncio
 import json
 import math
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -66,7 +67,7 @@ class CompareConfig:
     options: dict[str, Any]  # tandem serve options, META_KEYS removed
     model: str | None = None
     method: str | None = None
-    k: int = 0  # num_speculative_tokens; 0 = no speculation
+    k: int | None = 0  # num_speculative_tokens; 0 = no speculation; None = not stated (variable)
     cost_c: float | None = None
     cost_v: float = 0.0
     c_source: str = ""
@@ -83,7 +84,9 @@ class CompareConfig:
                 raise CompareError(f"config {fallback_name!r}: speculative_config is not JSON: {exc}") from exc
         spec = spec or {}
         method = spec.get("method")
-        k = int(spec.get("num_speculative_tokens", 0) or 0) if spec else 0
+        k: int | None = 0
+        if spec:  # None: speculation with a variable/unstated k (taken from the measured positions)
+            k = None if spec.get("num_speculative_tokens") is None else int(spec["num_speculative_tokens"])
         if "cost_c" in d:
             cost_c, source = float(d["cost_c"]), "cost_c from config"
         elif k == 0:
@@ -183,7 +186,7 @@ class ServerProcess:
             if rc is not None:
                 raise CompareError(
                     f"server for config {self.name!r} exited with code {rc} before becoming healthy.\n"
-                    f"command: {' '.join(self.cmd)}\nlast lines of {self.log_path}:\n{_tail(self.log_path)}"
+                    f"command: {shlex.join(self.cmd)}\nlast lines of {self.log_path}:\n{_tail(self.log_path)}"
                 )
             try:
                 if httpx.get(self.base_url + "/health", timeout=2.0).status_code == 200:
@@ -294,7 +297,7 @@ def compute_rows(
             sd = r.spec_decode or {}
             tau = sd.get("acceptance_length")
             per_pos = [p / 100.0 for p in sd.get("per_position_acceptance_rates") or []]
-            k = cfg.k or len(per_pos)
+            k = len(per_pos) if cfg.k is None else cfg.k
             alpha = model_s = eff = None
             if k == 0:
                 alpha, model_s = None, 1.0 / (1.0 + cfg.cost_v)
@@ -337,7 +340,8 @@ def format_assumptions(configs: Sequence[CompareConfig]) -> str:
     ]
     for c in configs:
         c_txt = "unknown" if c.cost_c is None else f"{c.cost_c:g}"
-        lines.append(f"  {c.name}: k={c.k}, c={c_txt} ({c.c_source}), v={c.cost_v:g}"
+        k_txt = "from measured positions" if c.k is None else str(c.k)
+        lines.append(f"  {c.name}: k={k_txt}, c={c_txt} ({c.c_source}), v={c.cost_v:g}"
                      + (" (cost_v from config)" if c.cost_v else " (assumed)"))
     return "\n".join(lines)
 
@@ -512,8 +516,9 @@ def run_compare(args: Any) -> int:
     for i, cfg in enumerate(plan.configs):
         model = cfg.model or args.model
         port = args.port_base + i
-        server = ServerProcess(server_command(model, port, cfg.options), port, plan.out_dir / f"server-{cfg.name}.log", cfg.name)
-        print(f"\n[{cfg.name}] starting: {' '.join(server.cmd)}")
+        log_path = plan.out_dir / f"server-{cfg.name}.log"
+        server = ServerProcess(server_command(model, port, cfg.options), port, log_path, cfg.name)
+        print(f"\n[{cfg.name}] starting: {shlex.join(server.cmd)}")
         try:
             server.start(args.server_timeout)
             served = asyncio.run(get_default_model(server.base_url))

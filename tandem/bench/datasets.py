@@ -134,7 +134,8 @@ def prompt_token_len(tokenizer: Any, prompt: str | list[dict[str, Any]]) -> int:
     template = getattr(tokenizer, "apply_chat_template", None)
     if callable(template) and getattr(tokenizer, "chat_template", None):
         ids = template(prompt, tokenize=True, add_generation_prompt=True)
-        ids = ids.get("input_ids", ids) if isinstance(ids, dict) else ids
+        if hasattr(ids, "keys") and "input_ids" in ids:  # transformers 5 returns a BatchEncoding
+            ids = ids["input_ids"]
         return len(ids)
     return sum(len(encode(tokenizer, str(m.get("content", "")))) for m in prompt)
 
@@ -318,48 +319,93 @@ def sample_humaneval(
 # --------------------------------------------------------------------------------------------
 
 
-def _allowed_tokens(tokenizer: Any) -> np.ndarray:
-    allowed = np.setdiff1d(np.arange(vocab_size(tokenizer)), np.fromiter(special_ids(tokenizer), int))
-    if allowed.size == 0:
-        raise DatasetError("the tokenizer has no non-special tokens to build random prompts from")
-    return allowed
+class TokenSampler:
+    """Seeded draws of random prompt tokens: non-special ids that round-trip on their own.
+
+    A token "round-trips" when ``encode(decode([t])) == [t]``. Byte-fragment tokens of byte-level
+    BPEs decode to U+FFFD and re-encode to several tokens, which makes exact lengths hard to hit;
+    they are rejected (checked lazily, only for drawn ids, so a 150k vocabulary costs nothing up
+    front). If almost nothing round-trips, any non-special id is accepted.
+    """
+
+    def __init__(self, tokenizer: Any, rng: np.random.Generator) -> None:
+        self.tokenizer, self.rng = tokenizer, rng
+        self.allowed = np.setdiff1d(np.arange(vocab_size(tokenizer)), np.fromiter(special_ids(tokenizer), int))
+        if self.allowed.size == 0:
+            raise DatasetError("the tokenizer has no non-special tokens to build random prompts from")
+        self._clean: dict[int, bool] = {}
+
+    def _is_clean(self, t: int) -> bool:
+        ok = self._clean.get(t)
+        if ok is None:
+            text = decode(self.tokenizer, [t])
+            ok = self._clean[t] = bool(text) and "\ufffd" not in text and encode(self.tokenizer, text) == [t]
+        return ok
+
+    def draw(self, n: int) -> list[int]:
+        out: list[int] = []
+        tries = 0
+        while len(out) < n:
+            batch = self.rng.choice(self.allowed, size=max(8, 2 * (n - len(out)))).tolist()
+            tries += len(batch)
+            if tries > 50 * n + 1000 and not out:
+                return self.rng.choice(self.allowed, size=n).tolist()  # nothing round-trips
+            out += [t for t in batch if self._is_clean(t)][: n - len(out)]
+        return out
 
 
 def fit_text_to_length(
     tokenizer: Any,
     token_ids: list[int],
     target_len: int,
-    rng: np.random.Generator,
-    allowed: np.ndarray,
+    sampler: TokenSampler,
     head_text: str = "",
     max_rounds: int = MAX_FIXUP_ROUNDS,
 ) -> tuple[str, int]:
     """Text ``head_text + decode(tail)`` whose re-encoding has ``target_len`` tokens, tail from ``token_ids``.
 
-    Decoding arbitrary ids and re-encoding rarely round-trips (BPE merges across boundaries, byte
-    fragments): like vLLM, decode → re-encode → truncate when too long / append random allowed
-    tokens when too short, and repeat. Returns (text, its true token length); the length equals
-    ``target_len`` unless the tokenizer did not converge within ``max_rounds`` (the caller logs it).
+    Decoding arbitrary ids and re-encoding rarely round-trips (BPE merges across boundaries):
+    1. like vLLM, decode → re-encode → truncate when too long / append random tokens when too
+       short, and repeat (converges in a round or two for real vocabularies);
+    2. if that oscillates (e.g. every appended token splits the last one: 67 → 69 → 67 …), extend
+       the tail with fresh random tokens and binary-search the cut point m where
+       ``len(encode(head + decode(tail[:m])))`` reaches the target, checking the neighbours of m.
+    Returns (text, its true token length); the length equals ``target_len`` unless both failed
+    (the caller logs it; never seen with real tokenizers in the tests).
     """
+    def length(ids: list[int]) -> tuple[str, int]:
+        text = head_text + decode(tokenizer, ids)
+        return text, len(encode(tokenizer, text))
+
     tail = list(token_ids)
-    head_len = len(encode(tokenizer, head_text)) if head_text else 0
-    best: tuple[str, int] | None = None
-    for _ in range(max_rounds + 1):
-        tail_text = decode(tokenizer, tail)
-        text = head_text + tail_text
-        n = len(encode(tokenizer, text))
-        if best is None or abs(n - target_len) < abs(best[1] - target_len):
+    best = length(tail)
+    for _ in range(max(1, max_rounds // 2)):
+        text, n = length(tail)
+        if abs(n - target_len) < abs(best[1] - target_len):
             best = (text, n)
         if n == target_len:
             return text, n
-        tail = encode(tokenizer, tail_text)
+        tail = encode(tokenizer, decode(tokenizer, tail))
         if n > target_len:
             tail = tail[: max(0, len(tail) - (n - target_len))]
         else:
-            tail += rng.choice(allowed, size=target_len - n).tolist()
-        if head_len + len(tail) == 0:
-            tail = rng.choice(allowed, size=1).tolist()
-    assert best is not None
+            tail += sampler.draw(target_len - n)
+    for _ in range(max(1, max_rounds // 4)):
+        ext = tail + sampler.draw(8 + max(0, target_len - len(tail)))
+        lo, hi = 0, len(ext)  # smallest m with length(ext[:m]) >= target (length grows ~ with m)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if length(ext[:mid])[1] >= target_len:
+                hi = mid
+            else:
+                lo = mid + 1
+        for m in sorted(range(max(0, lo - 3), min(len(ext), lo + 3) + 1), key=lambda m: abs(m - lo)):
+            text, n = length(ext[:m])
+            if n == target_len:
+                return text, n
+            if abs(n - target_len) < abs(best[1] - target_len):
+                best = (text, n)
+        tail = ext[: max(0, lo - 2)]
     return best
 
 
@@ -394,7 +440,7 @@ def sample_random(
             f"got {input_len}, {output_len}, {prefix_len}"
         )
     rng = np.random.default_rng(seed)
-    allowed = _allowed_tokens(tokenizer)
+    sampler = TokenSampler(tokenizer, rng)
     real_input = max(0, input_len - num_special_tokens_to_add(tokenizer))
     in_lo, in_hi = int(np.floor(real_input * (1 - range_ratio))), int(np.ceil(real_input * (1 + range_ratio)))
     out_lo = max(1, int(np.floor(output_len * (1 - range_ratio))))
@@ -404,14 +450,12 @@ def sample_random(
 
     prefix_text = ""
     if prefix_len > 0:
-        prefix_text, _ = fit_text_to_length(
-            tokenizer, rng.choice(allowed, size=prefix_len).tolist(), prefix_len, rng, allowed
-        )
+        prefix_text, _ = fit_text_to_length(tokenizer, sampler.draw(prefix_len), prefix_len, sampler)
     requests, mismatched, mismatch_total = [], 0, 0
     for i in range(num_requests):
         target = prefix_len + int(input_lens[i])
-        tail = rng.choice(allowed, size=int(input_lens[i])).tolist()
-        text, got = fit_text_to_length(tokenizer, tail, target, rng, allowed, head_text=prefix_text)
+        tail = sampler.draw(int(input_lens[i]))
+        text, got = fit_text_to_length(tokenizer, tail, target, sampler, head_text=prefix_text)
         if got != target:
             mismatched += 1
             mismatch_total += got - target
@@ -447,16 +491,15 @@ def sample_prefix_repetition(
             f"got {num_prefixes}, {prefix_len}, {suffix_len}, {output_len}"
         )
     rng = np.random.default_rng(seed)
-    allowed = _allowed_tokens(tokenizer)
+    sampler = TokenSampler(tokenizer, rng)
     prefixes = [
-        fit_text_to_length(tokenizer, rng.choice(allowed, size=prefix_len).tolist(), prefix_len, rng, allowed)[0]
-        for _ in range(num_prefixes)
+        fit_text_to_length(tokenizer, sampler.draw(prefix_len), prefix_len, sampler)[0] for _ in range(num_prefixes)
     ]
     target = prefix_len + suffix_len
     requests, mismatched = [], 0
     for i in range(num_requests):
-        tail = rng.choice(allowed, size=suffix_len).tolist()
-        text, got = fit_text_to_length(tokenizer, tail, target, rng, allowed, head_text=prefixes[i % num_prefixes])
+        tail = sampler.draw(suffix_len)
+        text, got = fit_text_to_length(tokenizer, tail, target, sampler, head_text=prefixes[i % num_prefixes])
         mismatched += got != target
         requests.append(SampleRequest(text, got, output_len))
     if mismatched:

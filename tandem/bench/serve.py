@@ -264,7 +264,7 @@ def spec_decode_delta(before: SpecDecodeCounters | None, after: SpecDecodeCounte
 async def scrape_spec_counters(client: httpx.AsyncClient, base_url: str, timeout_s: float = 10.0) -> SpecDecodeCounters | None:
     """GET {base_url}/metrics; None if absent, unreachable or without speculative counters."""
     try:
-        resp = await client.get(base_url.rstrip("/") + "/metrics", timeout=timeout_s)
+        resp = await client.get(base_url.rstrip("/") + "/metrics", headers=_headers(), timeout=timeout_s)
     except httpx.HTTPError:
         return None
     if resp.status_code != 200:
@@ -320,6 +320,8 @@ async def run_benchmark(
         raise BenchmarkError("no requests to send")
     if max_concurrency is not None and max_concurrency < 1:
         raise BenchmarkError(f"--max-concurrency must be >= 1, got {max_concurrency}")
+    if not client_config.is_chat and any(not isinstance(r.prompt, str) for r in requests):
+        raise BenchmarkError("the dataset has chat-message prompts: pass --backend openai-chat")
     timeout = httpx.Timeout(client_config.request_timeout_s, connect=60.0)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     log = (lambda *a: None) if quiet else print  # noqa: E731

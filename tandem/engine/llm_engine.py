@@ -57,6 +57,10 @@ class ModelSpec:
     max_model_len: int | None = None
 
 
+def _fmt_bytes(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+
+
 class _Group:
     """The n sequences of one user request (n > 1 fans out into child Requests)."""
 
@@ -114,9 +118,9 @@ class LLMEngine:
         if num_blocks < need:
             raise ConfigError(
                 "kv_cache_memory_bytes" if cache.kv_cache_memory_bytes is not None else "gpu_memory_utilization",
-                f"KV cache of {budget / 2**20:.1f} MiB ({source}) holds {num_blocks} blocks of "
+                f"KV cache of {_fmt_bytes(budget)} ({source}) holds {num_blocks} blocks of "
                 f"{self.block_size} tokens, but one request of max_model_len={self.max_model_len} needs "
-                f"{need} blocks ({need * bpb / 2**20:.1f} MiB; {(need * bpb - budget) / 2**20:.1f} MiB missing). "
+                f"{need} blocks ({_fmt_bytes(need * bpb)}; {_fmt_bytes(need * bpb - budget)} missing). "
                 "Give more memory or lower max_model_len.",
             )
         logger.info("KV cache sized by %s: %d blocks × %d tokens = %d tokens (%.1f MiB)",

@@ -1,9 +1,9 @@
 """Logits processing and the logits → probabilities transform, batched over sampling rows.
 
-``process_logits`` edits raw logits per request (bias, bans, penalties); ``probs_from_logits`` turns
-them into the distribution a token is drawn from (temperature, top-k, top-p, min-p). Both work on the
-whole ``[num_rows, vocab]`` block with tensor ops; the only python work is a pass over the rows to
-collect parameters and token ids, and rows with default parameters cost nothing.
+``process_logits`` edits raw logits per request (bias, bans, penalties); ``probs_from_logits``
+turns them into the distribution a token is drawn from (temperature, top-k, top-p, min-p). Both work
+on the whole ``[num_rows, vocab]`` block with tensor ops; the only python work is a pass over the
+rows to collect parameters and token ids, and rows with default parameters cost nothing.
 
 The result of ``probs_from_logits`` is *the* target distribution p: the plain sampler draws from it
 and the rejection sampler verifies drafts against it, which is what makes speculation lossless for
@@ -14,18 +14,19 @@ Order inside ``process_logits`` (fixed, vLLM-compatible):
     repetition_penalty (prompt ∪ output; logit > 0 → /p, else ·p) →
     frequency_penalty (−= f·count in output) → presence_penalty (−= p·[count > 0] in output)
 Order inside ``probs_from_logits``:
-    greedy rows → one-hot argmax; others: softmax(logits / T) → top-k → top-p (on the top-k
-    renormalised distribution) → min-p (relative to the max) → renormalise.
+    greedy rows → one-hot argmax; others: softmax(logits / T) → top-k (ties at the k-th value kept)
+    → top-p (on the top-k renormalised distribution) → min-p (relative to the max) → renormalise.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 import torch
 
 from tandem.errors import SamplingParamsError
-from tandem.sample.rows import SamplingRow
+from tandem.sample.rows import ExtendedTokens, SamplingRow
 from tandem.sampling_params import SamplingParams
 
 
@@ -51,36 +52,88 @@ def _check_rows(tensor: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
         )
 
 
-def _token_index(
-    row_positions: Sequence[int],
+def _as_long(seq: Sequence[int], cache: dict[int, torch.Tensor]) -> torch.Tensor:
+    """1-D int64 CPU tensor of a token sequence, converted once per object within a call."""
+    hit = cache.get(id(seq))
+    if hit is not None:
+        return hit
+    if type(seq) is not list and type(seq) is not tuple and isinstance(seq, torch.Tensor):
+        t = seq.reshape(-1).to("cpu", torch.long)
+    else:
+        # array('q') is ~2x faster than torch.as_tensor on a python list of ints.
+        t = torch.frombuffer(array("q", seq), dtype=torch.long) if len(seq) else _EMPTY
+    cache[id(seq)] = t
+    return t
+
+
+_EMPTY = torch.empty(0, dtype=torch.long)
+
+
+def _scatter_counts(
+    counts: torch.Tensor,
     seqs: Sequence[Sequence[int]],
-    vocab_size: int,
-    device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flatten per-row token lists into (owner, token) index tensors, dropping ids outside [0, V)."""
-    parts: list[torch.Tensor] = []
-    owners: list[torch.Tensor] = []
-    for pos, seq in zip(row_positions, seqs):
-        t = torch.as_tensor(seq, dtype=torch.long).reshape(-1)
-        if t.numel():
-            parts.append(t)
-            owners.append(torch.full((t.numel(),), pos, dtype=torch.long))
+    owners: Sequence[int],
+    cache: dict[int, torch.Tensor],
+) -> None:
+    """counts[owners[i], t] += 1 for every token t of seqs[i] (ids outside [0, V) dropped)."""
+    parts = [_as_long(seq, cache) for seq in seqs]
     if not parts:
-        empty = torch.empty(0, dtype=torch.long, device=device)
-        return empty, empty
+        return
     tok = torch.cat(parts)
-    own = torch.cat(owners)
-    valid = (tok >= 0) & (tok < vocab_size)
+    own = torch.repeat_interleave(
+        torch.tensor(list(owners), dtype=torch.long),
+        torch.tensor([t.numel() for t in parts], dtype=torch.long),
+    )
+    valid = (tok >= 0) & (tok < counts.shape[1])
     if not bool(valid.all()):
         tok, own = tok[valid], own[valid]
-    return own.to(device, non_blocking=True), tok.to(device, non_blocking=True)
+    device = counts.device
+    own, tok = own.to(device, non_blocking=True), tok.to(device, non_blocking=True)
+    one = torch.ones((), dtype=counts.dtype, device=device)
+    counts.index_put_((own, tok), one, accumulate=True)
+
+
+def _token_counts(
+    seqs: Sequence[Sequence[int]], vocab: int, device: torch.device, cache: dict[int, torch.Tensor]
+) -> torch.Tensor:
+    """Per-row token counts [len(seqs), vocab] float32.
+
+    Rows of one request share objects (the prompt; the output under ``ExtendedTokens``), so each
+    distinct object is counted once and its row gathered; only the draft suffixes are per row. This
+    keeps the index volume at O(tokens per request), not O(tokens × (k + 1)).
+    """
+    slot_of: dict[int, int] = {}
+    shared: list[Sequence[int]] = []
+    slots: list[int] = []
+    extras: list[Sequence[int]] = []
+    extra_rows: list[int] = []
+    for r, seq in enumerate(seqs):
+        base: Sequence[int] = seq
+        if type(seq) is ExtendedTokens:
+            base = seq.base
+            if len(seq.extra):
+                extras.append(seq.extra)
+                extra_rows.append(r)
+        slot = slot_of.get(id(base))
+        if slot is None:
+            slot = slot_of[id(base)] = len(shared)
+            shared.append(base)
+        slots.append(slot)
+    unique = torch.zeros((len(shared), vocab), dtype=torch.float32, device=device)
+    _scatter_counts(unique, shared, range(len(shared)), cache)
+    if slots == list(range(len(shared))):
+        counts = unique
+    else:
+        counts = unique.index_select(0, torch.tensor(slots, dtype=torch.long, device=device))
+    _scatter_counts(counts, extras, extra_rows, cache)
+    return counts  # [len(seqs), vocab]
 
 
 def process_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """Apply logit_bias, min_tokens, repetition/frequency/presence penalties.
 
-    logits: [num_rows, vocab] float32 (raw model logits). Returns the input object itself when no row
-    needs processing (callers must not edit it in place), otherwise a new tensor.
+    logits: [num_rows, vocab] (raw model logits). Returns the input object itself when no row needs
+    processing (callers must not edit it in place), otherwise a new float32 tensor.
     """
     _check_rows(logits, rows)
     vocab = logits.shape[1]
@@ -114,7 +167,8 @@ def process_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.T
 
     if not (bias_r or ban_r or rep_rows or pen_rows):
         return logits
-    out = logits.clone()  # [num_rows, vocab]
+    out = logits.to(torch.float32, copy=True)  # [num_rows, vocab]
+    cache: dict[int, torch.Tensor] = {}
 
     if bias_r:
         idx = (
@@ -131,14 +185,10 @@ def process_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.T
         out.index_put_(idx, torch.tensor(float("-inf"), dtype=out.dtype, device=device))
 
     if rep_rows:
-        n = len(rep_rows)
-        # Tokens seen in prompt ∪ output, one bool row per penalised row.
-        seqs = [rows[i].prompt_token_ids for i in rep_rows] + [
-            rows[i].output_token_ids for i in rep_rows
-        ]
-        own, tok = _token_index(list(range(n)) * 2, seqs, vocab, device)
-        seen = torch.zeros((n, vocab), dtype=torch.bool, device=device)  # [n, vocab]
-        seen[own, tok] = True
+        # Tokens seen in prompt ∪ output, one row per penalised row: [n, vocab] bool.
+        prompt = _token_counts([rows[i].prompt_token_ids for i in rep_rows], vocab, device, cache)
+        output = _token_counts([rows[i].output_token_ids for i in rep_rows], vocab, device, cache)
+        seen = (prompt > 0) | (output > 0)
         penalty = torch.tensor(
             [rows[i].params.repetition_penalty for i in rep_rows], dtype=out.dtype, device=device
         )[:, None]
@@ -148,12 +198,7 @@ def process_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.T
         out.index_copy_(0, ridx, torch.where(seen, penalised, sub))
 
     if pen_rows:
-        n = len(pen_rows)
-        own, tok = _token_index(
-            list(range(n)), [rows[i].output_token_ids for i in pen_rows], vocab, device
-        )
-        counts = torch.zeros((n, vocab), dtype=out.dtype, device=device)  # [n, vocab]
-        counts.index_put_((own, tok), torch.ones_like(tok, dtype=out.dtype), accumulate=True)
+        counts = _token_counts([rows[i].output_token_ids for i in pen_rows], vocab, device, cache)
         freq = torch.tensor(
             [rows[i].params.frequency_penalty for i in pen_rows], dtype=out.dtype, device=device
         )[:, None]
@@ -173,17 +218,20 @@ def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
     return probs.scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
 
 
-def _apply_top_k_top_p(
+def _top_k_top_p_sorted(
     probs: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
 ) -> torch.Tensor:
-    """Zero tokens outside each row's top-k, then outside its nucleus (on the top-k renormalised
-    distribution, as vLLM does). probs: [n, vocab]; top_k: [n] int (vocab = off); top_p: [n]."""
-    vocab = probs.shape[1]
+    """Zero tokens outside each row's top-k, then outside its nucleus computed on the top-k
+    renormalised distribution (vLLM's order).
+
+    probs: [n, vocab]; top_k: [n] (vocab = off); top_p: [n] (1 = off).
+    """
     # Stable sort: among equal probabilities the lower token id ranks first.
     sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)  # [n, vocab]
-    ranks = torch.arange(vocab, device=probs.device)
     if top_k is not None:
-        keep = ranks[None, :] < top_k[:, None]
+        # Threshold at the k-th largest value: ties at the boundary are all kept (HF/vLLM).
+        kth = sorted_p.gather(1, (top_k - 1)[:, None])  # [n, 1]
+        keep = sorted_p >= kth
         sorted_p = sorted_p.masked_fill(~keep, 0.0)
     else:
         keep = torch.ones_like(sorted_p, dtype=torch.bool)
@@ -196,6 +244,35 @@ def _apply_top_k_top_p(
         keep = keep & ((before < top_p[:, None]) | (top_p[:, None] >= 1.0))
     mask = torch.zeros_like(keep).scatter_(1, order, keep)
     return probs.masked_fill(~mask, 0.0)
+
+
+def _top_k_only(probs: torch.Tensor, top_k: torch.Tensor, k_max: int) -> torch.Tensor:
+    """top-k without a full sort: threshold at each row's k-th largest value (ties kept)."""
+    values = probs.topk(k_max, dim=-1).values  # [n, k_max], descending
+    kth = values.gather(1, (top_k - 1)[:, None])  # [n, 1]
+    return probs.masked_fill(probs < kth, 0.0)
+
+
+def _apply_top_k_top_p(probs: torch.Tensor, ks: list[int], ps: list[float]) -> torch.Tensor:
+    """Filter only the rows that ask for it; full sort only when some row uses top-p."""
+    vocab = probs.shape[1]
+    device = probs.device
+    need = [i for i, (k, p) in enumerate(zip(ks, ps)) if k < vocab or p < 1.0]
+    if not need:
+        return probs
+    everything = len(need) == len(ks)
+    idx = torch.tensor(need, dtype=torch.long, device=device)
+    sub = probs if everything else probs.index_select(0, idx)  # [len(need), vocab]
+    sub_k = [ks[i] for i in need]
+    sub_p = [ps[i] for i in need]
+    top_k = torch.tensor(sub_k, dtype=torch.long, device=device)
+    if all(p >= 1.0 for p in sub_p):
+        filtered = _top_k_only(sub, top_k, max(sub_k))
+    else:
+        use_k = any(k < vocab for k in sub_k)
+        top_p = torch.tensor(sub_p, dtype=torch.float32, device=device)
+        filtered = _top_k_top_p_sorted(sub, top_k if use_k else None, top_p)
+    return filtered if everything else probs.index_copy(0, idx, filtered)
 
 
 def probs_from_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
@@ -224,19 +301,16 @@ def probs_from_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torc
     t = torch.tensor(temps, dtype=torch.float32, device=device)
     probs = torch.softmax(logits.float() / t[:, None], dim=-1)  # [n, vocab]
 
-    use_k = any(k < vocab for k in ks)
-    use_p = any(p < 1.0 for p in ps)
-    if use_k or use_p:
-        probs = _apply_top_k_top_p(
-            probs,
-            torch.tensor(ks, dtype=torch.long, device=device) if use_k else None,
-            torch.tensor(ps, dtype=torch.float32, device=device) if use_p else None,
-        )
+    filtered = False
+    if any(k < vocab for k in ks) or any(p < 1.0 for p in ps):
+        probs = _apply_top_k_top_p(probs, ks, ps)
+        filtered = True
     if any(m > 0.0 for m in min_ps):
         m = torch.tensor(min_ps, dtype=torch.float32, device=device)
         threshold = m[:, None] * probs.amax(dim=-1, keepdim=True)
         probs = probs.masked_fill(probs < threshold, 0.0)
-    if use_k or use_p or any(m > 0.0 for m in min_ps):
+        filtered = True
+    if filtered:
         probs = probs / probs.sum(dim=-1, keepdim=True)
 
     if any(greedy):

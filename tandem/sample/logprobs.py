@@ -86,8 +86,8 @@ def prompt_logprobs(
 ) -> list[dict[int, Logprob] | None]:
     """Prompt logprobs: logits [P-1, V] at prompt positions 0..P-2, next_token_ids = prompt[1:].
 
-    Returns P entries, the first None (nothing predicts the first prompt token). For a later chunk of
-    a chunked prefill pass ``prepend_none=False`` and the chunk's own logits/next ids.
+    Returns P entries, the first None (nothing predicts the first prompt token). For a later chunk
+    of a chunked prefill pass ``prepend_none=False`` and the chunk's own logits/next ids.
     """
     body = compute_logprobs(logits, next_token_ids, [num_top] * logits.shape[0])
     return ([None] + body) if prepend_none else body

@@ -1,4 +1,4 @@
-"""Speculative rejection sampling: verify draft tokens against the target so the output is the target's.
+"""Speculative rejection sampling: verify draft tokens so that the output is the target's.
 
 Glossary (see docs/architecture.md):
 - **draft tokens** d_0..d_{k-1}: proposed by a cheap proposer (draft model, EAGLE, n-gram, suffix).
@@ -16,13 +16,13 @@ Glossary (see docs/architecture.md):
 - Every verify step therefore emits num_accepted + 1 tokens (k = 0 is plain sampling of one token).
 - **greedy** requests: accept while d_j == argmax p_j; the first mismatch emits argmax p_j; if all
   are accepted the bonus is argmax p_k. No randomness is consumed.
-- τ = mean tokens emitted per verify step = 1 + accepted / verify steps; per-position acceptance rate
-  = accepted at position i / drafts reaching position i (see ``cost_model``).
+- τ = mean tokens emitted per verify step = 1 + accepted / verify steps; per-position acceptance
+  rate = accepted at position i / drafts reaching position i (see ``cost_model``).
 
-Randomness and reproducibility: per request, from its generator, we draw k uniforms (acceptance) then
-k + 1 rows of Exp(1) noise (the recovered/bonus sample by exponential race, ``sampler``), always the
-same amount whatever gets accepted. Requests sharing one generator object (the engine's default) are
-drawn together; a seeded request with its own generator gets the same draws in any batch. A k = 0
+Randomness and reproducibility: per request, from its generator, we draw k uniforms (acceptance)
+then k + 1 rows of Exp(1) noise (the recovered/bonus sample by exponential race, ``sampler``),
+always the same amount whatever gets accepted. Requests sharing one generator object (the engine's
+default) are drawn together; a seeded request with its own generator gets the same draws in any batch. A k = 0
 request consumes exactly what ``sampler.sample`` would (one noise row), so it yields the same token.
 
 Vectorisation: p_j(d_j), q_j(d_j), the accept test, the residual of every draft row and the race of
@@ -41,12 +41,13 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.sample.sampler import draw_exponential, draw_uniform, exponential_race, group_by_generator
+from tandem.sample.sampler import draw_exponential, draw_grouped, draw_uniform, exponential_race
 
 
 @dataclass(frozen=True)
 class RejectionOutput:
-    token_ids: list[list[int]]  # per request: accepted drafts, then exactly one recovered/bonus token
+    # per request: the accepted drafts, then exactly one recovered or bonus token
+    token_ids: list[list[int]]
     num_accepted: list[int]  # per request, 0..k_i
 
 
@@ -56,7 +57,7 @@ def _recover(
     """Recovery distribution norm(max(p − q, 0)) for draft rows: [M, V].
 
     target_probs: [M, V] p_j; draft_probs: [M, V] q_j or None (one-hot q at draft_token_ids [M]).
-    Where the residual is all zero (p ≤ q everywhere, so rejection had probability 0) fall back to p.
+    Where the residual is all zero (p ≤ q everywhere: rejection had probability 0) fall back to p.
     Module-level on purpose: tests swap it to show that a wrong recovery is detected.
     """
     if draft_probs is None:
@@ -92,12 +93,14 @@ def rejection_sample(
     total_rows = total_drafts + num_req
     if target_probs.dim() != 2 or target_probs.shape[0] != total_rows:
         raise ValueError(
-            f"target_probs must be [sum(k_i + 1)={total_rows}, vocab], got {tuple(target_probs.shape)}"
+            f"target_probs must be [sum(k_i + 1)={total_rows}, vocab], "
+            f"got {tuple(target_probs.shape)}"
         )
     vocab = target_probs.shape[1]
     if draft_probs is not None and tuple(draft_probs.shape) != (total_drafts, vocab):
         raise ValueError(
-            f"draft_probs must be [sum(k_i)={total_drafts}, {vocab}], got {tuple(draft_probs.shape)}"
+            f"draft_probs must be [sum(k_i)={total_drafts}, {vocab}], "
+            f"got {tuple(draft_probs.shape)}"
         )
     rate = synthetic_acceptance_rate
     if rate is not None and not 0.0 <= rate <= 1.0:
@@ -106,12 +109,13 @@ def rejection_sample(
         return RejectionOutput([], [])
     flat_drafts = [int(t) for d in draft_token_ids for t in d]
     if flat_drafts and not (0 <= min(flat_drafts) and max(flat_drafts) < vocab):
-        raise ValueError(f"draft token ids must be in [0, {vocab}), got {flat_drafts}")
+        bad = sorted({t for t in flat_drafts if not 0 <= t < vocab})
+        raise ValueError(f"draft token ids must be in [0, {vocab}), got {bad[:10]}")
 
     device = target_probs.device
     p = target_probs.float()  # [R, V], R = total_rows
 
-    # Row layout. row_start[i]: first target row of request i; draft_start[i]: its first draft index.
+    # Row layout. row_start[i]: first target row of request i; draft_start[i]: its first draft.
     row_start: list[int] = []
     draft_start: list[int] = []
     r = d = 0
@@ -127,38 +131,30 @@ def rejection_sample(
     target_argmax = p.argmax(dim=-1)  # [R]: greedy choice at every row
     tokens = target_argmax.clone()  # [R]: candidate emitted token at every row
 
-    # --- randomness, per generator group: uniforms first, then noise rows ---
-    need_uniform = [ks[i] > 0 and (rate is not None or not rows_greedy[i]) for i in range(num_req)]
-    uniforms = torch.zeros(total_drafts, dtype=torch.float32, device=device)  # [D]
-    # Noise rows of random requests, stacked in request order: [Σ_{random i} (k_i + 1), V].
-    rand_rows: list[int] = [row_start[i] + j for i in random_req for j in range(ks[i] + 1)]
+    # --- randomness: per generator, uniforms (acceptance) then noise rows (race) ---
+    # Counts depend only on k_i and the request's mode, never on what gets accepted.
+    u_counts = [k if (rate is not None or not rows_greedy[i]) else 0 for i, k in enumerate(ks)]
+    uniforms = draw_grouped(generators, u_counts, lambda n, g: draw_uniform(n, g, device), device)
+    if uniforms is None or sum(u_counts) != total_drafts:
+        # Greedy requests (without synthetic mode) draw nothing; their slots are never read.
+        full = torch.zeros(total_drafts, dtype=torch.float32, device=device)  # [D]
+        if uniforms is not None:
+            slots = [draft_start[i] + j for i, c in enumerate(u_counts) for j in range(c)]
+            full.index_copy_(0, torch.tensor(slots, dtype=torch.long, device=device), uniforms)
+        uniforms = full
+    # Noise for every row of random requests, stacked in request order: [Σ_{random i}(k_i + 1), V].
+    rand_rows = [row_start[i] + j for i in random_req for j in range(ks[i] + 1)]
     rand_pos: dict[int, int] = {}  # request → offset of its rows in rand_rows
     off = 0
     for i in random_req:
         rand_pos[i] = off
         off += ks[i] + 1
-    noise = (
-        torch.empty((len(rand_rows), vocab), dtype=torch.float32, device=device)
-        if rand_rows
-        else None
+    noise = draw_grouped(
+        [generators[i] for i in random_req],
+        [ks[i] + 1 for i in random_req],
+        lambda n, g: draw_exponential(n, vocab, g, device),
+        device,
     )
-    for gen, reqs in group_by_generator(generators):
-        u_reqs = [i for i in reqs if need_uniform[i]]
-        if u_reqs:
-            n_u = sum(ks[i] for i in u_reqs)
-            u_idx = [draft_start[i] + j for i in u_reqs for j in range(ks[i])]
-            uniforms.index_copy_(
-                0, torch.tensor(u_idx, dtype=torch.long, device=device), draw_uniform(n_u, gen, device)
-            )
-        n_reqs = [i for i in reqs if not rows_greedy[i]]
-        if n_reqs:
-            assert noise is not None
-            n_idx = [rand_pos[i] + j for i in n_reqs for j in range(ks[i] + 1)]
-            noise.index_copy_(
-                0,
-                torch.tensor(n_idx, dtype=torch.long, device=device),
-                draw_exponential(len(n_idx), vocab, gen, device),
-            )
 
     # --- acceptance at every draft position ---
     if total_drafts:

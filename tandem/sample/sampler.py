@@ -5,14 +5,14 @@ as p (it is the first arrival among independent exponential clocks of rates p_v)
 cumulative sum, no division by the total and no ``multinomial``, so it stays on the device and works
 on unnormalised rows too.
 
-Reproducibility: the noise of a row is drawn from that row's own generator (a request with a seed) as
-a separate [rows, vocab] draw, so a seeded request gets the same token for the same probabilities
+Reproducibility: the noise of a row is drawn from that row's own generator (a request with a seed)
+as a separate [rows, vocab] draw, so a seeded request gets the same token for the same probabilities
 whatever else is in the batch. Rows without a generator share the default generator in one draw.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -51,6 +51,41 @@ def draw_uniform(num: int, generator: torch.Generator, device: torch.device) -> 
     return u.to(device, non_blocking=True)
 
 
+def draw_grouped(
+    generators: Sequence[torch.Generator],
+    counts: Sequence[int],
+    draw: Callable[[int, torch.Generator], torch.Tensor],
+    device: torch.device,
+) -> torch.Tensor | None:
+    """Stack counts[i] draws (rows of ``draw``) per item i, in item order.
+
+    One ``draw(n, generator)`` call per distinct generator, covering its items in order, then one
+    index copy back to item order. A generator used by a single item gives the same values whatever
+    the other items are. Returns None when nothing is drawn (no generator is touched).
+    """
+    total = sum(counts)
+    if total == 0:
+        return None
+    groups = group_by_generator(generators)
+    if len(groups) == 1:
+        return draw(total, groups[0][0])
+    starts: list[int] = []
+    acc = 0
+    for n in counts:
+        starts.append(acc)
+        acc += n
+    draws: list[torch.Tensor] = []
+    order: list[int] = []
+    for gen, items in groups:
+        rows = [starts[i] + j for i in items for j in range(counts[i])]
+        if rows:
+            draws.append(draw(len(rows), gen))
+            order.extend(rows)
+    stacked = torch.cat(draws)
+    out = torch.empty_like(stacked)
+    return out.index_copy_(0, torch.tensor(order, dtype=torch.long, device=device), stacked)
+
+
 def exponential_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """argmax(probs / noise) per row: a sample from each row of probs (normalised or not)."""
     return (probs / noise).argmax(dim=-1)
@@ -77,14 +112,10 @@ def sample(
     gens = [
         g if (g := rows[i].generator) is not None else default_generator for i in random_rows
     ]
-    groups = group_by_generator(gens)
-    if len(groups) == 1:
-        noise = draw_exponential(len(random_rows), vocab, groups[0][0], device)
-    else:
-        noise = torch.empty((len(random_rows), vocab), dtype=torch.float32, device=device)
-        for gen, positions in groups:
-            idx = torch.tensor(positions, dtype=torch.long, device=device)
-            noise.index_copy_(0, idx, draw_exponential(len(positions), vocab, gen, device))
+    noise = draw_grouped(
+        gens, [1] * len(gens), lambda n, g: draw_exponential(n, vocab, g, device), device
+    )  # [n_random, vocab]
+    assert noise is not None  # len(gens) > 0
     ridx = torch.tensor(random_rows, dtype=torch.long, device=device)
     tokens = exponential_race(probs.index_select(0, ridx).float(), noise)
     return out.index_copy_(0, ridx, tokens)

@@ -3,8 +3,10 @@
 KV cache layout per layer: ``[num_blocks * block_size, num_kv_heads, head_dim]`` for K and for V,
 i.e. a flat slot dimension; block ``b`` owns slots ``b*block_size : (b+1)*block_size``.
 
-Requests are processed one by one with SDPA over their gathered context (exact, simple); requests
-with short queries (decodes, verifies) are padded into one batched call to cut per-call overhead.
+Long queries (prefill chunks) run one request at a time through SDPA over the gathered context.
+Short queries (decodes, k+1-token verifies) of all requests are padded into one batched
+matmul-softmax-matmul: per-call overhead dominates there, and CPU SDPA's thread pool showed
+10-100x latency spikes for tiny calls on a loaded 2-core machine.
 Masking: causal with offset (query row r of a request with context L and q new tokens sits at
 position L - q + r), optionally a sliding window (key j visible iff j > pos - window, as HF Gemma3).
 """
@@ -56,8 +58,6 @@ def paged_attention(
     gqa = heads != kv_heads
     short = [i for i in range(meta.num_reqs) if meta.query_len(i) <= _BATCHED_MAX_QUERY]
     long = [i for i in range(meta.num_reqs) if meta.query_len(i) > _BATCHED_MAX_QUERY]
-    if len(short) == 1:
-        long, short = long + short, []
     for i in long:
         s, e = meta.query_start[i], meta.query_start[i + 1]
         slots = meta.context_slots[i]
@@ -70,7 +70,7 @@ def paged_attention(
         )  # [h, q_len, d]
         out[s:e] = o.transpose(0, 1)
     if short:
-        _batched_short(q, k_cache, v_cache, meta, scale, sliding_window, short, out, gqa)
+        _batched_short(q, k_cache, v_cache, meta, scale, sliding_window, short, out)
     return out
 
 
@@ -83,9 +83,8 @@ def _batched_short(
     window: int | None,
     reqs: list[int],
     out: torch.Tensor,
-    gqa: bool,
 ) -> None:
-    """Pad short queries (≤ _BATCHED_MAX_QUERY) and their contexts into one SDPA call."""
+    """Pad short queries (≤ _BATCHED_MAX_QUERY) and their contexts into one batched attention."""
     n = len(reqs)
     max_q = max(meta.query_len(i) for i in reqs)
     max_ctx = max(meta.seq_lens[i] for i in reqs)
@@ -102,15 +101,21 @@ def _batched_short(
         ql = meta.query_len(i)
         q_rows[j, :ql] = torch.arange(meta.query_start[i], meta.query_start[i] + ql, device=dev)
         q_valid[j, :ql] = True
-    k = k_cache[gather].to(q.dtype).permute(0, 2, 1, 3)  # [n, kvh, max_ctx, d]
-    v = v_cache[gather].to(q.dtype).permute(0, 2, 1, 3)
-    qb = q[q_rows].permute(0, 2, 1, 3)  # [n, h, max_q, d]
+    k = k_cache[gather].to(q.dtype)  # [n, max_ctx, kvh, d]
+    v = v_cache[gather].to(q.dtype)
+    kvh, d = k.shape[2], k.shape[3]
+    g = q.shape[1] // kvh
+    # Query heads grouped by their KV head: [n, kvh, g * max_q, d] (row = head-in-group, query).
+    qb = q[q_rows].reshape(n, max_q, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(n, kvh, g * max_q, d)
     # Position of query row r of request j: ctx_len - q_len + r.
     qpos = (ctx_lens - q_lens)[:, None] + torch.arange(max_q, device=dev)[None, :]  # [n, max_q]
     kpos = torch.arange(max_ctx, device=dev)[None, None, :]
-    mask = (kpos <= qpos[:, :, None]) & (kpos < ctx_lens[:, None, None])
+    mask = (kpos <= qpos[:, :, None]) & (kpos < ctx_lens[:, None, None])  # [n, max_q, max_ctx]
     if window is not None:
         mask = mask & (kpos > qpos[:, :, None] - window)
-    o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask[:, None], scale=scale, enable_gqa=gqa)
-    o = o.permute(0, 2, 1, 3)  # [n, max_q, h, d]
+    scores = torch.matmul(qb, k.permute(0, 2, 3, 1)) * scale  # [n, kvh, g*max_q, max_ctx]
+    scores = scores.view(n, kvh, g, max_q, max_ctx).masked_fill(~mask[:, None, None], float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(n, kvh, g * max_q, max_ctx)
+    o = torch.matmul(probs, v.permute(0, 2, 1, 3))  # [n, kvh, g*max_q, d]
+    o = o.view(n, kvh, g, max_q, d).permute(0, 3, 1, 2, 4).reshape(n, max_q, kvh * g, d)
     out[q_rows[q_valid]] = o[q_valid]

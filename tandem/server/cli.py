@@ -1,0 +1,113 @@
+"""``tandem serve`` / ``python -m tandem.serve``: start the OpenAI-compatible server.
+
+``tandem serve [MODEL] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME ...]
+[--uvicorn-log-level info]`` plus every engine flag of :func:`tandem.cli.add_engine_args` (including
+``--speculative-config`` and vLLM's deprecated speculation flags, which warn through
+:mod:`tandem.spec.config`). MODEL defaults to the built-in default model.
+
+Startup errors a user can cause (bad flags, bad speculative config, missing model, too little KV
+memory) print one ``error: ...`` line and exit with status 2; nothing is served.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+from tandem.errors import TandemError
+
+logger = logging.getLogger("tandem.server")
+
+API_KEY_ENV = "TANDEM_API_KEY"
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    """Server flags + the shared engine flags."""
+    from tandem.cli import add_engine_args
+    from tandem.loader.registry import DEFAULT_MODEL
+
+    p.add_argument("model", nargs="?", default=None,
+                   help=f"model path, Hugging Face directory or built-in alias (default: {DEFAULT_MODEL})")
+    p.add_argument("--model", dest="model_flag", default=None, help="same as the positional MODEL (vLLM spelling)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None,
+                   help=f"require 'Authorization: Bearer KEY' on every route but /health (env: {API_KEY_ENV})")
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="name(s) the API reports and accepts in 'model' (default: MODEL)")
+    p.add_argument("--uvicorn-log-level", default="info", choices=UVICORN_LOG_LEVELS)
+    p.add_argument("--disable-log-stats", action="store_true",
+                   help="do not log throughput / KV usage / acceptance every few seconds")
+    add_engine_args(p)
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``serve`` on the ``tandem`` command's subparsers."""
+    p = subparsers.add_parser("serve", help="run the OpenAI-compatible HTTP server",
+                              description="Serve a model over the OpenAI API (completions, chat, /metrics).")
+    add_serve_args(p)
+    p.set_defaults(func=run_serve)
+    return p
+
+
+def resolve_model_arg(ns: argparse.Namespace) -> str:
+    from tandem.loader.registry import DEFAULT_MODEL
+
+    if ns.model is not None and ns.model_flag is not None and ns.model != ns.model_flag:
+        raise TandemError(f"two different models given: {ns.model!r} and --model {ns.model_flag!r}")
+    return ns.model or ns.model_flag or DEFAULT_MODEL
+
+
+def build_server(ns: argparse.Namespace) -> tuple[Any, Any]:
+    """(FastAPI app, AsyncEngine) for parsed ``serve`` flags. Raises TandemError on bad config."""
+    from tandem.cli import engine_kwargs
+    from tandem.engine.llm import LLM
+    from tandem.server.api import build_app
+    from tandem.server.async_engine import AsyncEngine
+
+    model = resolve_model_arg(ns)
+    names = list(ns.served_model_name) if ns.served_model_name else [model]
+    kwargs = engine_kwargs(ns)
+    kwargs.setdefault("log_stats", not getattr(ns, "disable_log_stats", False))
+    engine = LLM(model, **kwargs).engine  # type: ignore[arg-type]
+    async_engine = AsyncEngine(engine, model_name=names[0])
+    api_key = ns.api_key or os.environ.get(API_KEY_ENV) or None
+    app = build_app(async_engine, names, api_key, model_aliases=[model])
+    return app, async_engine
+
+
+def run_serve(ns: argparse.Namespace) -> int:
+    """Build the engine, serve until interrupted. Returns the process exit status."""
+    import uvicorn
+    from prometheus_client import disable_created_metrics
+
+    disable_created_metrics()  # vLLM's choice: no *_created series (process-wide, so only in the CLI)
+    try:
+        app, async_engine = build_server(ns)
+    except TandemError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as e:  # unreadable files, bad values deep in a loader
+        logger.debug("startup failed", exc_info=True)
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    logger.info("serving %s on http://%s:%d (OpenAI API under /v1)", ns.served_model_name or resolve_model_arg(ns),
+                ns.host, ns.port)
+    try:
+        uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level, timeout_keep_alive=30)
+    finally:
+        async_engine.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None, prog: str = "tandem serve") -> int:
+    """Entry point of ``python -m tandem.serve``."""
+    parser = argparse.ArgumentParser(prog=prog, description="Serve a model over the OpenAI API.")
+    add_serve_args(parser)
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    return run_serve(ns)

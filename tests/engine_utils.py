@@ -1,0 +1,47 @@
+"""Shared helpers for engine-level tests: tiny checkpoints, engines, HF reference generation."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+from tandem import LLM, SamplingParams
+
+
+def make_llm(path: Path | str, **kw) -> LLM:
+    kw.setdefault("device", "cpu")
+    kw.setdefault("dtype", "float32")
+    kw.setdefault("kv_cache_memory_bytes", 64 << 20)
+    kw.setdefault("block_size", 4)
+    return LLM(str(path), **kw)
+
+
+def greedy(max_tokens: int = 24, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+def tokens_of(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@functools.lru_cache(maxsize=None)
+def _hf_model(path: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+
+
+def hf_greedy(path: Path | str, prompt_ids: list[int], max_new: int) -> list[int]:
+    model = _hf_model(str(path))
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new, min_new_tokens=max_new,
+                             do_sample=False, pad_token_id=0, eos_token_id=None)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def random_prompts(n: int, vocab: int, lo: int = 3, hi: int = 40, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(lo, hi, (n,), generator=g).tolist()
+    return [torch.randint(3, vocab, (L,), generator=g).tolist() for L in lens]

@@ -1,0 +1,121 @@
+"""Scheduler and block pool on CPU without weights: budgets, chunking, drafts, preemption, freeing."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.kv.block_pool import BlockPool
+from tandem.request import Request, RequestStatus
+from tandem.sampling_params import SamplingParams
+from tandem.scheduler import Scheduler
+
+
+def make_req(rid: str, n_prompt: int, max_model_len: int = 1024) -> Request:
+    return Request(rid, list(range(1, n_prompt + 1)), SamplingParams(max_tokens=100), (0,), max_model_len)
+
+
+def run_model(out, new_token: int = 7, accept_all: bool = True) -> None:
+    """Pretend a forward ran: advance counters; sampling steps append one token (+ accepted drafts)."""
+    for s in out.scheduled:
+        r = s.request
+        r.num_computed_tokens = s.start + s.num_new_tokens
+        if s.samples:
+            if accept_all:
+                r.token_ids.extend(s.spec_token_ids)
+            else:
+                r.num_computed_tokens -= len(s.spec_token_ids)
+            r.token_ids.append(new_token)
+            r.spec_token_ids = []
+
+
+def test_block_pool_alloc_free_and_double_free():
+    pool = BlockPool(4)
+    a = pool.allocate(3)
+    assert pool.num_free_blocks == 1 and pool.usage == 0.75
+    with pytest.raises(MemoryError):
+        pool.allocate(2)
+    pool.free(a)
+    assert pool.all_free()
+    with pytest.raises(RuntimeError):
+        pool.free([a[0]])
+
+
+def test_chunked_prefill_respects_budget_and_mixes_with_decode():
+    pool = BlockPool(64)
+    s = Scheduler(pool, block_size=4, max_num_batched_tokens=8, max_num_seqs=8, max_model_len=1024)
+    a, b = make_req("a", 3), make_req("b", 20)
+    s.add(a)
+    s.add(b)
+    out = s.schedule()
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("a", 3), ("b", 5)]
+    assert out.scheduled[0].samples and not out.scheduled[1].samples
+    run_model(out)
+    out = s.schedule()  # a decodes (1 token), b continues its prefill with the rest of the budget
+    assert [(x.request.request_id, x.num_new_tokens, x.start) for x in out.scheduled] == [("a", 1, 3), ("b", 7, 5)]
+    assert out.num_batched_tokens == 8
+
+
+def test_drafts_are_scheduled_as_trailing_query_tokens_and_cut_by_budget():
+    pool = BlockPool(64)
+    s = Scheduler(pool, block_size=4, max_num_batched_tokens=3, max_num_seqs=8, max_model_len=1024)
+    r = make_req("a", 2)
+    s.add(r)
+    run_model(s.schedule())
+    r.spec_token_ids = [11, 12, 13, 14]
+    out = s.schedule()
+    (x,) = out.scheduled
+    # budget 3 = last token + 2 drafts; the other drafts are dropped, not deferred
+    assert x.num_new_tokens == 3 and x.spec_token_ids == (11, 12) and x.samples
+    assert r.spec_token_ids == [11, 12]
+
+
+def test_lookahead_slots_reserved_for_draft_kv():
+    pool = BlockPool(64)
+    s = Scheduler(pool, block_size=4, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=1024, lookahead=5)
+    r = make_req("a", 4)
+    s.add(r)
+    s.schedule()
+    # 4 prompt tokens + 5 lookahead slots → 3 blocks of 4
+    assert len(r.block_ids) == 3
+
+
+def test_preemption_frees_blocks_and_requeues_front():
+    pool = BlockPool(4)  # 16 slots of block 4
+    s = Scheduler(pool, block_size=4, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=64)
+    a, b = make_req("a", 7), make_req("b", 7)
+    s.add(a)
+    s.add(b)
+    run_model(s.schedule())  # both hold 2 blocks; pool full
+    assert pool.num_free_blocks == 0
+    a.num_computed_tokens, b.num_computed_tokens = 8, 8
+    a.token_ids.append(5)  # a now needs a third block
+    out = s.schedule()
+    assert out.preempted == ("b",)
+    assert b.status is RequestStatus.PREEMPTED and b.num_computed_tokens == 0 and not b.block_ids
+    assert s.waiting[0] is b
+    assert [x.request.request_id for x in out.scheduled] == ["a"]
+    s.finish(a, RequestStatus.FINISHED_STOPPED)
+    out = s.schedule()  # b is recomputed from scratch: all its tokens
+    assert [(x.request.request_id, x.start, x.num_new_tokens) for x in out.scheduled] == [("b", 0, 8)]
+    s.finish(b, RequestStatus.FINISHED_STOPPED)
+    assert pool.all_free()
+
+
+def test_request_that_preempts_itself_waits_for_room():
+    pool = BlockPool(2)
+    s = Scheduler(pool, block_size=4, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=64)
+    a = make_req("a", 8)
+    s.add(a)
+    run_model(s.schedule())
+    out = s.schedule()  # a needs a 3rd block that does not exist: it preempts itself
+    assert out.preempted == ("a",) and not out.scheduled
+    assert pool.all_free()
+
+
+def test_max_num_seqs_limits_admission():
+    pool = BlockPool(64)
+    s = Scheduler(pool, block_size=4, max_num_batched_tokens=64, max_num_seqs=2, max_model_len=1024)
+    for i in range(3):
+        s.add(make_req(str(i), 2))
+    out = s.schedule()
+    assert len(out.scheduled) == 2 and len(s.waiting) == 1
