@@ -71,7 +71,9 @@ def load_hf(path: Path) -> tuple[Any, Any]:
     result = model.load_state_dict(tensors, strict=False)
     unexpected_missing = [k for k in result.missing_keys if k != "lm_head.weight"]
     if unexpected_missing or result.unexpected_keys:
-        raise RuntimeError(f"HF GGUF load incomplete: missing {unexpected_missing}, unexpected {result.unexpected_keys}")
+        raise RuntimeError(
+            f"HF GGUF load incomplete: missing {unexpected_missing}, unexpected {result.unexpected_keys}"
+        )
     model.tie_weights()
     return model.eval(), tok
 

@@ -22,9 +22,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
 from gguf.quants import dequantize, quantize
-
-sys.path.insert(0, str(Path(__file__).parent))
-from tiny_models import (  # noqa: E402
+from tiny_models import (
     FAMILIES,
     random_quant_bytes,
     tiny_tokenizer,
@@ -32,19 +30,19 @@ from tiny_models import (  # noqa: E402
     write_tiny_hf_checkpoint,
 )
 
-from tandem.errors import (  # noqa: E402
+from tandem.errors import (
     ChecksumMismatchError,
     ConfigError,
     ModelLoadError,
     RequestError,
     UnsupportedArchitectureError,
 )
-from tandem.loader import registry  # noqa: E402
-from tandem.loader.arch import ModelArch  # noqa: E402
-from tandem.loader.checkpoint import expected_parameter_shapes, open_checkpoint  # noqa: E402
-from tandem.loader.gguf import SUPPORTED_TENSOR_TYPES, reverse_llama_permute  # noqa: E402
-from tandem.loader.safetensors import hf_text_name  # noqa: E402
-from tandem.loader.tokenizer import apply_chat_template, load_tokenizer  # noqa: E402
+from tandem.loader import registry
+from tandem.loader.arch import ModelArch
+from tandem.loader.checkpoint import expected_parameter_shapes, open_checkpoint
+from tandem.loader.gguf import SUPPORTED_TENSOR_TYPES, reverse_llama_permute
+from tandem.loader.safetensors import hf_text_name
+from tandem.loader.tokenizer import apply_chat_template, load_tokenizer
 
 
 def _hf_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -95,6 +93,15 @@ def test_hf_arch_flags(tiny_dirs: dict[str, Path]) -> None:
     assert arches["gemma3"].sliding_window == 8 and arches["gemma3"].tie_word_embeddings
     assert all(a.num_kv_heads == 2 and a.num_heads == 4 for a in arches.values())
     assert not arches["llama"].tie_word_embeddings
+
+
+@pytest.mark.xfail(reason="ModelArch.from_hf reads flat rope_theta/rope_local_base_freq only; transformers 5 "
+                   "saves Gemma3 thetas nested in rope_parameters[layer_type] (arch.py, not the loader)")
+def test_hf_gemma3_nested_rope_parameters(tmp_path: Path) -> None:
+    path = write_tiny_hf_checkpoint(tmp_path, "gemma3", rope_theta=5e5, rope_local_base_freq=1234.0,
+                                    with_tokenizer=False)
+    arch = open_checkpoint(str(path)).arch
+    assert (arch.rope_theta, arch.rope_local_theta) == (5e5, 1234.0)
 
 
 def test_hf_tied_llama_and_untied_gemma(tmp_path: Path) -> None:
@@ -191,13 +198,13 @@ def test_gguf_f32_roundtrip_equals_hf(tmp_path: Path, family: str) -> None:
     assert gg.arch == want
     a, b = dict(hf.weights()), dict(gg.weights())
     assert set(a) == set(b)
-    for name in a:
+    for name, ref in a.items():
         assert b[name].dtype == torch.float32
         if family == "gemma3" and name.endswith("norm.weight"):
             # stored as 1 + w by the converter: one float32 rounding, exactly as llama.cpp has it
-            torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-6)
+            torch.testing.assert_close(b[name], ref, rtol=0, atol=1e-6)
         else:
-            assert torch.equal(a[name], b[name]), name
+            assert torch.equal(b[name], ref), name
 
 
 def test_reverse_llama_permute_inverts_llama_cpp() -> None:
@@ -210,7 +217,8 @@ def test_reverse_llama_permute_inverts_llama_cpp() -> None:
         assert not torch.equal(permuted, w)
         assert torch.equal(reverse_llama_permute(permuted, n_head), w)
         bias = torch.randn(n_head * head_dim, generator=g)
-        assert torch.equal(reverse_llama_permute(torch.from_numpy(llama_cpp_permute(bias.numpy(), n_head)), n_head), bias)
+        permuted_bias = torch.from_numpy(llama_cpp_permute(bias.numpy(), n_head))
+        assert torch.equal(reverse_llama_permute(permuted_bias, n_head), bias)
     with pytest.raises(ModelLoadError):
         reverse_llama_permute(torch.zeros(6, 2), 4)
 
@@ -270,7 +278,8 @@ def test_gguf_every_supported_type_dequantizes(tmp_path: Path, qtype: Q) -> None
                                        rtol=0, atol=0, equal_nan=True, msg=gname)
 
 
-def _minimal_gguf(path: Path, arch: str = "llama", extra_tensor: tuple[str, np.ndarray, Q | None] | None = None) -> Path:
+def _minimal_gguf(path: Path, arch: str = "llama",
+                  extra_tensor: tuple[str, np.ndarray, Q | None] | None = None) -> Path:
     w = GGUFWriter(str(path), arch)
     for key, value in [("block_count", 1), ("embedding_length", 32), ("feed_forward_length", 32),
                        ("attention.head_count", 2), ("context_length", 64)]:

@@ -36,30 +36,30 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-_COMMON: dict[str, Any] = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-6,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=3,
-)
+_COMMON: dict[str, Any] = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 3,
+}
 _DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": dict(tie_word_embeddings=False, rope_theta=10000.0),
-    "mistral": dict(tie_word_embeddings=False, rope_theta=10000.0, sliding_window=None),
-    "qwen2": dict(tie_word_embeddings=False, rope_theta=10000.0),
-    "qwen3": dict(tie_word_embeddings=False, rope_theta=10000.0),
-    "gemma3": dict(
-        tie_word_embeddings=True,
-        sliding_window=8,
-        layer_types=["sliding_attention", "full_attention"],
-    ),
+    "llama": {"tie_word_embeddings": False, "rope_theta": 10000.0},
+    "mistral": {"tie_word_embeddings": False, "rope_theta": 10000.0, "sliding_window": None},
+    "qwen2": {"tie_word_embeddings": False, "rope_theta": 10000.0},
+    "qwen3": {"tie_word_embeddings": False, "rope_theta": 10000.0},
+    "gemma3": {
+        "tie_word_embeddings": True,
+        "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"],
+    },
 }
 
 
@@ -137,7 +137,7 @@ def _gpt2_byte_chars() -> dict[int, str]:
             keep.append(b)
             chars.append(256 + n)
             n += 1
-    return {b: chr(c) for b, c in zip(keep, chars)}
+    return {b: chr(c) for b, c in zip(keep, chars, strict=True)}
 
 
 def write_tiny_hf_checkpoint(

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -481,14 +481,6 @@ def parse_concurrencies(text: str) -> list[int]:
     return values
 
 
-@dataclass
-class _Plan:
-    configs: list[CompareConfig]
-    concurrencies: list[int]
-    out_dir: Path
-    errors: dict[str, str] = field(default_factory=dict)
-
-
 def run_compare(args: Any) -> int:
     """Entry for ``tandem bench compare`` (args from ``cli.add_bench_subparsers``)."""
     from tandem.bench.cli import load_tokenizer, sample_from_args
@@ -501,22 +493,20 @@ def run_compare(args: Any) -> int:
     for c in configs:
         if not (c.model or args.model):
             raise CompareError(f"config {c.name!r} has no model: pass --model or put \"model\" in the config")
-    plan = _Plan(
-        configs,
-        parse_concurrencies(args.concurrency),
-        Path(args.result_dir or f"bench_results/compare-{datetime.now():%Y%m%d-%H%M%S}"),
-    )
+    concurrencies = parse_concurrencies(args.concurrency)
+    out_dir = Path(args.result_dir or f"bench_results/compare-{datetime.now():%Y%m%d-%H%M%S}")
+    errors: dict[str, str] = {}
     model0 = configs[0].model or args.model
     tokenizer = load_tokenizer(args.tokenizer or model0, getattr(args, "trust_remote_code", False))
     requests = sample_from_args(args, tokenizer)
     print(f"Workload: {len(requests)} prompts from {args.dataset_name} (seed {args.seed}), "
-          f"concurrency {plan.concurrencies}; results → {plan.out_dir}")
+          f"concurrency {concurrencies}; results → {out_dir}")
 
     runs: dict[tuple[str, int], RunSummary] = {}
-    for i, cfg in enumerate(plan.configs):
+    for i, cfg in enumerate(configs):
         model = cfg.model or args.model
         port = args.port_base + i
-        log_path = plan.out_dir / f"server-{cfg.name}.log"
+        log_path = out_dir / f"server-{cfg.name}.log"
         server = ServerProcess(server_command(model, port, cfg.options), port, log_path, cfg.name)
         print(f"\n[{cfg.name}] starting: {shlex.join(server.cmd)}")
         try:
@@ -529,7 +519,7 @@ def run_compare(args: Any) -> int:
                 temperature=args.temperature,
                 ignore_eos=args.ignore_eos,
             )
-            for conc in plan.concurrencies:
+            for conc in concurrencies:
                 print(f"[{cfg.name}] concurrency {conc}")
                 res = asyncio.run(
                     run_benchmark(
@@ -548,24 +538,24 @@ def run_compare(args: Any) -> int:
                     num_prompts=len(requests), request_rate=args.request_rate, burstiness=args.burstiness,
                     max_concurrency=conc, label=cfg.name,
                 )
-                run_dir = plan.out_dir / "runs"
+                run_dir = out_dir / "runs"
                 run_dir.mkdir(parents=True, exist_ok=True)
                 (run_dir / f"{cfg.name}-c{conc}.json").write_text(json.dumps(detail), encoding="utf-8")
                 if res.interrupted:
                     raise KeyboardInterrupt
         except KeyboardInterrupt:
-            plan.errors[cfg.name] = "interrupted"
+            errors[cfg.name] = "interrupted"
             print(f"[{cfg.name}] interrupted; reporting what was measured")
             break
         except TandemError as exc:
-            plan.errors[cfg.name] = str(exc)
+            errors[cfg.name] = str(exc)
             print(f"[{cfg.name}] FAILED: {exc}", file=sys.stderr)
         finally:
             server.stop()
 
-    rows = compute_rows(plan.configs, runs, plan.concurrencies)
+    rows = compute_rows(configs, runs, concurrencies)
     print()
-    print(format_table(rows, plan.configs))
+    print(format_table(rows, configs))
     meta = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
         "model": args.model,
@@ -574,14 +564,14 @@ def run_compare(args: Any) -> int:
         "num_prompts": len(requests),
         "seed": args.seed,
         "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
-        "concurrencies": plan.concurrencies,
+        "concurrencies": concurrencies,
     }
-    plan.out_dir.mkdir(parents=True, exist_ok=True)
-    (plan.out_dir / "compare.json").write_text(
-        json.dumps(results_json(plan.configs, runs, rows, meta, plan.errors), indent=2), encoding="utf-8"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "compare.json").write_text(
+        json.dumps(results_json(configs, runs, rows, meta, errors), indent=2), encoding="utf-8"
     )
     if runs:
-        for p in write_plots(plan.configs, runs, plan.concurrencies, plan.out_dir):
+        for p in write_plots(configs, runs, concurrencies, out_dir):
             print(f"plot: {p}")
-    print(f"results: {plan.out_dir / 'compare.json'}")
-    return 1 if plan.errors else 0
+    print(f"results: {out_dir / 'compare.json'}")
+    return 1 if errors else 0

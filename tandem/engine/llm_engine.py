@@ -265,7 +265,7 @@ class LLMEngine:
                 r.num_computed_tokens = s.start + s.num_new_tokens
         if sampling:
             self._sample_and_update(sampling, logits, touched)
-        self._propose()
+        self._propose(touched)
         for rid in touched:
             group = self._child_group.get(rid)
             if group is not None and group.request_id in self._groups:
@@ -389,13 +389,14 @@ class LLMEngine:
                 return
 
     # ---- speculation ---------------------------------------------------------------------------
-    def _propose(self) -> None:
+    def _propose(self, sampled: set[str]) -> None:
+        """Draft for the requests that sampled this step (their lookahead slots are reserved)."""
         if self.proposer is None or self.spec is None:
             return
         k = self.spec.num_speculative_tokens
         reqs, ks = [], []
         for r in self.scheduler.running:
-            if not r.is_decoding:
+            if r.request_id not in sampled or not r.is_decoding:
                 continue
             room = min(r.max_output_tokens - r.num_output_tokens - 1, self.max_model_len - r.num_tokens - 1)
             reqs.append(r)

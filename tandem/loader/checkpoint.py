@@ -4,16 +4,19 @@ A :class:`Checkpoint` is what the rest of tandem sees of a model on disk: the no
 :class:`ModelArch`, the HF-style ``config`` dict it came from, a ``weights()`` stream of
 ``(hf_name, tensor)`` pairs and ``load_tokenizer()``. Every format yields the same names:
 
-    model.embed_tokens.weight                                   [vocab, hidden]
-    model.layers.{i}.input_layernorm.weight                     [hidden]
-    model.layers.{i}.self_attn.{q,k,v,o}_proj.weight            q: [heads*hd, hidden], k/v: [kv_heads*hd, hidden], o: [hidden, heads*hd]
-    model.layers.{i}.self_attn.{q,k,v}_proj.bias                (attention_bias, e.g. Qwen2; Llama's flag adds o_proj.bias)
-    model.layers.{i}.self_attn.{q,k}_norm.weight                [hd] (Qwen3, Gemma3)
-    model.layers.{i}.post_attention_layernorm.weight            [hidden]
-    model.layers.{i}.{pre,post}_feedforward_layernorm.weight    [hidden] (Gemma3)
-    model.layers.{i}.mlp.{gate,up}_proj.weight                  [inter, hidden];  down_proj: [hidden, inter]
-    model.norm.weight                                           [hidden]
-    lm_head.weight                                              [vocab, hidden] (absent when tied)
+    model.embed_tokens.weight                                 [vocab, hidden]
+    model.layers.{i}.input_layernorm.weight                   [hidden]
+    model.layers.{i}.self_attn.q_proj.weight                  [heads * head_dim, hidden]
+    model.layers.{i}.self_attn.{k,v}_proj.weight              [kv_heads * head_dim, hidden]
+    model.layers.{i}.self_attn.o_proj.weight                  [hidden, heads * head_dim]
+    model.layers.{i}.self_attn.{q,k,v}_proj.bias              if attention_bias (Qwen2; Llama's flag adds o_proj.bias)
+    model.layers.{i}.self_attn.{q,k}_norm.weight              [head_dim] (Qwen3, Gemma3)
+    model.layers.{i}.post_attention_layernorm.weight          [hidden]
+    model.layers.{i}.{pre,post}_feedforward_layernorm.weight  [hidden] (Gemma3)
+    model.layers.{i}.mlp.{gate,up}_proj.weight                [intermediate, hidden]
+    model.layers.{i}.mlp.down_proj.weight                     [hidden, intermediate]
+    model.norm.weight                                         [hidden]
+    lm_head.weight                                            [vocab, hidden] (absent when tied)
 
 Conventions: Gemma norm weights are in HF form (the model computes ``x * (1 + w)``); GGUF tensors are
 dequantized to float32; safetensors tensors keep the file's dtype; dummy tensors are float32. Pass

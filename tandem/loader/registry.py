@@ -190,7 +190,7 @@ def _pip_download(requirements: list[str], dest: Path) -> None:
     cmd = _pip_download_command(requirements, dest)
     logger.info("fetching %s", " ".join(requirements))
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ModelLoadError(f"could not run pip to fetch {', '.join(requirements)}: {e}") from e
     if proc.returncode != 0:

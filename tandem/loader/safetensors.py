@@ -72,8 +72,9 @@ def find_safetensors_files(directory: Path) -> list[Path]:
         # Mistral-style repos ship consolidated.safetensors (other naming) next to the HF shards.
         files = [f for f in files if f.name != "consolidated.safetensors"]
     if not files:
-        others = sorted(p.name for p in directory.glob("*.bin")) + sorted(p.name for p in directory.glob("*.pt"))
-        hint = f" (found {', '.join(others)}: PyTorch pickles are not supported, convert to safetensors)" if others else ""
+        others = sorted(p.name for pattern in ("*.bin", "*.pt", "*.pth") for p in directory.glob(pattern))
+        hint = (f" (found {', '.join(others)}: PyTorch pickles are not supported, convert to safetensors)"
+                if others else "")
         raise ModelLoadError(f"no *.safetensors weight files in {directory}{hint}")
     return files
 
@@ -111,7 +112,7 @@ class SafetensorsWeights:
         for path in self.files:
             try:
                 with safe_open(str(path), framework="pt") as fh:
-                    for raw in fh.keys():
+                    for raw in fh.keys():  # noqa: SIM118 - safe_open handles have no __iter__
                         name = hf_text_name(raw)
                         if name is None or (skip_lm_head and name == "lm_head.weight"):
                             continue

@@ -1,0 +1,169 @@
+"""Speculative decoding inside the continuous-batching engine: lossless greedy output (float32),
+statistically exact sampling, acceptance counters, stops inside accepted runs."""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+import pytest
+
+from engine_utils import greedy, make_llm, random_prompts, tokens_of
+from tandem import SamplingParams
+from tiny_models import write_tiny_hf_checkpoint
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("spec")
+    # std 0.2: peaked, repetitive outputs (n-gram finds matches); the draft has other weights.
+    target = write_tiny_hf_checkpoint(base, "llama", std=0.2, name="target")
+    draft = write_tiny_hf_checkpoint(base, "qwen3", seed=7, std=0.2, name="draft", num_hidden_layers=1)
+    # Same seed, one layer fewer: q overlaps p partly (acceptance well inside (0, 1)).
+    close = write_tiny_hf_checkpoint(base, "llama", std=0.2, name="close", num_hidden_layers=1)
+    return target, draft, close
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return [{"prompt_token_ids": p} for p in random_prompts(16, 100, lo=2, hi=50, seed=11)]
+
+
+@pytest.fixture(scope="module")
+def reference(dirs, prompts):
+    llm = make_llm(dirs[0])
+    return tokens_of(llm.generate(prompts, greedy(32), use_tqdm=False))
+
+
+def spec_llm(target, **spec):
+    return make_llm(target, speculative_config=spec)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_draft_model_greedy_equals_no_speculation(dirs, prompts, reference, k):
+    llm = spec_llm(dirs[0], method="draft_model", model=str(dirs[1]), num_speculative_tokens=k)
+    assert tokens_of(llm.generate(prompts[:1], greedy(32), use_tqdm=False)) == reference[:1]
+    outs = llm.generate(prompts, greedy(32), use_tqdm=False)
+    assert tokens_of(outs) == reference
+    st = llm.engine.stats.spec
+    assert st.num_draft_tokens > 0 and sum(o.outputs[0].num_draft_tokens for o in outs) > 0
+    assert llm.engine.pool.all_free()
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_ngram_greedy_equals_no_speculation(dirs, prompts, reference, k):
+    llm = spec_llm(dirs[0], method="ngram", num_speculative_tokens=k, prompt_lookup_min=1, prompt_lookup_max=3)
+    assert tokens_of(llm.generate(prompts[:1], greedy(32), use_tqdm=False)) == reference[:1]
+    outs = llm.generate(prompts, greedy(32), use_tqdm=False)
+    assert tokens_of(outs) == reference
+    st = llm.engine.stats.spec
+    assert st.num_accepted_tokens > 0, "repetitive tiny-model output should give n-gram hits"
+    assert sum(o.outputs[0].num_accepted_tokens for o in outs) == st.num_accepted_tokens
+
+
+def test_target_as_its_own_draft_accepts_everything(dirs, prompts, reference):
+    llm = spec_llm(dirs[0], method="draft_model", model=str(dirs[0]), num_speculative_tokens=4)
+    outs = llm.generate(prompts, greedy(32), use_tqdm=False)
+    assert tokens_of(outs) == reference
+    st = llm.engine.stats.spec
+    assert st.num_draft_tokens > 0 and st.num_accepted_tokens == st.num_draft_tokens
+    assert st.mean_acceptance_length == pytest.approx(1 + st.num_accepted_tokens / st.num_drafts)
+    assert all(a == st.num_drafts for a in st.accepted_per_pos[:1])
+
+
+def test_stops_inside_an_accepted_run(dirs, prompts, reference):
+    """max_tokens and stop strings can land in the middle of a verified run: tokens past the end
+    are dropped and the result equals the non-speculative one."""
+    base = make_llm(dirs[0])
+    llm = spec_llm(dirs[0], method="draft_model", model=str(dirs[0]), num_speculative_tokens=5)
+    for max_tokens in (3, 7, 10):
+        assert tokens_of(llm.generate(prompts, greedy(max_tokens), use_tqdm=False)) == [r[:max_tokens] for r in reference]
+    full = base.generate(prompts[0], greedy(32), use_tqdm=False)[0].outputs[0]
+    stop = full.text[9:11]
+    want = base.generate(prompts[0], greedy(32, stop=[stop]), use_tqdm=False)[0].outputs[0]
+    got = llm.generate(prompts[0], greedy(32, stop=[stop]), use_tqdm=False)[0].outputs[0]
+    assert (got.text, got.token_ids, got.finish_reason) == (want.text, want.token_ids, "stop")
+    tid = full.token_ids[6]
+    want = base.generate(prompts[0], greedy(32, stop_token_ids=[tid]), use_tqdm=False)[0].outputs[0]
+    got = llm.generate(prompts[0], greedy(32, stop_token_ids=[tid]), use_tqdm=False)[0].outputs[0]
+    assert got.token_ids == want.token_ids and got.stop_reason == tid
+
+
+def test_speculation_with_preemption_and_chunking(dirs, prompts, reference):
+    llm = make_llm(dirs[0], kv_cache_memory_bytes=70 * 3072, max_num_batched_tokens=48,  # 3 KiB per block (target + draft)
+                   speculative_config={"method": "draft_model", "model": str(dirs[1]), "num_speculative_tokens": 3})
+    assert tokens_of(llm.generate(prompts, greedy(32), use_tqdm=False)) == reference
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.pool.all_free()
+
+
+def _token_counts(llm, n: int, params: SamplingParams, position: int) -> Counter:
+    outs = llm.generate([{"prompt_token_ids": [5, 6, 7]}] * n,
+                        [params.clone(seed=i) for i in range(n)], use_tqdm=False)
+    return Counter(o.outputs[0].token_ids[position] for o in outs)
+
+
+def _chi2_same(a: Counter, b: Counter) -> float:
+    """Two-sample chi-square p-value (rare categories pooled so expected counts stay >= 5)."""
+    from scipy.stats import chi2_contingency
+
+    keys = sorted(set(a) | set(b))
+    common = [k for k in keys if a.get(k, 0) + b.get(k, 0) >= 10]
+    rare = [k for k in keys if k not in common]
+    table = [[c.get(k, 0) for k in common] + [sum(c.get(k, 0) for k in rare)] for c in (a, b)]
+    if not rare:
+        table = [row[:-1] for row in table]
+    return chi2_contingency(table)[1]
+
+
+@pytest.mark.parametrize("sample_method", ["probabilistic", "greedy"])
+def test_sampled_distribution_matches_target(dirs, sample_method, monkeypatch):
+    """The token after the first (drafted and verified) follows the same distribution with and
+    without speculation, with T≠1 and top-k/top-p active and a draft whose q differs strongly from p
+    (another model sampling; or the target's own argmax as a one-hot q). Replacing the recovery step
+    by plain target sampling must be detected."""
+    params = SamplingParams(temperature=1.3, top_k=6, top_p=0.95, max_tokens=3, ignore_eos=True)
+    n = 3000
+    plain = _token_counts(make_llm(dirs[0], max_num_seqs=1024), n, params, 1)
+    draft = dirs[2] if sample_method == "probabilistic" else dirs[0]
+    spec = make_llm(dirs[0], max_num_seqs=1024, speculative_config={
+        "method": "draft_model", "model": str(draft), "num_speculative_tokens": 2,
+        "draft_sample_method": sample_method})
+    assert _chi2_same(plain, _token_counts(spec, n, params, 1)) > 1e-3
+    st = spec.engine.stats.spec
+    assert 0 < st.num_accepted_tokens < st.num_draft_tokens
+    import tandem.sample.rejection as rej
+
+    monkeypatch.setattr(rej, "_recover", lambda p, q, d: p)
+    bad = _chi2_same(plain, _token_counts(spec, n, params, 1))
+    print(f"acceptance {st.num_accepted_tokens}/{st.num_draft_tokens}, wrong-recovery p-value {bad:.2e}")
+    assert bad < 1e-4
+
+
+def test_synthetic_acceptance_is_labelled_and_hits_rate(dirs, prompts):
+    llm = spec_llm(dirs[0], method="draft_model", model=str(dirs[1]), num_speculative_tokens=3,
+                   rejection_sample_method="synthetic", synthetic_acceptance_rate=0.6)
+    outs = llm.generate(prompts, greedy(32), use_tqdm=False)
+    assert all(o.synthetic for o in outs)
+    st = llm.engine.stats.spec
+    # each position is accepted with probability 0.6 given the previous ones were
+    assert st.accepted_per_pos[0] / st.num_drafts == pytest.approx(0.6, abs=0.08)
+    assert st.accepted_per_pos[1] / st.accepted_per_pos[0] == pytest.approx(0.6, abs=0.1)
+
+
+def test_deprecated_kwargs_work_with_warning(dirs, prompts, reference):
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        llm = make_llm(dirs[0], speculative_model="[ngram]", num_speculative_tokens=3, ngram_prompt_lookup_max=3)
+    assert any("deprecated" in str(x.message) for x in w)
+    assert llm.engine.spec.method == "ngram"
+    assert tokens_of(llm.generate(prompts[:4], greedy(32), use_tqdm=False)) == reference[:4]
+
+
+def test_draft_vocab_mismatch_is_a_config_error(tmp_path, dirs):
+    from tandem.errors import ConfigError
+
+    other = write_tiny_hf_checkpoint(tmp_path, "llama", vocab_size=160, name="bigvocab")
+    with pytest.raises(ConfigError) as e:
+        spec_llm(dirs[0], method="draft_model", model=str(other), num_speculative_tokens=2)
+    assert e.value.key == "model" and "vocab" in str(e.value)
