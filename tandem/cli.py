@@ -27,7 +27,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the KV of cached full blocks of shared prefixes (default: on, as in vLLM)")
     add_speculative_cli_args(p)
 
 

@@ -63,7 +63,7 @@ class CacheConfig:
     block_size: int = 16
     gpu_memory_utilization: float = 0.92
     kv_cache_memory_bytes: int | None = None
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True  # vLLM V1 default
 
     def __post_init__(self) -> None:
         if self.block_size not in BLOCK_SIZES:

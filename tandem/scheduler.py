@@ -11,6 +11,13 @@ the most recently admitted running request is preempted (blocks freed, recompute
 the front of the waiting queue — nothing is lost, nothing crashes. ``lookahead`` extra slots per
 request are reserved for a draft model's KV writes of the next proposal.
 
+Prefix caching (``kv/prefix_cache.py`` has the rules): at the start of every ``schedule()`` — and
+before any request's blocks are released — the blocks that the last step filled with computed KV
+are registered in the cache. A waiting request (new or preempted) is admitted with the longest
+chain of cached full blocks for its tokens: ``num_computed_tokens`` starts at the hit length (at
+most ``num_tokens - 1``, block-aligned) and only the rest is scheduled. Freed blocks stay cached
+(evictable) until their memory is needed, so a preempted request usually gets its own blocks back.
+
 Pure Python over Request objects and a BlockPool: testable without weights.
 """
 
@@ -21,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tandem.kv.block_pool import BlockPool
+from tandem.kv.prefix_cache import PrefixCache
 from tandem.request import Request, RequestStatus
 
 
@@ -51,8 +59,10 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, pool: BlockPool, block_size: int, max_num_batched_tokens: int,
-                 max_num_seqs: int, max_model_len: int, lookahead: int = 0) -> None:
+                 max_num_seqs: int, max_model_len: int, lookahead: int = 0,
+                 enable_prefix_caching: bool = False) -> None:
         self.pool = pool
+        self.prefix_cache = PrefixCache(pool, block_size, enable_prefix_caching and pool.enable_caching)
         self.block_size = block_size
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
@@ -76,20 +86,25 @@ class Scheduler:
                 self.waiting.remove(req)
             except ValueError:
                 pass
-        self._free(req)
+        self._free(req, finished=True)
 
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    def _free(self, req: Request) -> None:
+    def _free(self, req: Request, finished: bool) -> None:
         if req.block_ids:
+            self.prefix_cache.register(req)  # blocks completed by the last step stay reusable
             self.pool.free(req.block_ids)
             req.block_ids = []
+        self.prefix_cache.released(req, finished)
+
+    def _num_blocks_for(self, num_tokens: int) -> int:
+        total = min(num_tokens, self.max_model_len + self.lookahead)
+        return -(-total // self.block_size)
 
     def _blocks_needed(self, req: Request, num_tokens: int) -> int:
-        total = min(num_tokens, self.max_model_len + self.lookahead)
-        return max(0, -(-total // self.block_size) - len(req.block_ids))
+        return max(0, self._num_blocks_for(num_tokens) - len(req.block_ids))
 
     def _try_allocate(self, req: Request, num_tokens: int) -> bool:
         need = self._blocks_needed(req, num_tokens)
@@ -102,7 +117,7 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
-        self._free(req)
+        self._free(req, finished=False)
         req.num_computed_tokens = 0
         req.draft_num_computed = 0
         req.spec_token_ids = []
@@ -117,6 +132,8 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
+        for req in self.running:
+            self.prefix_cache.register(req)
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -141,10 +158,21 @@ class Scheduler:
         if not preempted:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
-                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-                lookahead = self.lookahead if req.num_computed_tokens + num_new >= req.num_tokens else 0
-                if not self._try_allocate(req, req.num_computed_tokens + num_new + lookahead):
+                hits = self.prefix_cache.lookup(req)
+                num_computed = len(hits) * self.block_size  # <= num_tokens - 1: something to compute
+                num_new = min(req.num_tokens - num_computed, budget)
+                lookahead = self.lookahead if num_computed + num_new >= req.num_tokens else 0
+                need = self._num_blocks_for(num_computed + num_new + lookahead) - len(hits)
+                blocks = self.pool.take(hits, need)
+                if blocks is None:
                     break
+                req.block_ids = blocks
+                req.num_computed_tokens = num_computed
+                if hits:
+                    # The draft model has no KV for the prefix: it recomputes it (rewriting identical
+                    # values into the shared blocks; see kv/prefix_cache.py).
+                    req.draft_num_computed = 0
+                self.prefix_cache.admitted(req, hits)
                 self.waiting.popleft()
                 req.status = RequestStatus.RUNNING
                 self.running.append(req)

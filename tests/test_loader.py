@@ -95,8 +95,6 @@ def test_hf_arch_flags(tiny_dirs: dict[str, Path]) -> None:
     assert not arches["llama"].tie_word_embeddings
 
 
-@pytest.mark.xfail(reason="ModelArch.from_hf reads flat rope_theta/rope_local_base_freq only; transformers 5 "
-                   "saves Gemma3 thetas nested in rope_parameters[layer_type] (arch.py, not the loader)")
 def test_hf_gemma3_nested_rope_parameters(tmp_path: Path) -> None:
     path = write_tiny_hf_checkpoint(tmp_path, "gemma3", rope_theta=5e5, rope_local_base_freq=1234.0,
                                     with_tokenizer=False)

@@ -37,7 +37,7 @@ class LLM:
         max_num_seqs: int = 256,
         max_num_batched_tokens: int | None = None,
         block_size: int = 16,
-        enable_prefix_caching: bool = False,
+        enable_prefix_caching: bool = True,
         speculative_config: str | Mapping[str, Any] | SpeculativeConfig | None = None,
         log_stats: bool = False,
         **deprecated: Any,

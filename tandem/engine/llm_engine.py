@@ -26,7 +26,7 @@ from tandem.engine.detokenizer import IncrementalDetokenizer
 from tandem.engine.model_loader import build_model
 from tandem.engine.stats import EngineStats, PeriodicLogger
 from tandem.errors import ConfigError, PromptTooLongError, RequestError
-from tandem.kv.block_pool import BlockPool
+from tandem.kv.block_pool import BlockPool, ResetResult
 from tandem.kv.kv_cache import allocate_kv_cache, bytes_per_block, kv_budget_bytes
 from tandem.loader.checkpoint import open_checkpoint
 from tandem.outputs import CompletionOutput, RequestOutput
@@ -126,7 +126,7 @@ class LLMEngine:
         logger.info("KV cache sized by %s: %d blocks × %d tokens = %d tokens (%.1f MiB)",
                     source, num_blocks, self.block_size, num_blocks * self.block_size, num_blocks * bpb / 2**20)
         self.num_blocks = num_blocks
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks, enable_caching=cache.enable_prefix_caching)
         kv = allocate_kv_cache(self.arch, num_blocks, self.block_size, self.dtype, self.device)
         self.runner = ModelRunner(self.model, kv, self.block_size, self.device)
         draft_runner = None
@@ -137,7 +137,8 @@ class LLMEngine:
             draft_runner = ModelRunner(draft_model, dkv, self.block_size, self.device)
         self.proposer = build_proposer(speculative, draft_runner, self.generator)
         self.scheduler = Scheduler(self.pool, self.block_size, scheduler.token_budget(k),
-                                   scheduler.max_num_seqs, self.max_model_len, lookahead=lookahead)
+                                   scheduler.max_num_seqs, self.max_model_len, lookahead=lookahead,
+                                   enable_prefix_caching=cache.enable_prefix_caching)
         self.stats = EngineStats()
         self._log = PeriodicLogger() if log_stats else None
         self._groups: dict[str, _Group] = {}
@@ -208,7 +209,7 @@ class LLMEngine:
                 continue
             for c in group.children:
                 if not c.status.finished:
-                    self.scheduler.finish(c, RequestStatus.FINISHED_ABORTED)
+                    self._finish(c, RequestStatus.FINISHED_ABORTED)
             self._failed.append(self._output(group))
             self._drop(group)
 
@@ -227,11 +228,24 @@ class LLMEngine:
     def kv_usage(self) -> float:
         return self.pool.usage
 
+    def reset_prefix_cache(self) -> ResetResult:
+        """Forget every cached block no request holds (prefix caching; thread-safe: the pool locks).
+
+        ``complete`` (vLLM's success) iff no block was in use; otherwise the blocks held by running
+        requests keep their hashes and the result says how many.
+        """
+        result = self.pool.reset_prefix_cache()
+        logger.info("prefix cache reset: %d cached free blocks dropped, %d blocks in use (%d still cached)",
+                    result.evicted_blocks, result.held_blocks, result.held_cached_blocks)
+        return result
+
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs, self._failed = self._failed, []
         sched = self.scheduler.schedule()
         self.stats.num_preemptions = self.scheduler.num_preemptions
+        pc = self.scheduler.prefix_cache.stats  # prefix caching: token counts, cumulative
+        self.stats.prefix_cache_queries, self.stats.prefix_cache_hits = pc.queries, pc.hits
         if sched.empty:
             return outputs
         self.stats.num_steps += 1
@@ -250,7 +264,8 @@ class LLMEngine:
                 n = len(s.spec_token_ids) + 1
                 rows.extend(range(t + s.num_new_tokens - n, t + s.num_new_tokens))
             t += s.num_new_tokens
-        logits = self.runner.forward_logits(chunks, rows) if rows else None
+        # Always run the forward: a prefill chunk that samples nothing still has to write its KV.
+        logits = self.runner.forward_logits(chunks, rows)
         touched: set[str] = set()
         off = 0
         sampling: list[tuple[ScheduledRequest, int]] = []
@@ -293,11 +308,8 @@ class LLMEngine:
         n = hi - lo
         targets = torch.tensor(r.prompt_token_ids[lo + 1:hi + 1], device=logits.device)
         lps = compute_logprobs(logits[off:off + n], targets, [r.params.prompt_logprobs] * n)
-        r.prompt_logprobs.extend(self._decode_logprobs(lps))
+        r.prompt_logprobs.extend(lps)
         return off + n
-
-    def _decode_logprobs(self, lps: list[Any]) -> list[Any]:
-        return lps
 
     def _sample_and_update(self, sampling: list[tuple[ScheduledRequest, int]], logits: torch.Tensor,
                            touched: set[str]) -> None:
@@ -383,10 +395,12 @@ class LLMEngine:
             if status is None and (n_out >= r.max_output_tokens or r.num_tokens >= self.max_model_len):
                 status = RequestStatus.FINISHED_LENGTH
             if status is not None:
-                self.scheduler.finish(r, status)
-                key = status.value
-                self.stats.request_success[key] = self.stats.request_success.get(key, 0) + 1
+                self._finish(r, status)
                 return
+
+    def _finish(self, r: Request, status: RequestStatus) -> None:
+        self.scheduler.finish(r, status)
+        self.stats.request_success[status.value] = self.stats.request_success.get(status.value, 0) + 1
 
     # ---- speculation ---------------------------------------------------------------------------
     def _propose(self, sampled: set[str]) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import torch
 
 from tandem.loader.arch import ModelArch
+from tandem.loader.dummy import generate_on
 from tandem.models.decoder import CausalLM
 
 
@@ -25,5 +26,8 @@ def build_model(arch: ModelArch, weights: Iterator[tuple[str, torch.Tensor]], dt
                 device: torch.device, max_positions: int) -> CausalLM:
     with _default_dtype(dtype), torch.device(device):
         model = CausalLM(arch, max_positions)
-    model.load_weights((name, t.to(device=device, dtype=dtype)) for name, t in weights)
+    # On CUDA, dummy weights are drawn on the device in the model dtype (no host round trip).
+    where = generate_on(device, dtype) if torch.device(device).type == "cuda" else contextlib.nullcontext()
+    with where:
+        model.load_weights((name, t.to(device=device, dtype=dtype)) for name, t in weights)
     return model.eval()

@@ -57,6 +57,9 @@ class EngineStats:
     request_success: dict[str, int] = field(default_factory=dict)  # finish_reason → count
     spec: SpecStats = field(default_factory=SpecStats)
     num_steps: int = 0
+    # prefix caching, in tokens (vLLM): prompt tokens looked up / found cached at first admission
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 class PeriodicLogger:
@@ -68,6 +71,8 @@ class PeriodicLogger:
         self._last_prompt = 0
         self._last_gen = 0
         self._last_spec = SpecStats()
+        self._last_pc = (0, 0)  # (queries, hits) at the last log line
+        self._pc_rate: float | None = None
 
     def maybe_log(self, stats: EngineStats, running: int, waiting: int, kv_usage: float) -> None:
         now = time.monotonic()
@@ -80,6 +85,12 @@ class PeriodicLogger:
             f"Avg generation throughput: {(stats.generation_tokens - self._last_gen) / dt:.1f} tokens/s, "
             f"Running: {running} reqs, Waiting: {waiting} reqs, KV cache usage: {100 * kv_usage:.1f}%"
         )
+        d_q = stats.prefix_cache_queries - self._last_pc[0]
+        if d_q > 0:  # hit rate over the queries since the last line (kept while none arrive)
+            self._pc_rate = (stats.prefix_cache_hits - self._last_pc[1]) / d_q
+        if self._pc_rate is not None:
+            msg += f", Prefix cache hit rate: {100 * self._pc_rate:.1f}%"
+        self._last_pc = (stats.prefix_cache_queries, stats.prefix_cache_hits)
         d_drafts = spec.num_drafts - self._last_spec.num_drafts
         if d_drafts:
             d_tok = spec.num_draft_tokens - self._last_spec.num_draft_tokens

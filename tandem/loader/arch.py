@@ -101,6 +101,11 @@ class ModelArch:
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         rope_params = cfg.get("rope_parameters") or {}
+        local_params: dict[str, Any] = {}
+        if "full_attention" in rope_params:
+            # transformers 5 nests per-layer-type rope settings (Gemma3): global vs sliding layers.
+            local_params = dict(rope_params.get("sliding_attention") or {})
+            rope_params = dict(rope_params["full_attention"] or {})
         rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta"))
         rope_scaling = cfg.get("rope_scaling")
         is_gemma = family == "gemma3"
@@ -116,7 +121,7 @@ class ModelArch:
                     "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                     for i in range(n)
                 )
-            local_theta = float(cfg.get("rope_local_base_freq", 10000.0))
+            local_theta = float(cfg.get("rope_local_base_freq", local_params.get("rope_theta", 10000.0)))
             if rope_theta is None:
                 rope_theta = 1_000_000.0
         if rope_scaling is None and isinstance(rope_params, dict) and rope_params.get("rope_type") not in (None, "default"):

@@ -7,16 +7,34 @@ Invariants:
   when given), so an 8B-shape model never needs a second full copy in host memory.
 - Values: normal(0, std) everywhere except RMSNorm weights, which are the identity: 1, or 0 for
   Gemma, whose norms compute ``x * (1 + w)`` (HF convention, as stored on disk).
+- Where: ``device``/``dtype`` when given; else inside ``generate_on(device, dtype)`` (the model
+  builder uses it for CUDA models, so an 8B-shape model is drawn on the GPU in bf16 in well under a
+  second instead of minutes of float32 on the host CPU); else CPU float32.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import zlib
 from collections.abc import Iterator, Mapping
 
 import torch
 
 DEFAULT_STD = 0.02
+
+_GENERATE_ON: contextvars.ContextVar[tuple[torch.device, torch.dtype] | None] = contextvars.ContextVar(
+    "tandem_dummy_generate_on", default=None)
+
+
+@contextlib.contextmanager
+def generate_on(device: torch.device | str, dtype: torch.dtype) -> Iterator[None]:
+    """Dummy weights requested without device/dtype are generated there, in that dtype."""
+    token = _GENERATE_ON.set((torch.device(device), dtype))
+    try:
+        yield
+    finally:
+        _GENERATE_ON.reset(token)
 
 
 def is_norm_weight(name: str) -> bool:
@@ -39,6 +57,8 @@ def dummy_weights(
     dtype: torch.dtype | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(name, tensor)`` for every entry of ``shapes``, generated one at a time."""
+    if device is None and dtype is None and (target := _GENERATE_ON.get()) is not None:
+        device, dtype = target
     dev = torch.device(device) if device is not None else torch.device("cpu")
     dt = dtype or torch.float32
     norm_value = 0.0 if family == "gemma3" else 1.0

@@ -1,7 +1,10 @@
 """The OpenAI-compatible HTTP API (FastAPI): ``build_app(async_engine, served_model_names, api_key)``.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``,
-``GET /metrics``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``.
+``GET /metrics``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``, and the admin route
+``POST /reset_prefix_cache`` (drops cached KV blocks no request holds; 200 when the cache is now
+empty, 400 ``prefix_cache_in_use`` — after dropping what it could — while requests hold blocks, like
+vLLM which only succeeds with nothing running).
 
 Invariants:
 
@@ -300,6 +303,17 @@ def build_app(async_engine: AsyncEngine, served_model_names: list[str], api_key:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(async_engine.metrics.render(), media_type=async_engine.metrics.content_type)
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, Any]:
+        # Safe beside the engine thread: the block pool serialises its operations with a lock.
+        r = async_engine.engine.reset_prefix_cache()
+        if not r.complete:
+            raise ApiError(400, f"prefix cache only partly reset: dropped {r.evicted_blocks} cached free block(s); "
+                                f"{r.held_blocks} block(s) are in use by running requests ({r.held_cached_blocks} "
+                                "of them cached, kept). Retry when no request is running.",
+                           code="prefix_cache_in_use")
+        return {"success": True, "evicted_blocks": r.evicted_blocks}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

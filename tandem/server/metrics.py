@@ -5,7 +5,8 @@ tests, never collide) and carries the label ``model_name``, like vLLM.
 
 Where the numbers come from:
 
-- Counters (prompt/generation tokens, finished requests, preemptions, speculation) mirror the
+- Counters (prompt/generation tokens, finished requests, preemptions, speculation, prefix-cache
+  queries/hits in tokens) mirror the
   engine's cumulative :class:`~tandem.engine.stats.EngineStats`: :meth:`ServerMetrics.sync_engine`
   adds the *delta* since its last call. It runs on the engine thread right after each ``step()``
   (before the step's outputs are handed to clients), so once a client sees its request finish, the
@@ -113,6 +114,11 @@ class ServerMetrics:
         self._request_success = counter("request_success", "Count of successfully processed requests.",
                                         ["finished_reason"])
         self.num_preemptions = counter("num_preemptions", "Cumulative number of preemptions.").labels(m)
+        self.prefix_cache_queries = counter(
+            "prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.").labels(m)
+        self.prefix_cache_hits = counter(
+            "prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.").labels(m)
         self.spec_num_drafts = counter("spec_decode_num_drafts", "Number of spec decoding drafts.").labels(m)
         self.spec_num_draft_tokens = counter("spec_decode_num_draft_tokens", "Number of draft tokens.").labels(m)
         self.spec_num_accepted_tokens = counter("spec_decode_num_accepted_tokens",
@@ -151,6 +157,9 @@ class ServerMetrics:
             _add(self.num_preemptions, st.num_preemptions - seen.num_preemptions)
             seen.prompt_tokens, seen.generation_tokens = st.prompt_tokens, st.generation_tokens
             seen.num_preemptions = st.num_preemptions
+            _add(self.prefix_cache_queries, st.prefix_cache_queries - seen.prefix_cache_queries)
+            _add(self.prefix_cache_hits, st.prefix_cache_hits - seen.prefix_cache_hits)
+            seen.prefix_cache_queries, seen.prefix_cache_hits = st.prefix_cache_queries, st.prefix_cache_hits
             for reason, count in list(st.request_success.items()):
                 _add(self._request_success.labels(self.model_name, reason),
                      count - seen.request_success.get(reason, 0))

@@ -9,6 +9,10 @@ matmul-softmax-matmul: per-call overhead dominates there, and CPU SDPA's thread 
 10-100x latency spikes for tiny calls on a loaded 2-core machine.
 Masking: causal with offset (query row r of a request with context L and q new tokens sits at
 position L - q + r), optionally a sliding window (key j visible iff j > pos - window, as HF Gemma3).
+
+On CUDA, metadata built by the GPU runner carries device tensors (``meta.seq_lens_d``) and both
+functions dispatch to the Triton kernels in ``triton_attention.py`` (imported lazily: CPU installs
+need no Triton). The torch code below stays the CPU path and the reference.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ def write_kv(
     v: torch.Tensor,
     slot_mapping: torch.Tensor,  # [num_tokens]
 ) -> None:
+    if k_cache.is_cuda:  # Triton: one launch for K and V; slot < 0 (graph padding) is skipped
+        from tandem.worker.triton_attention import write_kv_triton
+
+        write_kv_triton(k_cache, v_cache, k, v, slot_mapping)
+        return
     k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
@@ -53,6 +62,14 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, heads, head_dim]
+    if meta.seq_lens_d is not None:
+        from tandem.worker.triton_attention import paged_attention_triton
+
+        return paged_attention_triton(
+            q, k_cache, v_cache, meta.block_tables, meta.seq_lens_d, meta.query_start_d,
+            meta.query_lens_d, meta.block_size, scale, meta.max_query_len, meta.num_kv_splits,
+            sliding_window,
+        )
     out = torch.empty_like(q)
     heads, kv_heads = q.shape[1], k_cache.shape[1]
     gqa = heads != kv_heads

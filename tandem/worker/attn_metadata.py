@@ -7,6 +7,11 @@ position ``seq_lens[i] - query_len + r`` (causal offset). KV for the new tokens 
 flat slots in ``slot_mapping`` (slot = block_id * block_size + offset) before attention reads it.
 
 Built once per step by the model runner (host side), consumed by an attention backend.
+The CPU (torch) backend reads the host lists and ``context_slots``; the CUDA (Triton) backend reads
+the ``*_d`` device tensors instead (there the host lists may be empty: a CUDA graph's metadata is
+captured once and refilled in place on device, see ``worker/gpu_runner.py``). On that path a
+request's rows may be padded: ``query_start_d`` is the padded layout, ``query_lens_d`` the real
+query lengths, and padding tokens have slot -1 (nothing written).
 """
 
 from __future__ import annotations
@@ -26,6 +31,12 @@ class AttentionMetadata:
     block_size: int
     # CPU backend: per request, the flat slots of positions 0..seq_len-1 (computed once per step).
     context_slots: list[torch.Tensor]
+    # CUDA backend only (None on CPU): device copies, see the module docstring.
+    seq_lens_d: torch.Tensor | None = None  # [num_reqs]
+    query_start_d: torch.Tensor | None = None  # [num_reqs + 1]
+    query_lens_d: torch.Tensor | None = None  # [num_reqs]
+    max_query_len: int = 0  # host bound on query_lens_d (sizes the kernel grid)
+    num_kv_splits: int = 1  # split-KV pieces per (request, kv head)
 
     @property
     def num_reqs(self) -> int:

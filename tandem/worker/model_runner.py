@@ -3,10 +3,15 @@
 Returns float32 logits only for the rows the caller asks for (sampled positions), so a long prefill
 chunk never materialises a [T, vocab] tensor unless prompt logprobs are requested.
 Used for the target and, with its own instance, for a draft model.
+
+On CUDA the work goes to ``GpuModelRunner`` (``gpu_runner.py``: device-side inputs, Triton
+attention, fused layers, CUDA graphs); ``TANDEM_GPU_RUNNER=0`` keeps the plain path below (torch
+attention), which is also the CPU path, unchanged.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -22,10 +27,17 @@ class ModelRunner:
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
+        self.gpu = None
+        if device.type == "cuda" and os.environ.get("TANDEM_GPU_RUNNER", "1") != "0":
+            from tandem.worker.gpu_runner import GpuModelRunner
+
+            self.gpu = GpuModelRunner(model, kv_caches, block_size, device)
 
     @torch.inference_mode()
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int]) -> torch.Tensor:
         """Run the chunks; return logits [len(rows), V] for flat query rows ``rows``."""
+        if self.gpu is not None:
+            return self.gpu.forward_logits(chunks, rows)
         inputs = build_inputs(chunks, self.block_size, self.device)
         hidden, _ = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
         idx = torch.tensor(list(rows), dtype=torch.long, device=self.device)

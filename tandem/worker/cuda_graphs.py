@@ -1,0 +1,75 @@
+"""CUDA graphs for decode / verify / draft steps: one graph per (batch bucket, query length).
+
+A step whose requests all have ≤ ``max_q`` query tokens (decodes: 1, verifies: k + 1, draft
+catch-ups: 1..k + 1) and ≤ ``max_batch`` requests replays a graph captured for
+``(bucket(num_reqs), max query length)``: every request is padded to that query length and the
+batch to the bucket with empty requests (query length 0, context 0, KV slot -1), whose rows come
+out as zeros/garbage and are never read. The graph reads its inputs from one static device buffer
+that the runner refills with a single host→device copy per step, and writes logits for all
+``bucket × q`` rows into a static output tensor.
+
+Graphs are captured lazily, the first time a bucket is seen (a warm-up run first: Triton JIT,
+cuBLAS workspaces), all into one memory pool: they never run concurrently, and each keeps its own
+output tensor alive, so only scratch memory is shared. Invariant for callers: the logits a graph
+returns are overwritten by the next replay of the same runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+BATCH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192,
+                                  224, 256)
+
+
+def batch_bucket(n: int, max_batch: int) -> int | None:
+    """Smallest bucket ≥ n (capped at ``max_batch``), or None when n exceeds ``max_batch``."""
+    if n > max_batch:
+        return None
+    for b in BATCH_BUCKETS:
+        if b >= n:
+            return min(b, max_batch)
+    return max_batch
+
+
+@dataclass
+class CapturedStep:
+    graph: torch.cuda.CUDAGraph
+    logits: torch.Tensor  # [bucket * q, vocab] float32, static
+
+
+class GraphCache:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.graphs: dict[tuple[int, int], CapturedStep] = {}
+        self._pool: object | None = None
+        self.capture_seconds = 0.0
+
+    def get(self, key: tuple[int, int]) -> CapturedStep | None:
+        return self.graphs.get(key)
+
+    def capture(self, key: tuple[int, int], run: Callable[[], torch.Tensor]) -> CapturedStep:
+        """Warm up ``run`` (which reads only static buffers) on a side stream, then capture it."""
+        import time
+
+        t0 = time.perf_counter()
+        stream = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(stream)
+        with torch.cuda.stream(side):
+            run()
+        stream.wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = run()
+        torch.cuda.synchronize(self.device)
+        step = CapturedStep(graph, logits)
+        self.graphs[key] = step
+        self.capture_seconds += time.perf_counter() - t0
+        return step

