@@ -301,16 +301,18 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def add_bench_subparsers(subparsers: Any) -> None:
-    """Add ``serve`` and ``compare`` to the ``tandem bench`` subparsers; each sets ``func``."""
+    """Add ``serve``, ``compare``, ``latency`` and ``throughput`` to ``tandem bench``; each sets ``func``."""
     add_serve_parser(subparsers)
     add_compare_parser(subparsers)
-    # Offline benchmarks (in-process engine, no server) go here:
-    #   add_latency_parser(subparsers)     → tandem bench latency
-    #   add_throughput_parser(subparsers)  → tandem bench throughput
+    # Offline benchmarks (in-process engine, no server).
+    from tandem.bench.offline import add_latency_parser, add_throughput_parser
+
+    add_latency_parser(subparsers)
+    add_throughput_parser(subparsers)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry: ``python -m tandem.bench.cli {serve,compare} ...``."""
+    """Standalone entry: ``python -m tandem.bench.cli {serve,compare,latency,throughput} ...``."""
     parser = argparse.ArgumentParser(prog="tandem bench")
     sub = parser.add_subparsers(dest="bench_command", required=True)
     add_bench_subparsers(sub)

@@ -1,0 +1,118 @@
+"""Helpers shared by the CPU benchmark scripts (not part of the tandem package).
+
+- ``load_hf_from_gguf``: HF transformers' own float32 model + tokenizer from the same GGUF file
+  tandem loads (``load_gguf_checkpoint``, the code behind ``from_pretrained(dir, gguf_file=...)``,
+  called directly because ``from_pretrained`` insists on ``accelerate`` for GGUF files).
+- ``copy_bandwidth``: bytes read + written per second by a large tensor copy (the memory-bandwidth
+  floor of batch-1 decoding, measured in the same process and run as the engines).
+- ``machine_info``: what to print next to every table (load average, threads, versions).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def load_hf_from_gguf(path: str | Path) -> tuple[Any, Any]:
+    """transformers' float32 model (eval) and tokenizer for a GGUF file."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    path = Path(path)
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    result = model.load_state_dict(tensors, strict=False)
+    missing = [k for k in result.missing_keys if k != "lm_head.weight"]
+    if missing or result.unexpected_keys:
+        raise RuntimeError(f"HF GGUF load incomplete: missing {missing}, unexpected {result.unexpected_keys}")
+    model.tie_weights()
+    return model.eval(), tok
+
+
+def copy_bandwidth(num_bytes: int = 512 << 20, repeats: int = 5) -> dict[str, float]:
+    """Large float32 tensor copy: (bytes read + bytes written) / time, in GB/s (1e9).
+
+    512 MiB per tensor is far beyond any cache of the machine, so this is DRAM bandwidth under
+    whatever else is running. Returns median and max over ``repeats`` copies (one untimed first).
+    """
+    n = num_bytes // 4
+    src = torch.ones(n, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        dt = time.perf_counter() - t0
+        rates.append(2 * num_bytes / dt / 1e9)
+    del src, dst
+    return {"median_GBps": statistics.median(rates), "max_GBps": max(rates), "samples": rates}
+
+
+def model_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of all unique parameters (tied embeddings once: they are read once, as the LM head)."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    return total
+
+
+def kv_bytes_per_context_token(arch: Any, dtype_bytes: int = 4) -> int:
+    """K and V bytes one context token occupies over all layers (what a decode step reads per token)."""
+    return arch.num_layers * 2 * arch.num_kv_heads * arch.head_dim * dtype_bytes
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def loadavg() -> tuple[float, float, float]:
+    try:
+        return os.getloadavg()
+    except OSError:
+        return (float("nan"),) * 3
+
+
+def machine_info() -> dict[str, Any]:
+    import transformers
+
+    mem = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem = f"{int(line.split()[1]) / 2**20:.1f} GiB"
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "mem_total": mem,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+        "loadavg": loadavg(),
+    }
+
+
+def fmt_load(la: tuple[float, float, float]) -> str:
+    return f"{la[0]:.2f} / {la[1]:.2f} / {la[2]:.2f}"

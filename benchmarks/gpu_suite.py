@@ -1,0 +1,497 @@
+"""GPU benchmark suite: dummy-weight models at public shapes, checked, then timed against the floor.
+
+One command (on a CUDA machine):
+
+    python benchmarks/gpu_suite.py [--sections ref,decode,variants,spec,smol,sweep,b64] [--out DIR]
+
+What it does, per section:
+- ``ref``: a prefill, decode and verify steps of the fast path (Triton attention, fused layers, CUDA
+  graphs) against the plain-torch path (``TANDEM_GPU_RUNNER=0``: torch paged attention, the
+  ``CausalLM`` modules) on the same weights: relative error of the logits and argmax agreement.
+- ``decode``: batch-1 greedy decode of the 8B and 1B shapes. Three numbers each: the graph replay
+  alone (GPU time), the runner step with its host work and a sync (what the engine pays per
+  forward), and the engine's decode-phase tokens/s (``LLMEngine.step`` loop). The floor is
+  (weight bytes + KV bytes read per step) / 4.26 TB/s (the H200 copy bandwidth measured here).
+- ``variants``: the 8B batch-1 runner step with graphs+fused, graphs+unfused, eager+fused.
+- ``spec``: 8B target + 1B draft (``method=draft_model``), synthetic acceptance α ∈ {0.6, 0.8},
+  k ∈ {3, 5}, batch 1: measured speedup over plain decode, c and v measured at runner level, the
+  cost-model speedup S and η = measured / S (with the configured α and with the realised τ).
+- ``smol``: SmolLM2-135M shape, batch 1.
+- ``sweep``: 8B decode throughput at batch 1, 8, 32, 128 with and without speculation (α=0.6, k=3).
+- ``b64``: 8B batch 64 with and without speculation (α=0.6, k=3).
+
+Dummy checkpoints are a config.json plus a word-level tokenizer covering the whole vocabulary.
+The engine opens a draft model with ``open_checkpoint(path)`` and no ``load_format`` (the target's
+``load_format="dummy"`` does not reach it), so for draft directories this script wraps that call to
+pass ``load_format="dummy"`` (see ``_dummy_draft_workaround``). One engine per target shape is built
+once; speculation settings are switched between runs by replacing ``engine.spec`` (the proposer is
+the same draft model; the scheduler keeps k_max = 5 lookahead slots). Results: a table on stdout and
+JSON in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tandem.sample.cost_model import cost_model_speedup  # noqa: E402
+
+COPY_BW = 4.26e12  # bytes/s, H200 device-to-device copy (read + write), measured 2026-11-30
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192}
+SHAPES: dict[str, dict[str, Any]] = {
+    "llama-3.1-8b": dict(vocab=128256, hidden=4096, inter=14336, layers=32, heads=32, kv=8, tied=False,
+                         rope=500000.0, scaling=LLAMA3_SCALING),
+    "llama-3.2-1b": dict(vocab=128256, hidden=2048, inter=8192, layers=16, heads=32, kv=8, tied=True,
+                         rope=500000.0, scaling={**LLAMA3_SCALING, "factor": 32.0}),
+    "smollm2-135m": dict(vocab=49152, hidden=576, inter=1536, layers=30, heads=9, kv=3, tied=True,
+                         rope=100000.0, scaling=None),
+}
+MAX_POS = 2048
+DEVICE = "cuda"
+TINY = {  # --cpu-smoke: the same code paths on CPU with toy shapes (checks the script, times nothing real)
+    "llama-3.1-8b": dict(vocab=512, hidden=128, inter=256, layers=2, heads=4, kv=2, tied=False, rope=1e4, scaling=None),
+    "llama-3.2-1b": dict(vocab=512, hidden=64, inter=128, layers=2, heads=2, kv=1, tied=True, rope=1e4, scaling=None),
+    "smollm2-135m": dict(vocab=512, hidden=96, inter=128, layers=2, heads=3, kv=1, tied=True, rope=1e4, scaling=None),
+}
+RESULTS: dict[str, Any] = {}
+LOG: list[str] = []
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+    LOG.append(msg)
+
+
+# ---- dummy checkpoints --------------------------------------------------------------------------
+def write_dummy_dir(root: Path, name: str) -> Path:
+    s = SHAPES[name]
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": s["vocab"], "hidden_size": s["hidden"], "intermediate_size": s["inter"],
+        "num_hidden_layers": s["layers"], "num_attention_heads": s["heads"], "num_key_value_heads": s["kv"],
+        "head_dim": s["hidden"] // s["heads"], "max_position_embeddings": MAX_POS, "rms_norm_eps": 1e-5,
+        "rope_theta": s["rope"], "tie_word_embeddings": s["tied"], "torch_dtype": "bfloat16",
+        "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+    }
+    if s["scaling"]:
+        cfg["rope_scaling"] = s["scaling"]
+    (d / "config.json").write_text(json.dumps(cfg, indent=1))
+    if not (d / "tokenizer.json").exists():
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+
+        vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+        for i in range(3, s["vocab"]):
+            vocab[f"t{i}"] = i
+        core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+        core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>",
+                                unk_token="<unk>").save_pretrained(str(d))
+    return d
+
+
+def _dummy_draft_workaround(root: Path) -> None:
+    """The engine opens the draft without load_format: force "dummy" for our directories."""
+    import tandem.engine.llm_engine as E
+
+    orig = E.open_checkpoint
+    if getattr(orig, "_gpu_suite", False):
+        return
+
+    def patched(model: Any, **kw: Any) -> Any:
+        if str(model).startswith(str(root)) and kw.get("load_format", "auto") == "auto":
+            kw["load_format"] = "dummy"
+        return orig(model, **kw)
+
+    patched._gpu_suite = True  # type: ignore[attr-defined]
+    E.open_checkpoint = patched
+
+
+def make_llm(path: Path, draft: Path | None = None, kv_gib: float = 8.0, max_num_seqs: int = 256) -> Any:
+    from tandem import LLM
+
+    spec = None
+    if DEVICE == "cpu":
+        kv_gib = 0.05
+    if draft is not None:
+        spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 5,
+                "rejection_sample_method": "synthetic", "synthetic_acceptance_rate": 0.6}
+    return LLM(str(path), load_format="dummy", dtype="bfloat16" if DEVICE == "cuda" else "float32",
+               device=DEVICE, max_model_len=MAX_POS,
+               kv_cache_memory_bytes=int(kv_gib * 2**30), enable_prefix_caching=False,
+               max_num_seqs=max_num_seqs, speculative_config=spec)
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def kv_bytes_per_token(arch: Any) -> int:
+    return 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * 2  # K and V, bf16
+
+
+def floor_s(model: torch.nn.Module, arch: Any, total_ctx: int) -> float:
+    return (weight_bytes(model) + kv_bytes_per_token(arch) * total_ctx) / COPY_BW
+
+
+# ---- runner-level timing ------------------------------------------------------------------------
+def _chunks(runner: Any, batch: int, q: int, ctx: int) -> tuple[list[Any], list[int]]:
+    from tandem.worker.batch import SeqChunk
+
+    bs = runner.block_size
+    nb = -(-(ctx + 8) // bs)
+    total_blocks = runner.kv_caches[0][0].shape[0] // bs
+    chunks = [SeqChunk([5] * q, ctx - q, [(i * nb + j) % total_blocks for j in range(nb)]) for i in range(batch)]
+    return chunks, list(range(batch * q))
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def fast(runner: Any) -> Any:
+    """The GPU runner behind an engine's ModelRunner (the ModelRunner itself on CPU)."""
+    return runner.gpu if getattr(runner, "gpu", None) is not None else runner
+
+
+@torch.inference_mode()
+def time_runner(gpu: Any, batch: int, q: int, ctx: int, iters: int = 30) -> dict[str, float]:
+    chunks, rows = _chunks(gpu, batch, q, ctx)
+    for _ in range(3):
+        gpu.forward_logits(chunks, rows).argmax(-1).tolist()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        gpu.forward_logits(chunks, rows).argmax(-1).tolist()
+    step = (time.perf_counter() - t0) / iters
+    out = {"step_ms": step * 1e3}
+    if getattr(gpu, "graphs", None) is not None:
+        from tandem.worker.cuda_graphs import batch_bucket
+
+        g = gpu.graphs.get((batch_bucket(batch, gpu.max_graph_batch), q))
+        if g is not None:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            g.graph.replay()
+            start.record()
+            for _ in range(iters):
+                g.graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            out["gpu_ms"] = start.elapsed_time(end) / iters
+    return out
+
+
+# ---- reference check ----------------------------------------------------------------------------
+@torch.inference_mode()
+def reference_check(llm: Any, name: str) -> dict[str, Any]:
+    from tandem.kv.kv_cache import allocate_kv_cache
+    from tandem.worker.batch import SeqChunk
+    from tandem.worker.gpu_runner import GpuModelRunner
+    from tandem.worker.model_runner import ModelRunner
+
+    eng = llm.engine
+    model, arch, bs = eng.model, eng.arch, eng.block_size
+    nblocks = 16
+    os.environ["TANDEM_GPU_RUNNER"] = "0"
+    try:
+        ref = ModelRunner(model, allocate_kv_cache(arch, nblocks, bs, eng.dtype, eng.device), bs, eng.device)
+    finally:
+        del os.environ["TANDEM_GPU_RUNNER"]
+    fast = GpuModelRunner(model, allocate_kv_cache(arch, nblocks, bs, eng.dtype, eng.device), bs, eng.device)
+    g = torch.Generator().manual_seed(0)
+    toks = torch.randint(3, arch.vocab_size, (64,), generator=g).tolist()
+    blocks = list(range(nblocks))[::-1]
+    errs, agree, n = [], 0, 0
+    done = 0
+
+    def step(new: list[int]) -> None:
+        nonlocal done, agree, n
+        toks_all = toks
+        toks_all.extend(new)
+        chunk = [SeqChunk(toks_all[done:], done, blocks)]
+        rows = list(range(len(toks_all) - done))
+        a = ref.forward_logits(chunk, rows).double()
+        b = fast.forward_logits(chunk, rows).double()
+        errs.append(((a - b).norm() / a.norm()).item())
+        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+        n += len(rows)
+        done = len(toks_all)
+        step.last = a[-1].argmax().item()  # type: ignore[attr-defined]
+
+    step([])  # prefill 64 (eager in both)
+    for _ in range(3):  # decodes (graph in the fast path)
+        step([step.last])  # type: ignore[attr-defined]
+    step([7, 8, 9, step.last])  # verify-shaped step, 4 tokens  # type: ignore[attr-defined]
+    res = {"max_rel_err": max(errs), "rel_errs": errs, "argmax_agree": f"{agree}/{n}"}
+    say(f"[ref] {name}: logits rel err per step {['%.2e' % e for e in errs]}, argmax agree {agree}/{n}")
+    return res
+
+
+# ---- engine-level timing ------------------------------------------------------------------------
+def set_spec(llm: Any, k: int | None, alpha: float | None) -> None:
+    from tandem.spec.config import SpeculativeConfig
+
+    eng = llm.engine
+    if k is None:
+        eng.spec = None
+        return
+    eng.spec = SpeculativeConfig(method="draft_model", model=eng._suite_draft, num_speculative_tokens=k,
+                                 rejection_sample_method="synthetic", synthetic_acceptance_rate=alpha)
+
+
+def engine_decode(llm: Any, batch: int, prompt_len: int, gen: int, seed: int = 0) -> dict[str, float]:
+    """Decode-phase tokens/s: from the first sampled token of every request to the last."""
+    from tandem import SamplingParams
+
+    eng = llm.engine
+    g = torch.Generator().manual_seed(seed)
+    params = SamplingParams(temperature=0.0, max_tokens=gen, ignore_eos=True)
+    for i in range(batch):
+        ids = torch.randint(3, eng.arch.vocab_size, (prompt_len,), generator=g).tolist()
+        eng.add_request(f"b{seed}-{i}-{time.monotonic_ns()}", None, params, prompt_token_ids=ids)
+    # prefill (and the draft's catch-up on the prompt) until every request has its first token
+    outs: dict[str, Any] = {}
+    while len(eng.scheduler.waiting) or any(r.num_output_tokens == 0 for r in eng.scheduler.running):
+        for o in eng.step():
+            outs[o.request_id] = o
+    start_tokens = sum(r.num_output_tokens for r in eng.scheduler.running)
+    steps = 0
+    _sync()
+    t0 = time.perf_counter()
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            outs[o.request_id] = o
+        steps += 1
+    dt = time.perf_counter() - t0
+    total = sum(len(o.outputs[0].token_ids) for o in outs.values() if o.finished)
+    drafted = sum(o.outputs[0].num_draft_tokens for o in outs.values() if o.finished)
+    accepted = sum(o.outputs[0].num_accepted_tokens for o in outs.values() if o.finished)
+    decoded = total - start_tokens
+    return {"tok_s": decoded / dt, "steps": steps, "tokens": decoded, "seconds": dt,
+            "tau": decoded / max(1, steps * batch), "drafted": drafted, "accepted": accepted,
+            "ms_per_step": dt / max(1, steps) * 1e3}
+
+
+# ---- sections -----------------------------------------------------------------------------------
+def section_decode(llms: dict[str, Any], names: list[str]) -> None:
+    for name in names:
+        llm = llms[name]
+        eng = llm.engine
+        gpu = fast(eng.runner)
+        ctx = 128 + 128  # mean context of the engine run below (prompt 128, 256 generated)
+        r = time_runner(gpu, 1, 1, ctx)
+        fl = floor_s(eng.model, eng.arch, ctx)
+        engine_decode(llm, 1, 128, 16, seed=99)  # warm-up
+        e = engine_decode(llm, 1, 128, 256, seed=1)
+        row = {"floor_ms": fl * 1e3, "floor_tok_s": 1 / fl, **r, "engine_tok_s": e["tok_s"],
+               "engine_ms_per_step": e["ms_per_step"],
+               "frac_gpu": fl * 1e3 / r.get("gpu_ms", float("nan")), "frac_step": fl * 1e3 / r["step_ms"],
+               "frac_engine": e["tok_s"] * fl, "weights_gb": weight_bytes(eng.model) / 1e9}
+        RESULTS.setdefault("decode", {})[name] = row
+        say(f"[decode] {name} b=1 ctx~{ctx}: floor {row['floor_ms']:.3f} ms ({row['floor_tok_s']:.0f} tok/s); "
+            f"graph replay {row.get('gpu_ms', float('nan')):.3f} ms ({row['frac_gpu']:.1%}); runner step "
+            f"{row['step_ms']:.3f} ms ({row['frac_step']:.1%}); engine {e['tok_s']:.1f} tok/s "
+            f"({row['frac_engine']:.1%}, {e['ms_per_step']:.3f} ms/step)")
+
+
+def section_variants(llm: Any) -> None:
+    from tandem.worker.gpu_runner import GpuModelRunner
+
+    eng = llm.engine
+    ctx = 256
+    fl = floor_s(eng.model, eng.arch, ctx)
+    out = {}
+    for label, kw in [("graphs+fused", dict()), ("graphs+unfused", dict(fused=False)),
+                      ("eager+fused", dict(use_graphs=False)), ("eager+unfused", dict(use_graphs=False, fused=False))]:
+        gpu = GpuModelRunner(eng.model, eng.runner.kv_caches, eng.block_size, eng.device, **kw)
+        r = time_runner(gpu, 1, 1, ctx, iters=20)
+        r["frac_step"] = fl * 1e3 / r["step_ms"]
+        if "gpu_ms" in r:
+            r["frac_gpu"] = fl * 1e3 / r["gpu_ms"]
+        out[label] = r
+        say(f"[variants] 8B b=1 {label}: step {r['step_ms']:.3f} ms ({r['frac_step']:.1%})"
+            + (f", graph replay {r['gpu_ms']:.3f} ms ({r['frac_gpu']:.1%})" if "gpu_ms" in r else ""))
+        del gpu
+        torch.cuda.empty_cache()
+    RESULTS["variants_8b_b1"] = out
+
+
+def section_spec(llm: Any, configs: list[tuple[float, int]], batch: int = 1, gen: int = 256,
+                 key: str = "spec") -> None:
+    eng = llm.engine
+    tgt, drf = fast(eng.runner), fast(eng.proposer.runner)
+    ctx = 128 + gen // 2
+    # c and v at runner level (host work + sync included, as the engine pays them), and GPU-only
+    t1 = time_runner(tgt, batch, 1, ctx)
+    d1 = time_runner(drf, batch, 1, ctx)
+    set_spec(llm, None, None)
+    engine_decode(llm, batch, 128, 16, seed=98)
+    base = engine_decode(llm, batch, 128, gen, seed=2)
+    res = {"baseline": base, "target_step": t1, "draft_step": d1, "configs": {}}
+    say(f"[{key}] b={batch} baseline {base['tok_s']:.1f} tok/s; target step {t1['step_ms']:.3f} ms "
+        f"(gpu {t1.get('gpu_ms', float('nan')):.3f}); draft step {d1['step_ms']:.3f} ms (gpu {d1.get('gpu_ms', float('nan')):.3f})")
+    for alpha, k in configs:
+        tv = time_runner(tgt, batch, k + 1, ctx)
+        c = d1["step_ms"] / t1["step_ms"]
+        v = tv["step_ms"] / t1["step_ms"] - 1
+        c_g = d1.get("gpu_ms", float("nan")) / t1.get("gpu_ms", float("nan"))
+        v_g = tv.get("gpu_ms", float("nan")) / t1.get("gpu_ms", float("nan")) - 1
+        set_spec(llm, k, alpha)
+        engine_decode(llm, batch, 128, 16, seed=97)  # warm-up: captures this k's graphs
+        runs = [engine_decode(llm, batch, 128, gen, seed=3 + i) for i in range(2 if batch == 1 else 1)]
+        tok_s = sum(r["tokens"] for r in runs) / sum(r["seconds"] for r in runs)
+        tau = sum(r["tokens"] for r in runs) / max(1, sum(r["steps"] for r in runs) * batch)
+        speedup = tok_s / base["tok_s"]
+        s_model = cost_model_speedup(alpha, k, c, v)
+        s_real = tau / (k * c + 1 + v)
+        row = {"alpha": alpha, "k": k, "tok_s": tok_s, "speedup": speedup, "c": c, "v": v, "c_gpu": c_g,
+               "v_gpu": v_g, "S": s_model, "eta": speedup / s_model, "tau": tau, "S_realised_tau": s_real,
+               "eta_realised_tau": speedup / s_real, "S_gpu": cost_model_speedup(alpha, k, c_g, max(0.0, v_g)),
+               "verify_step": tv}
+        row["eta_gpu"] = speedup / row["S_gpu"]
+        res["configs"][f"a{alpha}_k{k}"] = row
+        say(f"[{key}] b={batch} α={alpha} k={k}: {tok_s:.1f} tok/s, speedup {speedup:.3f}; c={c:.3f} v={v:.3f} "
+            f"→ S={s_model:.3f}, η={row['eta']:.3f}; realised τ={tau:.3f} → S={s_real:.3f}, η={row['eta_realised_tau']:.3f}; "
+            f"GPU-only c={c_g:.3f} v={v_g:.3f} → η={row['eta_gpu']:.3f}")
+    set_spec(llm, None, None)
+    RESULTS[key] = res
+
+
+def section_sweep(llm: Any, batches: list[int], alpha: float = 0.6, k: int = 3, gen: int = 128,
+                  key: str = "sweep") -> None:
+    eng = llm.engine
+    out = {}
+    for b in batches:
+        set_spec(llm, None, None)
+        engine_decode(llm, b, 128, 8, seed=96)
+        base = engine_decode(llm, b, 128, gen, seed=4)
+        set_spec(llm, k, alpha)
+        engine_decode(llm, b, 128, 8, seed=95)
+        sp = engine_decode(llm, b, 128, gen, seed=5)
+        set_spec(llm, None, None)
+        ctx = 128 + gen // 2
+        fl = floor_s(eng.model, eng.arch, b * ctx)
+        r = time_runner(fast(eng.runner), b, 1, ctx, iters=10)
+        out[b] = {"base_tok_s": base["tok_s"], "spec_tok_s": sp["tok_s"], "spec_tau": sp["tau"],
+                  "floor_tok_s": b / fl, "base_frac_floor": base["tok_s"] / (b / fl),
+                  "runner_step": r, "runner_frac_floor": fl * 1e3 / r["step_ms"],
+                  "gpu_frac_floor": fl * 1e3 / r["gpu_ms"] if "gpu_ms" in r else None}
+        say(f"[{key}] 8B b={b}: no-spec {base['tok_s']:.0f} tok/s ({out[b]['base_frac_floor']:.1%} of floor "
+            f"{b / fl:.0f}); spec α={alpha} k={k} {sp['tok_s']:.0f} tok/s (τ={sp['tau']:.2f}, "
+            f"x{sp['tok_s'] / base['tok_s']:.2f}); runner step {r['step_ms']:.2f} ms, replay {r.get('gpu_ms', float('nan')):.2f} ms")
+    RESULTS[key] = out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sections", default="ref,decode,variants,spec,smol,sweep,b64")
+    ap.add_argument("--out", default=os.environ.get("OUT", "gpu_suite_out"))
+    ap.add_argument("--root", default="/tmp/tandem_gpu_suite")
+    ap.add_argument("--cpu-smoke", action="store_true", help="toy shapes on CPU: checks the script only")
+    args = ap.parse_args()
+    global DEVICE
+    if args.cpu_smoke:
+        DEVICE = "cpu"
+        SHAPES.update(TINY)
+    sections = args.sections.split(",")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    root = Path(args.root)
+    _dummy_draft_workaround(root)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    RESULTS["device"] = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (smoke)"
+    RESULTS["date"] = time.strftime("%Y-%m-%d")
+    say(f"device {RESULTS['device']}, torch {torch.__version__}")
+
+    def dump() -> None:
+        (out / "gpu_suite.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+        (out / "gpu_suite.log").write_text("\n".join(LOG) + "\n")
+
+    def guarded(label: str, fn: Any, *a: Any, **kw: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            fn(*a, **kw)
+        except Exception:  # noqa: BLE001 - keep later sections running; the log says what failed
+            say(f"[{label}] FAILED:\n{traceback.format_exc()}")
+        say(f"[{label}] took {time.perf_counter() - t0:.1f} s")
+        dump()
+
+    llms: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    d8, d1 = write_dummy_dir(root, "llama-3.1-8b"), write_dummy_dir(root, "llama-3.2-1b")
+    need_8b = any(s in sections for s in ("ref", "decode", "variants", "spec", "sweep", "b64"))
+    if need_8b:
+        llms["8b"] = make_llm(d8, draft=d1, kv_gib=12.0)
+        llms["8b"].engine._suite_draft = str(d1)
+        say(f"built 8B (+1B draft) engine in {time.perf_counter() - t0:.1f} s")
+    if "ref" in sections:
+        guarded("ref", lambda: RESULTS.setdefault("ref", {}).update({"8b": reference_check(llms["8b"], "8B")}))
+    if "decode" in sections:
+        guarded("decode-8b", section_decode, {"8B": llms["8b"]}, ["8B"])
+    if "spec" in sections:
+        guarded("spec", section_spec, llms["8b"], [(0.6, 3), (0.8, 3), (0.6, 5), (0.8, 5)])
+    if "variants" in sections:
+        guarded("variants", section_variants, llms["8b"])
+    if "b64" in sections:
+        guarded("b64", section_sweep, llms["8b"], [64], key="b64")
+    if "sweep" in sections:
+        guarded("sweep", section_sweep, llms["8b"], [1, 8, 32, 128])
+    if "decode" in sections or "ref" in sections:
+        llms.pop("8b", None)
+        torch.cuda.empty_cache()
+        t1 = time.perf_counter()
+        llms["1b"] = make_llm(d1, kv_gib=4.0)
+        say(f"built 1B engine in {time.perf_counter() - t1:.1f} s")
+        if "ref" in sections:
+            guarded("ref-1b", lambda: RESULTS.setdefault("ref", {}).update({"1b": reference_check(llms["1b"], "1B")}))
+        if "decode" in sections:
+            guarded("decode-1b", section_decode, {"1B": llms["1b"]}, ["1B"])
+        llms.pop("1b", None)
+    if "smol" in sections:
+        llms.clear()
+        torch.cuda.empty_cache()
+        ds = write_dummy_dir(root, "smollm2-135m")
+        llms["smol"] = make_llm(ds, kv_gib=2.0)
+        if "ref" in sections:
+            guarded("ref-smol", lambda: RESULTS.setdefault("ref", {}).update({"smol": reference_check(llms["smol"], "SmolLM2")}))
+        guarded("decode-smol", section_decode, {"SmolLM2-135M": llms["smol"]}, ["SmolLM2-135M"])
+    dump()
+    say("\n" + summary_table())
+    dump()
+
+
+def summary_table() -> str:
+    lines = ["| what | result |", "|---|---|"]
+    for name, r in RESULTS.get("decode", {}).items():
+        lines.append(f"| {name} b=1 decode | floor {r['floor_tok_s']:.0f} tok/s; graph replay {1e3 / r.get('gpu_ms', float('nan')):.0f} tok/s "
+                     f"({r['frac_gpu']:.1%}); runner {1e3 / r['step_ms']:.0f} tok/s ({r['frac_step']:.1%}); engine "
+                     f"{r['engine_tok_s']:.0f} tok/s ({r['frac_engine']:.1%}) |")
+    for key in ("spec",):
+        for cfg, r in RESULTS.get(key, {}).get("configs", {}).items():
+            lines.append(f"| 8B+1B b=1 α={r['alpha']} k={r['k']} | {r['tok_s']:.0f} tok/s, x{r['speedup']:.2f}; c={r['c']:.3f} "
+                         f"v={r['v']:.3f}; S={r['S']:.2f} η={r['eta']:.3f} (τ={r['tau']:.2f}: η={r['eta_realised_tau']:.3f}) |")
+    for key in ("b64", "sweep"):
+        for b, r in RESULTS.get(key, {}).items():
+            lines.append(f"| 8B b={b} | no spec {r['base_tok_s']:.0f} tok/s ({r['base_frac_floor']:.1%} of floor); "
+                         f"spec α=0.6 k=3 {r['spec_tok_s']:.0f} tok/s |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
