@@ -19,14 +19,14 @@ import random
 import httpx
 import pytest
 import torch
-
 from engine_utils import greedy, make_llm, tokens_of
+from tiny_models import write_tiny_hf_checkpoint
+
 from tandem import SamplingParams
 from tandem.engine.stats import EngineStats, PeriodicLogger
 from tandem.kv.block_pool import BlockPool, hash_block
 from tandem.request import Request, RequestStatus
 from tandem.scheduler import Scheduler, SchedulerOutput
-from tiny_models import write_tiny_hf_checkpoint
 
 BS = 4
 
@@ -559,3 +559,13 @@ def test_server_reset_while_requests_run_is_a_400(dirs):
     err = resp.json()["error"]
     assert err["code"] == "prefix_cache_in_use" and "dropped 5 cached free block(s)" in err["message"]
     assert eng.pool.num_evictable_blocks == 0 and eng.pool.num_cached_blocks == 5  # the running one's blocks
+
+
+def test_on_by_default_everywhere():
+    from tandem.cli import build_parser
+    from tandem.config import CacheConfig
+
+    assert CacheConfig().enable_prefix_caching
+    parser = build_parser()
+    assert parser.parse_args(["generate", "hi"]).enable_prefix_caching is True
+    assert parser.parse_args(["generate", "hi", "--no-enable-prefix-caching"]).enable_prefix_caching is False

@@ -13,7 +13,6 @@ import random
 
 import pytest
 import torch
-
 from engine_utils import greedy, make_llm
 from tiny_models import write_tiny_hf_checkpoint
 

@@ -256,8 +256,6 @@ class LLMEngine:
             r = s.request
             seq = r.token_ids + list(s.spec_token_ids) if s.spec_token_ids else r.token_ids
             chunks.append(SeqChunk(seq[s.start:s.start + s.num_new_tokens], s.start, r.block_ids))
-            if s.start < r.num_prompt_tokens:
-                self.stats.prompt_tokens += min(s.start + s.num_new_tokens, r.num_prompt_tokens) - s.start
             if r.params.prompt_logprobs is not None:
                 rows.extend(self._prompt_rows(s, t))
             if s.samples:
@@ -361,6 +359,8 @@ class LLMEngine:
             r.spec_probs = None
             if r.first_token_time is None:
                 r.first_token_time = now
+                # vLLM semantics: full prompt length once, cached or recomputed tokens included.
+                self.stats.prompt_tokens += r.num_prompt_tokens
             want_lp = r.params.logprobs is not None
             lps = None
             if want_lp:
