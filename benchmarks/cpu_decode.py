@@ -9,8 +9,9 @@ trust on a shared machine, absolute numbers move with the load average (printed)
 
 Measured per prompt and engine:
 - e2e tok/s   = N / time of one ``generate`` call for N new tokens (includes the prefill);
-- decode tok/s = (N - 1) / (t_N - t_1), where t_1 is a separate 1-token ``generate`` on the same
-  prompt (prefill + first token), i.e. the steady-state decode rate.
+- decode tok/s = (N - 1) / (t_N - t_first), where t_first is when the first new token existed
+  (tandem: the engine's ``first_token_time``; HF: a ``generate`` streamer's first new-token call),
+  i.e. the steady-state decode rate with the prefill taken out, from the same call.
 Bandwidth floor: a 512 MiB tensor copy gives DRAM bandwidth B (bytes read + written per second,
 measured between rounds, same thread count). A batch-1 decode step must read every weight once
 (fp32, tied embedding counted once) plus the KV of its context, so
@@ -66,12 +67,15 @@ class TandemRunner:
         self.llm = llm
         self._sp = SamplingParams
 
-    def generate(self, prompts: list[list[int]], n: int) -> tuple[float, list[list[int]]]:
+    def generate(self, prompts: list[list[int]], n: int) -> tuple[float, float, list[list[int]]]:
+        """(total seconds, seconds until the first new token, output ids)."""
         sp = self._sp(temperature=0.0, max_tokens=n, ignore_eos=True)
-        t0 = time.perf_counter()
+        t0m, t0 = time.monotonic(), time.perf_counter()
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
         dt = time.perf_counter() - t0
-        return dt, [list(o.outputs[0].token_ids) for o in outs]
+        # first_token_time is time.monotonic() inside the engine
+        first = min(o.metrics.get("first_token_time") or t0m for o in outs) - t0m
+        return dt, first, [list(o.outputs[0].token_ids) for o in outs]
 
 
 class HFRunner:
@@ -82,18 +86,38 @@ class HFRunner:
         self.pad_id = pad_id
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], n: int) -> tuple[float, list[list[int]]]:
+    def generate(self, prompts: list[list[int]], n: int) -> tuple[float, float, list[list[int]]]:
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, p in enumerate(prompts):  # left padding
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
+        streamer = _FirstTokenClock()
         t0 = time.perf_counter()
         out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                                  do_sample=False, eos_token_id=None, pad_token_id=self.pad_id)
+                                  do_sample=False, eos_token_id=None, pad_token_id=self.pad_id,
+                                  streamer=streamer if len(prompts) == 1 else None)
         dt = time.perf_counter() - t0
-        return dt, [row[width:].tolist() for row in out]
+        first = (streamer.first - t0) if streamer.first is not None else float("nan")
+        return dt, first, [row[width:].tolist() for row in out]
+
+
+class _FirstTokenClock:
+    """A generate() streamer that records when the first *new* token arrives (batch 1 only):
+    HF calls put() once with the prompt, then once per generated token."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.first: float | None = None
+
+    def put(self, value: Any) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self.first = time.perf_counter()
+
+    def end(self) -> None:
+        pass
 
 
 def agree_prefix(a: list[int], b: list[int]) -> int:
@@ -144,11 +168,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for i, p in enumerate(prompts):
             order = runners if (rnd + i) % 2 == 0 else runners[::-1]
             for r in order:
-                t1, _ = r.generate([p], 1)
-                tn, toks = r.generate([p], N)
+                tn, t1, toks = r.generate([p], N)
                 rows[r.name]["t1"].append(t1)
                 rows[r.name]["e2e"].append(N / tn)
-                rows[r.name]["decode"].append((N - 1) / (tn - t1) if tn > t1 else float("nan"))
+                rows[r.name]["decode"].append((N - 1) / (tn - t1))
                 if rnd == 0:
                     outputs[r.name].append(toks[0])
             print(f"  round {rnd + 1} prompt {i + 1}: "
@@ -188,7 +211,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         brunners = runners if args.hf_batch else runners[:1]
         for rep in range(args.batch_rounds):
             for r in (brunners if rep % 2 == 0 else brunners[::-1]):
-                dt, _ = r.generate(bprompts, bn)
+                dt, _, _ = r.generate(bprompts, bn)
                 batch.setdefault(r.name, []).append(len(bprompts) * bn / dt)
                 print(f"  batch {len(bprompts)} rep {rep + 1}: {r.name} {batch[r.name][-1]:.2f} tok/s "
                       f"(load {loadavg()[0]:.2f})", flush=True)

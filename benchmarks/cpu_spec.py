@@ -177,10 +177,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               + ", ".join(f"{n} {N / times[n][-1]:.2f} tok/s" for n in names)
               + f"  (load {loads[-1][0]:.2f})", flush=True)
 
+    fwd = {n: (t.total, t.calls) for n, t in fwd_timers.items()}  # before the runner probes below
     # Runner-level step costs at the run's mean context length.
     ctx = int(statistics.mean(len(p) for p in prompts) + N / 2)
     draft_runner = getattr(llms["draft_model"].engine.proposer, "runner", None)
-    rt = runner_times(fwd_timers["baseline"].inner.__self__, draft_runner, ctx, args.k,
+    rt = runner_times(llms["baseline"].engine.runner, draft_runner, ctx, args.k,
                       llms["baseline"].engine.block_size, args.runner_repeats)
     loads.append(loadavg())
     v = max(0.0, rt["verify_s"] / rt["decode_s"] - 1.0)
@@ -201,7 +202,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "speedup": base_total / total, "speedup_paired_median": statistics.median(paired),
             "steps": steps, "lossless": outputs[n] == outputs["baseline"],
             "mismatched_prompts": sum(a != b for a, b in zip(outputs[n], outputs["baseline"])),
-            "target_forward_s_per_step": fwd_timers[n].total / max(fwd_timers[n].calls, 1),
+            "target_forward_s_per_step": fwd[n][0] / max(fwd[n][1], 1),
             "engine_s_per_step": total / max(steps, 1),
         }
         if spec is not None:

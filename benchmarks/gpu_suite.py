@@ -199,7 +199,11 @@ def time_runner(gpu: Any, batch: int, q: int, ctx: int, iters: int = 30) -> dict
 
 # ---- reference check ----------------------------------------------------------------------------
 @torch.inference_mode()
-def reference_check(llm: Any, name: str) -> dict[str, Any]:
+def reference_check(llm: Any, name: str, fp32: bool = False) -> dict[str, Any]:
+    """Fast path vs plain-torch path on the same bf16 weights; with ``fp32``, both against a float32
+    copy of the model run through the plain-torch path (how far each bf16 path is from exact)."""
+    import copy
+
     from tandem.kv.kv_cache import allocate_kv_cache
     from tandem.worker.batch import SeqChunk
     from tandem.worker.gpu_runner import GpuModelRunner
@@ -208,42 +212,90 @@ def reference_check(llm: Any, name: str) -> dict[str, Any]:
     eng = llm.engine
     model, arch, bs = eng.model, eng.arch, eng.block_size
     nblocks = 16
+    runners: dict[str, Any] = {}
     os.environ["TANDEM_GPU_RUNNER"] = "0"
     try:
-        ref = ModelRunner(model, allocate_kv_cache(arch, nblocks, bs, eng.dtype, eng.device), bs, eng.device)
+        runners["torch_bf16"] = ModelRunner(model, allocate_kv_cache(arch, nblocks, bs, eng.dtype, eng.device), bs,
+                                            eng.device)
+        if fp32:
+            m32 = copy.deepcopy(model).float()
+            runners["torch_fp32"] = ModelRunner(m32, allocate_kv_cache(arch, nblocks, bs, torch.float32, eng.device),
+                                                bs, eng.device)
     finally:
         del os.environ["TANDEM_GPU_RUNNER"]
-    fast = GpuModelRunner(model, allocate_kv_cache(arch, nblocks, bs, eng.dtype, eng.device), bs, eng.device)
+    runners["fast_bf16"] = GpuModelRunner(model, allocate_kv_cache(arch, nblocks, bs, eng.dtype, eng.device), bs,
+                                          eng.device)
+    base = "torch_fp32" if fp32 else "torch_bf16"
     g = torch.Generator().manual_seed(0)
     toks = torch.randint(3, arch.vocab_size, (64,), generator=g).tolist()
     blocks = list(range(nblocks))[::-1]
-    errs, agree, n = [], 0, 0
+    errs: dict[str, list[float]] = {k: [] for k in runners if k != base}
+    agree = {k: 0 for k in errs}
+    n = 0
     done = 0
-
-    def step(new: list[int]) -> None:
-        nonlocal done, agree, n
-        toks_all = toks
-        toks_all.extend(new)
-        chunk = [SeqChunk(toks_all[done:], done, blocks)]
-        rows = list(range(len(toks_all) - done))
-        a = ref.forward_logits(chunk, rows).double()
-        b = fast.forward_logits(chunk, rows).double()
-        errs.append(((a - b).norm() / a.norm()).item())
-        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+    last = 0
+    plan = [[], None, None, None, [7, 8, 9, None]]  # prefill 64, 3 decodes, a 4-token verify
+    for new in plan:
+        new = [last] if new is None else [last if t is None else t for t in new]
+        toks.extend(new)
+        chunk = [SeqChunk(list(toks[done:]), done, blocks)]
+        rows = list(range(len(toks) - done))
+        outs = {k: r.forward_logits(chunk, rows).double() for k, r in runners.items()}
+        ref = outs[base]
+        for k in errs:
+            errs[k].append(((outs[k] - ref).norm() / ref.norm()).item())
+            agree[k] += int((outs[k].argmax(-1) == ref.argmax(-1)).sum())
         n += len(rows)
-        done = len(toks_all)
-        step.last = a[-1].argmax().item()  # type: ignore[attr-defined]
-
-    step([])  # prefill 64 (eager in both)
-    for _ in range(3):  # decodes (graph in the fast path)
-        step([step.last])  # type: ignore[attr-defined]
-    step([7, 8, 9, step.last])  # verify-shaped step, 4 tokens  # type: ignore[attr-defined]
-    res = {"max_rel_err": max(errs), "rel_errs": errs, "argmax_agree": f"{agree}/{n}"}
-    say(f"[ref] {name}: logits rel err per step {['%.2e' % e for e in errs]}, argmax agree {agree}/{n}")
+        done = len(toks)
+        last = int(ref[-1].argmax())
+    res = {"reference": base, "rel_errs": errs, "argmax_agree": {k: f"{v}/{n}" for k, v in agree.items()},
+           "max_rel_err": {k: max(v) for k, v in errs.items()}}
+    for k in errs:
+        say(f"[ref] {name} {k} vs {base}: logits rel err per step {['%.2e' % e for e in errs[k]]}, "
+            f"argmax agree {agree[k]}/{n}")
     return res
 
 
-# ---- engine-level timing ------------------------------------------------------------------------
+@torch.inference_mode()
+def section_profile(llm: Any, batch: int = 1, ctx: int = 256) -> None:
+    """Kernel time per step by kernel (eager fused forward under the profiler) vs the graph replay."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from tandem.worker.gpu_runner import GpuModelRunner
+
+    eng = llm.engine
+    gpu = GpuModelRunner(eng.model, eng.runner.kv_caches, eng.block_size, eng.device, use_graphs=False)
+    chunks, rows = _chunks(gpu, batch, 1, ctx)
+    for _ in range(3):
+        gpu.forward_logits(chunks, rows)
+    _sync()
+    iters = 5
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            gpu.forward_logits(chunks, rows)
+        _sync()
+    rows_out = []
+    total = 0.0
+    count = 0
+    for ev in prof.key_averages():
+        t = getattr(ev, "self_device_time_total", None)
+        if t is None:
+            t = getattr(ev, "self_cuda_time_total", 0.0)
+        if t <= 0:
+            continue
+        total += t
+        count += ev.count
+        rows_out.append((t / iters, ev.count / iters, ev.key[:90]))
+    rows_out.sort(reverse=True)
+    RESULTS.setdefault("profile", {})[f"b{batch}"] = {
+        "kernel_us_per_step": total / iters, "kernels_per_step": count / iters,
+        "top": [{"us": u, "calls": c, "name": k} for u, c, k in rows_out[:25]]}
+    say(f"[profile] 8B b={batch} ctx={ctx}: {count / iters:.0f} kernels/step, kernel time {total / iters / 1e3:.3f} ms/step")
+    for u, c, k in rows_out[:16]:
+        say(f"[profile]   {u:8.1f} us  x{c:4.0f}  {k}")
+
+
+# ---- engine-level timing# ---- engine-level timing ------------------------------------------------------------------------
 def set_spec(llm: Any, k: int | None, alpha: float | None) -> None:
     from tandem.spec.config import SpeculativeConfig
 
@@ -288,11 +340,28 @@ def engine_decode(llm: Any, batch: int, prompt_len: int, gen: int, seed: int = 0
             "ms_per_step": dt / max(1, steps) * 1e3}
 
 
+def prewarm(llm: Any, batch: int, kmax: int) -> None:
+    """Capture every graph the timed runs will use (target q ∈ {1, k+1}, draft q ∈ 1..k+1)."""
+    eng = llm.engine
+    t0 = time.perf_counter()
+    from tandem.worker.cuda_graphs import BATCH_BUCKETS
+
+    tgt = fast(eng.runner)
+    sizes = [b for b in BATCH_BUCKETS if b < batch] + [batch]  # the batch shrinks as requests finish
+    if hasattr(tgt, "capture"):
+        tgt.capture(sizes, list(range(1, kmax + 2)))
+    if eng.proposer is not None and hasattr(fast(eng.proposer.runner), "capture"):
+        fast(eng.proposer.runner).capture(sizes, list(range(1, kmax + 2)))
+    say(f"[prewarm] b={batch} q=1..{kmax + 1}: {time.perf_counter() - t0:.2f} s")
+
+
 # ---- sections -----------------------------------------------------------------------------------
 def section_decode(llms: dict[str, Any], names: list[str]) -> None:
     for name in names:
         llm = llms[name]
         eng = llm.engine
+        if eng.spec is not None:
+            set_spec(llm, None, None)
         gpu = fast(eng.runner)
         ctx = 128 + 128  # mean context of the engine run below (prompt 128, 256 generated)
         r = time_runner(gpu, 1, 1, ctx)
@@ -310,26 +379,32 @@ def section_decode(llms: dict[str, Any], names: list[str]) -> None:
             f"({row['frac_engine']:.1%}, {e['ms_per_step']:.3f} ms/step)")
 
 
-def section_variants(llm: Any) -> None:
+def section_variants(llm: Any, ctx: int = 256) -> None:
     from tandem.worker.gpu_runner import GpuModelRunner
 
     eng = llm.engine
-    ctx = 256
     fl = floor_s(eng.model, eng.arch, ctx)
     out = {}
-    for label, kw in [("graphs+fused", dict()), ("graphs+unfused", dict(fused=False)),
+    for label, kw in [("graphs+fused", dict()), ("graphs+fused, no split-KV", dict(splits="1")),
+                      ("graphs+unfused", dict(fused=False)),
                       ("eager+fused", dict(use_graphs=False)), ("eager+unfused", dict(use_graphs=False, fused=False))]:
-        gpu = GpuModelRunner(eng.model, eng.runner.kv_caches, eng.block_size, eng.device, **kw)
-        r = time_runner(gpu, 1, 1, ctx, iters=20)
+        splits = kw.pop("splits", None)
+        if splits:
+            os.environ["TANDEM_KV_SPLITS"] = splits
+        try:
+            gpu = GpuModelRunner(eng.model, eng.runner.kv_caches, eng.block_size, eng.device, **kw)
+            r = time_runner(gpu, 1, 1, ctx, iters=20)
+        finally:
+            os.environ.pop("TANDEM_KV_SPLITS", None)
         r["frac_step"] = fl * 1e3 / r["step_ms"]
         if "gpu_ms" in r:
             r["frac_gpu"] = fl * 1e3 / r["gpu_ms"]
         out[label] = r
-        say(f"[variants] 8B b=1 {label}: step {r['step_ms']:.3f} ms ({r['frac_step']:.1%})"
+        say(f"[variants] 8B b=1 ctx={ctx} {label}: step {r['step_ms']:.3f} ms ({r['frac_step']:.1%})"
             + (f", graph replay {r['gpu_ms']:.3f} ms ({r['frac_gpu']:.1%})" if "gpu_ms" in r else ""))
         del gpu
         torch.cuda.empty_cache()
-    RESULTS["variants_8b_b1"] = out
+    RESULTS[f"variants_8b_b1_ctx{ctx}"] = out
 
 
 def section_spec(llm: Any, configs: list[tuple[float, int]], batch: int = 1, gen: int = 256,
@@ -338,6 +413,7 @@ def section_spec(llm: Any, configs: list[tuple[float, int]], batch: int = 1, gen
     tgt, drf = fast(eng.runner), fast(eng.proposer.runner)
     ctx = 128 + gen // 2
     # c and v at runner level (host work + sync included, as the engine pays them), and GPU-only
+    prewarm(llm, batch, max(k for _, k in configs))
     t1 = time_runner(tgt, batch, 1, ctx)
     d1 = time_runner(drf, batch, 1, ctx)
     set_spec(llm, None, None)
@@ -358,11 +434,11 @@ def section_spec(llm: Any, configs: list[tuple[float, int]], batch: int = 1, gen
         tok_s = sum(r["tokens"] for r in runs) / sum(r["seconds"] for r in runs)
         tau = sum(r["tokens"] for r in runs) / max(1, sum(r["steps"] for r in runs) * batch)
         speedup = tok_s / base["tok_s"]
-        s_model = cost_model_speedup(alpha, k, c, v)
-        s_real = tau / (k * c + 1 + v)
+        s_model = cost_model_speedup(alpha, k, c, max(0.0, v))  # v < 0 is timing noise
+        s_real = tau / (k * c + 1 + max(0.0, v))
         row = {"alpha": alpha, "k": k, "tok_s": tok_s, "speedup": speedup, "c": c, "v": v, "c_gpu": c_g,
                "v_gpu": v_g, "S": s_model, "eta": speedup / s_model, "tau": tau, "S_realised_tau": s_real,
-               "eta_realised_tau": speedup / s_real, "S_gpu": cost_model_speedup(alpha, k, c_g, max(0.0, v_g)),
+               "eta_realised_tau": speedup / s_real, "S_gpu": cost_model_speedup(alpha, k, c_g, max(0.0, v_g)) if c_g == c_g else float("nan"),
                "verify_step": tv}
         row["eta_gpu"] = speedup / row["S_gpu"]
         res["configs"][f"a{alpha}_k{k}"] = row
@@ -378,6 +454,7 @@ def section_sweep(llm: Any, batches: list[int], alpha: float = 0.6, k: int = 3, 
     eng = llm.engine
     out = {}
     for b in batches:
+        prewarm(llm, b, k)
         set_spec(llm, None, None)
         engine_decode(llm, b, 128, 8, seed=96)
         base = engine_decode(llm, b, 128, gen, seed=4)
@@ -414,7 +491,6 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     root = Path(args.root)
     _dummy_draft_workaround(root)
-    torch.backends.cuda.matmul.allow_tf32 = True
     RESULTS["device"] = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (smoke)"
     RESULTS["date"] = time.strftime("%Y-%m-%d")
     say(f"device {RESULTS['device']}, torch {torch.__version__}")
@@ -435,32 +511,36 @@ def main() -> None:
     llms: dict[str, Any] = {}
     t0 = time.perf_counter()
     d8, d1 = write_dummy_dir(root, "llama-3.1-8b"), write_dummy_dir(root, "llama-3.2-1b")
-    need_8b = any(s in sections for s in ("ref", "decode", "variants", "spec", "sweep", "b64"))
+    need_8b = any(s in sections for s in ("ref", "decode", "variants", "spec", "sweep", "b64", "profile"))
     if need_8b:
         llms["8b"] = make_llm(d8, draft=d1, kv_gib=12.0)
         llms["8b"].engine._suite_draft = str(d1)
         say(f"built 8B (+1B draft) engine in {time.perf_counter() - t0:.1f} s")
     if "ref" in sections:
         guarded("ref", lambda: RESULTS.setdefault("ref", {}).update({"8b": reference_check(llms["8b"], "8B")}))
+    if "profile" in sections:
+        guarded("profile", section_profile, llms["8b"])
     if "decode" in sections:
         guarded("decode-8b", section_decode, {"8B": llms["8b"]}, ["8B"])
     if "spec" in sections:
         guarded("spec", section_spec, llms["8b"], [(0.6, 3), (0.8, 3), (0.6, 5), (0.8, 5)])
     if "variants" in sections:
         guarded("variants", section_variants, llms["8b"])
+        guarded("variants-ctx1024", section_variants, llms["8b"], ctx=1024)
     if "b64" in sections:
         guarded("b64", section_sweep, llms["8b"], [64], key="b64")
     if "sweep" in sections:
         guarded("sweep", section_sweep, llms["8b"], [1, 8, 32, 128])
-    if "decode" in sections or "ref" in sections:
+    if "decode" in sections or "ref" in sections or "decode1b" in sections:
         llms.pop("8b", None)
         torch.cuda.empty_cache()
         t1 = time.perf_counter()
         llms["1b"] = make_llm(d1, kv_gib=4.0)
         say(f"built 1B engine in {time.perf_counter() - t1:.1f} s")
         if "ref" in sections:
-            guarded("ref-1b", lambda: RESULTS.setdefault("ref", {}).update({"1b": reference_check(llms["1b"], "1B")}))
-        if "decode" in sections:
+            guarded("ref-1b", lambda: RESULTS.setdefault("ref", {}).update(
+                {"1b": reference_check(llms["1b"], "1B", fp32=True)}))
+        if "decode" in sections or "decode1b" in sections:
             guarded("decode-1b", section_decode, {"1B": llms["1b"]}, ["1B"])
         llms.pop("1b", None)
     if "smol" in sections:

@@ -8,8 +8,10 @@ out as zeros/garbage and are never read. The graph reads its inputs from one sta
 that the runner refills with a single host→device copy per step, and writes logits for all
 ``bucket × q`` rows into a static output tensor.
 
-Graphs are captured lazily, the first time a bucket is seen (a warm-up run first: Triton JIT,
-cuBLAS workspaces), all into one memory pool: they never run concurrently, and each keeps its own
+Graphs are captured lazily (or up front through ``GpuModelRunner.capture``): a step whose bucket has
+no graph yet runs in the smallest captured graph that fits it, and its own bucket is captured after a
+few such misses (a capture costs a warm-up run first: Triton JIT, cuBLAS workspaces; ~0.1 s for an
+8B model), so shrinking batches do not stall on captures. All graphs share one memory pool: they never run concurrently, and each keeps its own
 output tensor alive, so only scratch memory is shared. Invariant for callers: the logits a graph
 returns are overwritten by the next replay of the same runner.
 """
@@ -50,6 +52,11 @@ class GraphCache:
 
     def get(self, key: tuple[int, int]) -> CapturedStep | None:
         return self.graphs.get(key)
+
+    def best_fit(self, b: int, q: int) -> tuple[int, int] | None:
+        """The captured (bucket, q) with bucket ≥ b and q' ≥ q that pads least, if any."""
+        fits = [k for k in self.graphs if k[0] >= b and k[1] >= q]
+        return min(fits, key=lambda k: (k[0] * k[1], k)) if fits else None
 
     def capture(self, key: tuple[int, int], run: Callable[[], torch.Tensor]) -> CapturedStep:
         """Warm up ``run`` (which reads only static buffers) on a side stream, then capture it."""

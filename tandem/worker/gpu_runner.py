@@ -19,7 +19,7 @@ never overwrites bytes an in-flight copy still reads.
 
 Env switches (for benchmarks and debugging): ``TANDEM_CUDA_GRAPHS=0`` (eager only),
 ``TANDEM_FUSED=0`` (run ``CausalLM.forward``, still with Triton attention),
-``TANDEM_MAX_GRAPH_BATCH`` (default 256).
+``TANDEM_MAX_GRAPH_BATCH`` (default 256), ``TANDEM_KV_SPLITS`` (force the split-KV count).
 """
 
 from __future__ import annotations
@@ -35,11 +35,14 @@ import torch
 from tandem.models.decoder import CausalLM, KVCache
 from tandem.worker.attn_metadata import AttentionMetadata
 from tandem.worker.batch import SeqChunk
-from tandem.worker.cuda_graphs import GraphCache, batch_bucket
+from tandem.worker.cuda_graphs import CapturedStep, GraphCache, batch_bucket
 from tandem.worker.fused_forward import fused_forward, fused_supported
 from tandem.worker.triton_attention import num_sms, pick_num_splits, tile_shape
 
 MAX_GRAPH_Q = 8
+# A step whose exact bucket has no graph yet runs in the smallest captured graph that fits it (more
+# padding, no capture stall while serving); the exact bucket is captured once it has missed this often.
+CAPTURE_AFTER_MISSES = 8
 
 
 def _env_flag(name: str, default: bool) -> bool:
@@ -127,6 +130,7 @@ class GpuModelRunner:
         self._host = _HostStaging(device)
         self.num_graph_steps = 0
         self.num_eager_steps = 0
+        self._misses: dict[tuple[int, int], int] = {}
 
     # ---- public ------------------------------------------------------------------------------
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int]) -> torch.Tensor:
@@ -215,6 +219,9 @@ class GpuModelRunner:
         return dev[o_ids:o_pos], dev[o_pos:o_slot], meta
 
     def _splits(self, b: int, qmax: int, max_seq: int | None) -> int:
+        forced = os.environ.get("TANDEM_KV_SPLITS")
+        if forced:
+            return max(1, int(forced))
         q_tiles = -(-qmax // tile_shape(qmax, self.group)[1])
         return pick_num_splits(b, self.kv_heads, q_tiles, max_seq, self.sms)
 
@@ -248,18 +255,40 @@ class GpuModelRunner:
         ids, pos, meta = self._meta(self._static, b * q, b, self.table_width, q, self._splits(b, q, None))
         return self.model.compute_logits(self._hidden(ids, pos, meta))
 
+    def _ensure_graph(self, b: int, q: int) -> CapturedStep:
+        assert self.graphs is not None
+        step = self.graphs.get((b, q))
+        if step is None:  # capture on all-padding inputs (writes nothing, reads nothing)
+            w = self.table_width
+            i, buf = self._host.acquire(_layout(b * q, b, w)[-1])
+            length, _, _, _ = self._pack(buf, [], [], b, q, w, None)
+            self._host.send(i, length, self._static)
+            step = self.graphs.capture((b, q), lambda: self._static_step(b, q))
+        return step
+
+    @torch.inference_mode()
+    def capture(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> int:
+        """Capture the graphs these steps will use now (else lazily on first use); returns how many exist."""
+        if self.graphs is None:
+            return 0
+        for n in batch_sizes:
+            b = batch_bucket(n, self.max_graph_batch)
+            for q in query_lens:
+                if b is not None and 1 <= q <= self.max_graph_q:
+                    self._ensure_graph(b, q)
+        return len(self.graphs.graphs)
+
     def _run_bucketed(self, chunks: Sequence[SeqChunk], qlens: list[int], rows: Sequence[int], b: int,
                       q: int) -> torch.Tensor:
         self.num_graph_steps += 1
         w = self.table_width
-        step = None
-        if self.graphs is not None:
-            step = self.graphs.get((b, q))
-            if step is None:  # capture on all-padding inputs (writes nothing, reads nothing)
-                i, buf = self._host.acquire(_layout(b * q, b, w)[-1])
-                length, _, _, _ = self._pack(buf, [], [], b, q, w, None)
-                self._host.send(i, length, self._static)
-                step = self.graphs.capture((b, q), lambda: self._static_step(b, q))
+        if self.graphs is not None and self.graphs.get((b, q)) is None:
+            miss = self._misses.get((b, q), 0) + 1
+            self._misses[(b, q)] = miss
+            fit = self.graphs.best_fit(b, q)
+            if fit is not None and miss < CAPTURE_AFTER_MISSES:
+                b, q = fit
+        step = self._ensure_graph(b, q) if self.graphs is not None else None
         i, buf = self._host.acquire(_layout(b * q, b, w)[-1] + len(rows))
         length, t, r_off, identity = self._pack(buf, chunks, qlens, b, q, w, rows)
         self._host.send(i, length, self._static)

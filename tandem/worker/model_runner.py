@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from tandem.models.decoder import CausalLM, KVCache
 from tandem.worker.batch import SeqChunk, build_inputs
+
+if TYPE_CHECKING:
+    from tandem.worker.gpu_runner import GpuModelRunner
 
 
 class ModelRunner:
@@ -27,7 +31,7 @@ class ModelRunner:
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
-        self.gpu = None
+        self.gpu: GpuModelRunner | None = None
         if device.type == "cuda" and os.environ.get("TANDEM_GPU_RUNNER", "1") != "0":
             from tandem.worker.gpu_runner import GpuModelRunner
 

@@ -33,7 +33,7 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
-_NEG = -1.0e30
+_NEG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
