@@ -99,7 +99,10 @@ class LLMEngine:
         k = speculative.num_speculative_tokens if speculative else 0
         draft_arch = draft_weights = None
         if speculative is not None and speculative.method == "draft_model":
-            dckpt = open_checkpoint(speculative.model, revision=speculative.revision)
+            # The draft follows the target's load format when that is "dummy" (benchmarks at real
+            # shapes without weights), as in vLLM; otherwise it is detected from its own files.
+            dckpt = open_checkpoint(speculative.model, revision=speculative.revision,
+                                    load_format="dummy" if model.load_format == "dummy" else "auto")
             draft_arch = dckpt.arch
             validate_against_target(
                 speculative, target_vocab_size=self.arch.vocab_size, draft_vocab_size=draft_arch.vocab_size,
@@ -136,6 +139,8 @@ class LLMEngine:
             dkv = allocate_kv_cache(draft_arch, num_blocks, self.block_size, self.dtype, self.device)
             draft_runner = ModelRunner(draft_model, dkv, self.block_size, self.device)
         self.proposer = build_proposer(speculative, draft_runner, self.generator)
+        self._capture_graphs([self.runner] + ([draft_runner] if draft_runner else []),
+                             scheduler.max_num_seqs, k)
         self.scheduler = Scheduler(self.pool, self.block_size, scheduler.token_budget(k),
                                    scheduler.max_num_seqs, self.max_model_len, lookahead=lookahead,
                                    enable_prefix_caching=cache.enable_prefix_caching)
@@ -145,6 +150,15 @@ class LLMEngine:
         self._child_group: dict[str, _Group] = {}
         self._failed: list[RequestOutput] = []
         self._ids = itertools.count()
+
+    @staticmethod
+    def _capture_graphs(runners: list[ModelRunner], max_num_seqs: int, k: int) -> None:
+        """On CUDA, capture the small-batch decode/verify graphs now rather than on first use
+        (a capture costs ~0.1 s). Larger batch buckets are captured lazily."""
+        sizes = [b for b in (1, 2, 4, 8) if b <= max_num_seqs]
+        for runner in runners:
+            if runner.gpu is not None:
+                runner.gpu.capture(sizes, range(1, k + 2))
 
     def _eos_ids(self) -> tuple[int, ...]:
         ids = set(self.arch.eos_token_ids)

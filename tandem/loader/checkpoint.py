@@ -35,7 +35,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -43,10 +43,12 @@ from transformers import PreTrainedTokenizerBase
 from tandem.errors import ConfigError, ModelLoadError
 from tandem.loader.arch import ModelArch
 from tandem.loader.dummy import dummy_weights
-from tandem.loader.gguf import GGUFCheckpoint
 from tandem.loader.registry import aliases_help, resolve_model
 from tandem.loader.safetensors import SafetensorsWeights
 from tandem.loader.tokenizer import load_tokenizer, single_gguf_in
+
+if TYPE_CHECKING:  # the gguf package is imported only when a GGUF file is opened
+    from tandem.loader.gguf import GGUFCheckpoint
 
 LOAD_FORMATS: tuple[str, ...] = ("auto", "safetensors", "gguf", "dummy")
 
@@ -111,7 +113,7 @@ class Checkpoint:
                 self.parameter_shapes(), family=self.arch.family, seed=self.seed, device=device, dtype=dtype
             )
             return
-        if isinstance(self._reader, GGUFCheckpoint):
+        if self.kind == "gguf" and self._reader is not None:
             stream = self._reader.iter_weights()
         elif isinstance(self._reader, SafetensorsWeights):
             stream = self._reader.iter_weights(skip_lm_head=self.arch.tie_word_embeddings)
@@ -217,8 +219,14 @@ def _open_hf(directory: Path, tokenizer: str | None) -> Checkpoint:
                       tokenizer_path=tokenizer or str(directory), _reader=reader)
 
 
+def _gguf(path: Path) -> GGUFCheckpoint:
+    from tandem.loader.gguf import GGUFCheckpoint
+
+    return GGUFCheckpoint(path)
+
+
 def _open_gguf(path: Path, tokenizer: str | None) -> Checkpoint:
-    reader = GGUFCheckpoint(path)
+    reader = _gguf(path)
     arch = ModelArch.from_hf(reader.config)
     return Checkpoint(arch=arch, config=reader.config, source=str(path), kind="gguf",
                       tokenizer_path=tokenizer or str(path), _reader=reader)
@@ -227,13 +235,13 @@ def _open_gguf(path: Path, tokenizer: str | None) -> Checkpoint:
 def _open_dummy(path: Path, tokenizer: str | None, seed: int) -> Checkpoint:
     tok_default: str | None
     if path.is_file() and path.suffix == ".gguf":
-        config, tok_default = GGUFCheckpoint(path).config, str(path)
+        config, tok_default = _gguf(path).config, str(path)
     elif path.is_file():
         config, tok_default = read_config(path), str(path.parent)
     elif (path / "config.json").is_file():
         config, tok_default = read_config(path / "config.json"), str(path)
     elif (gguf := single_gguf_in(path)) is not None:
-        config, tok_default = GGUFCheckpoint(gguf).config, str(gguf)
+        config, tok_default = _gguf(gguf).config, str(gguf)
     else:
         raise ModelLoadError(f"load_format='dummy' needs a config.json (or a .gguf) at {path}")
     arch = ModelArch.from_hf(config)
