@@ -20,7 +20,7 @@ from torch import nn
 
 from tandem.errors import ModelLoadError
 from tandem.loader.arch import ModelArch
-from tandem.models.layers import GatedMLP, PackedLinear, RMSNorm, Rotary
+from tandem.models.layers import GatedMLP, Linear, PackedLinear, RMSNorm, Rotary, linear
 from tandem.worker.attention import paged_attention, write_kv
 from tandem.worker.attn_metadata import AttentionMetadata
 
@@ -36,7 +36,7 @@ class Attention(nn.Module):
         q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
         self.qkv_proj = PackedLinear(arch.hidden_size, {"q_proj": q, "k_proj": kv, "v_proj": kv},
                                      bias=arch.attention_bias)
-        self.o_proj = nn.Linear(q, arch.hidden_size, bias=False)
+        self.o_proj = Linear(q, arch.hidden_size, bias=False)
         if arch.qk_norm:
             self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, offset=arch.is_gemma)
             self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, offset=arch.is_gemma)
@@ -108,7 +108,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.arch = arch
         self.model = DecoderModel(arch, max_positions)
-        self.lm_head = None if arch.tie_word_embeddings else nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        self.lm_head = None if arch.tie_word_embeddings else Linear(arch.hidden_size, arch.vocab_size, bias=False)
 
     def forward(
         self,
@@ -131,7 +131,7 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] → [N, V] float32
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = torch.nn.functional.linear(hidden, w).float()
+        logits = linear(hidden, w).float()
         cap = self.arch.final_logit_softcapping
         if cap:
             logits = torch.tanh(logits / cap) * cap

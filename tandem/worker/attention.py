@@ -70,69 +70,75 @@ def paged_attention(
             meta.query_lens_d, meta.block_size, scale, meta.max_query_len, meta.num_kv_splits,
             sliding_window,
         )
+    plan = meta.plans.get(sliding_window)
+    if plan is None:
+        plan = meta.plans[sliding_window] = _Plan(meta, sliding_window, q.device)
     out = torch.empty_like(q)
-    heads, kv_heads = q.shape[1], k_cache.shape[1]
-    gqa = heads != kv_heads
-    short = [i for i in range(meta.num_reqs) if meta.query_len(i) <= _BATCHED_MAX_QUERY]
-    long = [i for i in range(meta.num_reqs) if meta.query_len(i) > _BATCHED_MAX_QUERY]
-    for i in long:
+    gqa = q.shape[1] != k_cache.shape[1]
+    for i, mask in zip(plan.long, plan.long_masks):
         s, e = meta.query_start[i], meta.query_start[i + 1]
         slots = meta.context_slots[i]
         k = k_cache.index_select(0, slots).transpose(0, 1)  # [kvh, ctx, d]
         v = v_cache.index_select(0, slots).transpose(0, 1)
-        mask = _mask(e - s, meta.seq_lens[i], sliding_window, q.device)
         o = F.scaled_dot_product_attention(
             q[s:e].transpose(0, 1), k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale,
             enable_gqa=gqa,
         )  # [h, q_len, d]
         out[s:e] = o.transpose(0, 1)
-    if short:
-        _batched_short(q, k_cache, v_cache, meta, scale, sliding_window, short, out)
+    if plan.short:
+        _batched_short(q, k_cache, v_cache, plan, scale, out)
     return out
 
 
-def _batched_short(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-    window: int | None,
-    reqs: list[int],
-    out: torch.Tensor,
-) -> None:
-    """Pad short queries (≤ _BATCHED_MAX_QUERY) and their contexts into one batched attention."""
-    n = len(reqs)
-    max_q = max(meta.query_len(i) for i in reqs)
-    max_ctx = max(meta.seq_lens[i] for i in reqs)
-    dev = q.device
-    # Gather index [n, max_ctx]; padding points at slot 0 and is masked out below.
-    gather = torch.zeros(n, max_ctx, dtype=torch.long, device=dev)
-    q_rows = torch.zeros(n, max_q, dtype=torch.long, device=dev)
-    q_valid = torch.zeros(n, max_q, dtype=torch.bool, device=dev)
-    ctx_lens = torch.tensor([meta.seq_lens[i] for i in reqs], device=dev)
-    q_lens = torch.tensor([meta.query_len(i) for i in reqs], device=dev)
-    for j, i in enumerate(reqs):
-        L = meta.seq_lens[i]
-        gather[j, :L] = meta.context_slots[i]
-        ql = meta.query_len(i)
-        q_rows[j, :ql] = torch.arange(meta.query_start[i], meta.query_start[i] + ql, device=dev)
-        q_valid[j, :ql] = True
-    k = k_cache[gather].to(q.dtype)  # [n, max_ctx, kvh, d]
-    v = v_cache[gather].to(q.dtype)
+class _Plan:
+    """Per-step, per-window gather indices and masks, built once and shared by all layers."""
+
+    def __init__(self, meta: AttentionMetadata, window: int | None, dev: torch.device) -> None:
+        self.short = [i for i in range(meta.num_reqs) if meta.query_len(i) <= _BATCHED_MAX_QUERY]
+        self.long = [i for i in range(meta.num_reqs) if meta.query_len(i) > _BATCHED_MAX_QUERY]
+        self.long_masks = [_mask(meta.query_len(i), meta.seq_lens[i], window, dev) for i in self.long]
+        if not self.short:
+            return
+        reqs = self.short
+        n = len(reqs)
+        max_q = max(meta.query_len(i) for i in reqs)
+        max_ctx = max(meta.seq_lens[i] for i in reqs)
+        # Gather index [n, max_ctx]; padding points at slot 0 and is masked out below.
+        gather = torch.zeros(n, max_ctx, dtype=torch.long, device=dev)
+        q_rows = torch.zeros(n, max_q, dtype=torch.long, device=dev)
+        q_valid = torch.zeros(n, max_q, dtype=torch.bool, device=dev)
+        for j, i in enumerate(reqs):
+            gather[j, : meta.seq_lens[i]] = meta.context_slots[i]
+            ql = meta.query_len(i)
+            q_rows[j, :ql] = torch.arange(meta.query_start[i], meta.query_start[i] + ql, device=dev)
+            q_valid[j, :ql] = True
+        ctx_lens = torch.tensor([meta.seq_lens[i] for i in reqs], device=dev)
+        q_lens = torch.tensor([meta.query_len(i) for i in reqs], device=dev)
+        # Position of query row r of request j: ctx_len - q_len + r.
+        qpos = (ctx_lens - q_lens)[:, None] + torch.arange(max_q, device=dev)[None, :]  # [n, max_q]
+        kpos = torch.arange(max_ctx, device=dev)[None, None, :]
+        mask = (kpos <= qpos[:, :, None]) & (kpos < ctx_lens[:, None, None])  # [n, max_q, max_ctx]
+        if window is not None:
+            mask = mask & (kpos > qpos[:, :, None] - window)
+        self.n, self.max_q, self.max_ctx = n, max_q, max_ctx
+        self.gather, self.q_rows, self.q_valid = gather, q_rows, q_valid
+        self.neg_mask = ~mask[:, None, None]  # [n, 1, 1, max_q, max_ctx]
+        self.out_rows = q_rows[q_valid]
+
+
+def _batched_short(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Plan,
+                   scale: float, out: torch.Tensor) -> None:
+    """Padded short queries (≤ _BATCHED_MAX_QUERY) of all requests in one batched attention."""
+    n, max_q, max_ctx = plan.n, plan.max_q, plan.max_ctx
+    k = k_cache[plan.gather].to(q.dtype)  # [n, max_ctx, kvh, d]
+    v = v_cache[plan.gather].to(q.dtype)
     kvh, d = k.shape[2], k.shape[3]
     g = q.shape[1] // kvh
     # Query heads grouped by their KV head: [n, kvh, g * max_q, d] (row = head-in-group, query).
-    qb = q[q_rows].reshape(n, max_q, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(n, kvh, g * max_q, d)
-    # Position of query row r of request j: ctx_len - q_len + r.
-    qpos = (ctx_lens - q_lens)[:, None] + torch.arange(max_q, device=dev)[None, :]  # [n, max_q]
-    kpos = torch.arange(max_ctx, device=dev)[None, None, :]
-    mask = (kpos <= qpos[:, :, None]) & (kpos < ctx_lens[:, None, None])  # [n, max_q, max_ctx]
-    if window is not None:
-        mask = mask & (kpos > qpos[:, :, None] - window)
+    qb = q[plan.q_rows].reshape(n, max_q, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(n, kvh, g * max_q, d)
     scores = torch.matmul(qb, k.permute(0, 2, 3, 1)) * scale  # [n, kvh, g*max_q, max_ctx]
-    scores = scores.view(n, kvh, g, max_q, max_ctx).masked_fill(~mask[:, None, None], float("-inf"))
+    scores = scores.view(n, kvh, g, max_q, max_ctx).masked_fill(plan.neg_mask, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(n, kvh, g * max_q, max_ctx)
     o = torch.matmul(probs, v.permute(0, 2, 1, 3))  # [n, kvh, g*max_q, d]
     o = o.view(n, kvh, g, max_q, d).permute(0, 3, 1, 2, 4).reshape(n, max_q, kvh * g, d)
-    out[q_rows[q_valid]] = o[q_valid]
+    out[plan.out_rows] = o[plan.q_valid]

@@ -16,7 +16,8 @@ query lengths, and padding tokens have slot -1 (nothing written).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -37,6 +38,9 @@ class AttentionMetadata:
     query_lens_d: torch.Tensor | None = None  # [num_reqs]
     max_query_len: int = 0  # host bound on query_lens_d (sizes the kernel grid)
     num_kv_splits: int = 1  # split-KV pieces per (request, kv head)
+    # CPU backend: index/mask plans built by the first layer and reused by the others, keyed by
+    # sliding window (layers of one model share everything but the window).
+    plans: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_reqs(self) -> int:
