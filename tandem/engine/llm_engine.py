@@ -149,6 +149,9 @@ class LLMEngine:
         self._groups: dict[str, _Group] = {}
         self._child_group: dict[str, _Group] = {}
         self._failed: list[RequestOutput] = []
+        # Requests that sampled in the last step: drafted at the start of the next one, so their
+        # outputs (e.g. a first token) reach callers before a draft model's catch-up prefill runs.
+        self._to_propose: set[str] = set()
         self._ids = itertools.count()
 
     @staticmethod
@@ -256,6 +259,8 @@ class LLMEngine:
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs, self._failed = self._failed, []
+        self._propose(self._to_propose)
+        self._to_propose = set()
         sched = self.scheduler.schedule()
         self.stats.num_preemptions = self.scheduler.num_preemptions
         pc = self.scheduler.prefix_cache.stats  # prefix caching: token counts, cumulative
@@ -292,7 +297,7 @@ class LLMEngine:
                 r.num_computed_tokens = s.start + s.num_new_tokens
         if sampling:
             self._sample_and_update(sampling, logits, touched)
-        self._propose(touched)
+        self._to_propose = touched
         for rid in touched:
             group = self._child_group.get(rid)
             if group is not None and group.request_id in self._groups:
