@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from _common import (
     copy_bandwidth,
     fmt_load,
     kv_bytes_per_context_token,

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fmt_load, loadavg  # noqa: E402
+from _common import fmt_load, loadavg
 
 MODE = {"wx": False}
 
@@ -42,10 +42,13 @@ def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.T
 def patch(model: torch.nn.Module) -> int:
     from tandem.models.layers import PackedLinear
 
+    def routed(m: torch.nn.Module) -> Any:
+        return lambda x: _linear(x, m.weight, m.bias)
+
     n = 0
     for mod in model.modules():
         if isinstance(mod, (torch.nn.Linear, PackedLinear)):
-            mod.forward = (lambda m: lambda x: _linear(x, m.weight, m.bias))(mod)  # type: ignore[method-assign]
+            mod.forward = routed(mod)  # type: ignore[method-assign]
             n += 1
     orig = model.compute_logits
 

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fmt_load, loadavg, machine_info  # noqa: E402
+from _common import fmt_load, loadavg, machine_info
 
 MODEL = "smollm2-135m-instruct"
 
@@ -253,7 +253,7 @@ def print_table(res: dict[str, Any]) -> None:
     print(head)
     print("-" * len(head))
     for r in res["rows"]:
-        def f(key: str, spec: str) -> str:
+        def f(key: str, spec: str, r: dict[str, Any] = r) -> str:
             return "-" if key not in r else format(r[key], spec)
 
         per_pos = ", ".join(f"{x:.2f}" for x in r.get("per_position", []))
@@ -261,7 +261,7 @@ def print_table(res: dict[str, Any]) -> None:
               f"{f('tau', '.2f'):>5} {('-' if 'acceptance_rate' not in r else format(100 * r['acceptance_rate'], '.1f')):>5} "
               f"{f('coverage', '.2f'):>5} {f('alpha', '.3f'):>5} {f('c', '.4f'):>6} {f('c_eff', '.4f'):>6} "
               f"{f('v', '.3f'):>5} {f('model_speedup', '.2f'):>5} {f('eta', '.2f'):>5} "
-              f"{str(r['lossless']):>8}  {per_pos}")
+              f"{r['lossless']!s:>8}  {per_pos}")
     print("engine time per step (total generate time / steps) vs target forward per step:")
     for r in res["rows"]:
         extra = f", proposer {1e3 * r['proposer_s_per_call']:.2f} ms/call" if "proposer_s_per_call" in r else ""

@@ -7,11 +7,11 @@ import json
 
 import pytest
 import torch
+from tiny_models import write_tiny_hf_checkpoint
 
 from tandem.bench.offline import dummy_prompts, latency_result, spec_summary
 from tandem.cli import main
 from tandem.engine.stats import SpecStats
-from tiny_models import write_tiny_hf_checkpoint
 
 ENGINE = ["--device", "cpu", "--dtype", "float32", "--kv-cache-memory-bytes", str(64 << 20),
           "--block-size", "4"]
@@ -128,10 +128,10 @@ def test_dataset_length_flags_route_to_each_loader():
 
     from tandem.bench.offline import _dataset_options
 
-    base = dict(dataset_path=None, input_len=None, output_len=None, random_input_len=1024,
-                random_output_len=128, random_range_ratio=0.0, random_prefix_len=0,
-                prefix_repetition_prefix_len=256, prefix_repetition_suffix_len=256,
-                prefix_repetition_num_prefixes=10)
+    base = {"dataset_path": None, "input_len": None, "output_len": None, "random_input_len": 1024,
+            "random_output_len": 128, "random_range_ratio": 0.0, "random_prefix_len": 0,
+            "prefix_repetition_prefix_len": 256, "prefix_repetition_suffix_len": 256,
+            "prefix_repetition_num_prefixes": 10}
     ns = argparse.Namespace(dataset_name="random", **{**base, "input_len": 32, "output_len": 7})
     assert _dataset_options(ns)["input_len"] == 32 and _dataset_options(ns)["output_len"] == 7
     ns = argparse.Namespace(dataset_name="humaneval", **base)
