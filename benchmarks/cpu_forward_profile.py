@@ -24,8 +24,8 @@ import torch
 def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    import tandem.models.decoder as decoder
     from tandem import LLM
+    from tandem.models import decoder
     from tandem.worker.batch import SeqChunk
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from tiny_models import write_tiny_hf_checkpoint
 
 from tandem.bench.offline import dummy_prompts, latency_result, spec_summary
@@ -16,16 +15,6 @@ from tandem.engine.stats import SpecStats
 ENGINE = ["--device", "cpu", "--dtype", "float32", "--kv-cache-memory-bytes", str(64 << 20),
           "--block-size", "4"]
 NGRAM = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}']
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny-model ops on a shared, loaded 2-core machine stall in torch's 2-thread pool (measured:
-    # 17.7 s vs 0.36 s for the n-gram latency test); one intra-op thread keeps these tests fast.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

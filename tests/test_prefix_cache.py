@@ -31,16 +31,6 @@ from tandem.scheduler import Scheduler, SchedulerOutput
 BS = 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny-model ops on a loaded 2-core machine stall in torch's 2-thread pool (measured 54 s vs 2 s
-    # for the draft-model case); one intra-op thread keeps this file fast.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def chain(*blocks: list[int]) -> list[bytes]:
     out, parent = [], None
     for toks in blocks:

@@ -19,15 +19,6 @@ from tiny_models import write_tiny_hf_checkpoint
 N = 1000
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny-model ops on a loaded 2-core machine stall in torch's 2-thread pool; one thread is faster.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def workload(seed: int = 0):
     rng = random.Random(seed)
     prefixes = [[rng.randrange(3, 100) for _ in range(rng.randrange(4, 40))] for _ in range(12)]
