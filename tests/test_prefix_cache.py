@@ -18,7 +18,6 @@ import random
 
 import httpx
 import pytest
-import torch
 from engine_utils import greedy, make_llm, tokens_of
 from tiny_models import write_tiny_hf_checkpoint
 

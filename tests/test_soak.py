@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
-import torch
 from engine_utils import greedy, make_llm
 from tiny_models import write_tiny_hf_checkpoint
 
