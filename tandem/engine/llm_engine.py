@@ -273,8 +273,10 @@ class LLMEngine:
         t = 0
         for s in sched.scheduled:
             r = s.request
-            seq = r.token_ids + list(s.spec_token_ids) if s.spec_token_ids else r.token_ids
-            chunks.append(SeqChunk(seq[s.start:s.start + s.num_new_tokens], s.start, r.block_ids))
+            # Query = uncomputed tokens, then the drafts (which trail); slice, never copy the history.
+            end = s.start + s.num_new_tokens
+            query = r.token_ids[s.start:end] + list(s.spec_token_ids)[: max(0, end - r.num_tokens)]
+            chunks.append(SeqChunk(query, s.start, r.block_ids))
             if r.params.prompt_logprobs is not None:
                 rows.extend(self._prompt_rows(s, t))
             if s.samples:
