@@ -85,9 +85,30 @@ def paged_attention(
             enable_gqa=gqa,
         )  # [h, q_len, d]
         out[s:e] = o.transpose(0, 1)
-    if plan.short:
+    if plan.single is not None:
+        i, neg_mask = plan.single
+        s, e = meta.query_start[i], meta.query_start[i + 1]
+        out[s:e] = _single_short(q[s:e], k_cache, v_cache, meta.context_slots[i], neg_mask, scale)
+    elif plan.short:
         _batched_short(q, k_cache, v_cache, plan, scale, out)
     return out
+
+
+def _single_short(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                  neg_mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """One short query (a lone decode or verify): grouped matmul-softmax-matmul, no padding."""
+    q_len, h, d = q.shape
+    kvh = k_cache.shape[1]
+    g = h // kvh
+    k = k_cache.index_select(0, slots).to(q.dtype)  # [ctx, kvh, d]
+    v = v_cache.index_select(0, slots).to(q.dtype)
+    qg = q.view(q_len, kvh, g, d).permute(1, 2, 0, 3).reshape(kvh, g * q_len, d)
+    scores = torch.bmm(qg, k.permute(1, 2, 0)).mul_(scale)  # [kvh, g*q_len, ctx]
+    if neg_mask is not None:
+        scores = scores.view(kvh, g, q_len, -1).masked_fill_(neg_mask, float("-inf")).view(kvh, g * q_len, -1)
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    o = torch.bmm(probs, v.transpose(0, 1))  # [kvh, g*q_len, d]
+    return o.view(kvh, g, q_len, d).permute(2, 0, 1, 3).reshape(q_len, h, d)
 
 
 class _Plan:
@@ -97,6 +118,12 @@ class _Plan:
         self.short = [i for i in range(meta.num_reqs) if meta.query_len(i) <= _BATCHED_MAX_QUERY]
         self.long = [i for i in range(meta.num_reqs) if meta.query_len(i) > _BATCHED_MAX_QUERY]
         self.long_masks = [_mask(meta.query_len(i), meta.seq_lens[i], window, dev) for i in self.long]
+        self.single: tuple[int, torch.Tensor | None] | None = None
+        if len(self.short) == 1:  # nothing to batch with: no padding, gather or scatter
+            i = self.short[0]
+            mask = _mask(meta.query_len(i), meta.seq_lens[i], window, dev)
+            self.single = (i, None if mask is None else ~mask)
+            return
         if not self.short:
             return
         reqs = self.short
@@ -122,23 +149,30 @@ class _Plan:
             mask = mask & (kpos > qpos[:, :, None] - window)
         self.n, self.max_q, self.max_ctx = n, max_q, max_ctx
         self.gather, self.q_rows, self.q_valid = gather, q_rows, q_valid
-        self.neg_mask = ~mask[:, None, None]  # [n, 1, 1, max_q, max_ctx]
+        # [n, 1, 1, max_q, max_ctx]; None when every key is visible to every row (lone decodes)
+        self.neg_mask = None if bool(mask.all()) else ~mask[:, None, None]
         self.out_rows = q_rows[q_valid]
+        self.gather_flat, self.q_rows_flat = gather.view(-1), q_rows.view(-1)
+        self.uniform = bool(q_valid.all())
 
 
 def _batched_short(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Plan,
                    scale: float, out: torch.Tensor) -> None:
     """Padded short queries (≤ _BATCHED_MAX_QUERY) of all requests in one batched attention."""
     n, max_q, max_ctx = plan.n, plan.max_q, plan.max_ctx
-    k = k_cache[plan.gather].to(q.dtype)  # [n, max_ctx, kvh, d]
-    v = v_cache[plan.gather].to(q.dtype)
-    kvh, d = k.shape[2], k.shape[3]
+    kvh, d = k_cache.shape[1], k_cache.shape[2]
+    k = k_cache.index_select(0, plan.gather_flat).view(n, max_ctx, kvh, d).to(q.dtype)
+    v = v_cache.index_select(0, plan.gather_flat).view(n, max_ctx, kvh, d).to(q.dtype)
     g = q.shape[1] // kvh
     # Query heads grouped by their KV head: [n, kvh, g * max_q, d] (row = head-in-group, query).
-    qb = q[plan.q_rows].reshape(n, max_q, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(n, kvh, g * max_q, d)
+    qb = q.index_select(0, plan.q_rows_flat).reshape(n, max_q, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(n, kvh, g * max_q, d)
     scores = torch.matmul(qb, k.permute(0, 2, 3, 1)) * scale  # [n, kvh, g*max_q, max_ctx]
-    scores = scores.view(n, kvh, g, max_q, max_ctx).masked_fill(plan.neg_mask, float("-inf"))
+    if plan.neg_mask is not None:
+        scores = scores.view(n, kvh, g, max_q, max_ctx).masked_fill(plan.neg_mask, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(n, kvh, g * max_q, max_ctx)
     o = torch.matmul(probs, v.permute(0, 2, 1, 3))  # [n, kvh, g*max_q, d]
     o = o.view(n, kvh, g, max_q, d).permute(0, 3, 1, 2, 4).reshape(n, max_q, kvh * g, d)
-    out[plan.out_rows] = o[plan.q_valid]
+    if plan.uniform:  # every request has max_q rows: no padding rows to drop
+        out.index_copy_(0, plan.out_rows, o.reshape(n * max_q, kvh * g, d))
+    else:
+        out[plan.out_rows] = o[plan.q_valid]
