@@ -379,23 +379,44 @@ def section_decode(llms: dict[str, Any], names: list[str]) -> None:
             f"({row['frac_engine']:.1%}, {e['ms_per_step']:.3f} ms/step)")
 
 
+def section_hostprof(llm: Any, out: Path, gen: int = 256) -> None:
+    """Where the host time of an engine decode step goes (cProfile over ``engine_decode``)."""
+    import cProfile
+    import io
+    import pstats
+
+    engine_decode(llm, 1, 128, 16, seed=98)  # warm-up
+    prof = cProfile.Profile()
+    prof.enable()
+    e = engine_decode(llm, 1, 128, gen, seed=97)
+    prof.disable()
+    buf = io.StringIO()
+    st = pstats.Stats(prof, stream=buf)
+    st.sort_stats("tottime").print_stats(30)
+    st.sort_stats("cumulative").print_stats(40)
+    (out / "hostprof.txt").write_text(buf.getvalue())
+    say(f"[hostprof] {e['tok_s']:.1f} tok/s under cProfile ({e['ms_per_step']:.3f} ms/step); "
+        f"table in hostprof.txt")
+
+
 def section_variants(llm: Any, ctx: int = 256) -> None:
     from tandem.worker.gpu_runner import GpuModelRunner
 
     eng = llm.engine
     fl = floor_s(eng.model, eng.arch, ctx)
     out = {}
-    for label, kw in [("graphs+fused", dict()), ("graphs+fused, no split-KV", dict(splits="1")),
+    for label, kw in [("graphs+fused", dict()), ("graphs+fused, cuBLAS only (TANDEM_GEMV=0)", dict(gemv="0")),
+                      ("graphs+fused, no split-KV", dict(splits="1")),
                       ("graphs+unfused", dict(fused=False)),
                       ("eager+fused", dict(use_graphs=False)), ("eager+unfused", dict(use_graphs=False, fused=False))]:
-        splits = kw.pop("splits", None)
-        if splits:
-            os.environ["TANDEM_KV_SPLITS"] = splits
+        env = {"TANDEM_KV_SPLITS": kw.pop("splits", None), "TANDEM_GEMV": kw.pop("gemv", None)}
+        os.environ.update({k: v for k, v in env.items() if v is not None})
         try:
             gpu = GpuModelRunner(eng.model, eng.runner.kv_caches, eng.block_size, eng.device, **kw)
             r = time_runner(gpu, 1, 1, ctx, iters=20)
         finally:
-            os.environ.pop("TANDEM_KV_SPLITS", None)
+            for k in env:
+                os.environ.pop(k, None)
         r["frac_step"] = fl * 1e3 / r["step_ms"]
         if "gpu_ms" in r:
             r["frac_gpu"] = fl * 1e3 / r["gpu_ms"]
@@ -551,6 +572,8 @@ def main() -> None:
         if "ref" in sections:
             guarded("ref-smol", lambda: RESULTS.setdefault("ref", {}).update({"smol": reference_check(llms["smol"], "SmolLM2")}))
         guarded("decode-smol", section_decode, {"SmolLM2-135M": llms["smol"]}, ["SmolLM2-135M"])
+        if "hostprof" in sections:
+            guarded("hostprof", section_hostprof, llms["smol"], out)
     dump()
     say("\n" + summary_table())
     dump()

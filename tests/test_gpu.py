@@ -103,6 +103,50 @@ def test_write_kv_skips_negative_slots():
     assert int((kc.abs().sum((1, 2)) > 0).sum()) == 2
 
 
+@pytest.mark.parametrize("m", [1, 2, 5, 16])
+@pytest.mark.parametrize("fusion", ["none", "bias", "norm", "norm_gated", "res"])
+def test_gemv_matches_reference(m, fusion):
+    from tandem.worker.triton_gemv import gemv
+
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(m)
+    n, k = 1000, 1000  # neither a multiple of any block size
+    w = torch.randn(2 * n if fusion == "norm_gated" else n, k, device=dev, generator=g).to(dt) / k ** 0.5
+    x = torch.randn(m, k, device=dev, generator=g).to(dt)
+    bias = torch.randn(w.shape[0], device=dev, generator=g).to(dt) if fusion in ("bias", "norm_gated") else None
+    nw = (torch.rand(k, device=dev, generator=g) + 0.5).to(dt)
+    res = torch.randn(m, n, device=dev, generator=g).to(dt)
+    xf = x.float()
+    if fusion.startswith("norm"):  # the unfused reference: rmsnorm rounded to bf16, then the matmul
+        xf = ((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dt).float() * nw.float()).to(dt).float()
+    want = xf @ w.float().T + (bias.float() if bias is not None else 0)
+    if fusion == "norm_gated":
+        want = torch.nn.functional.silu(want[:, :n]) * want[:, n:]
+    if fusion == "res":
+        want = res.float() + want.to(dt).float()
+        r = res.clone()
+        got = gemv(x, w, residual=r)
+        assert got.data_ptr() == r.data_ptr()
+    else:
+        got = gemv(x, w, bias, norm_weight=nw if fusion.startswith("norm") else None, eps=1e-5,
+                   gated=fusion == "norm_gated")
+    assert got.shape == (m, n) and got.dtype == dt
+    assert _rel(got.float(), want) < 1e-2
+
+
+def test_logits_are_float32_products_on_cuda():
+    """bf16 weights, float32 logits that were never rounded to bf16 (fewer argmax ties)."""
+    model = _tiny_model("llama")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    hidden = torch.randn(3, 256, device="cuda", generator=g).to(torch.bfloat16)
+    logits = model.compute_logits(hidden)
+    w = model.lm_head.weight
+    want = hidden.double() @ w.double().T
+    assert logits.dtype == torch.float32
+    assert _rel(logits.double(), want) < 1e-5  # bf16-rounded logits would be ~1e-3 away
+    assert not torch.equal(logits, logits.to(torch.bfloat16).float())
+
+
 def _tiny_model(family: str = "llama", **kw):
     from tandem.engine.model_loader import build_model
     from tandem.loader.arch import ModelArch
@@ -140,6 +184,12 @@ def test_runner_matches_torch_path(family, monkeypatch):
         "unfused": GpuModelRunner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev,
                                   fused=False),
     }
+    monkeypatch.setenv("TANDEM_GEMV", "0")  # fused layers with cuBLAS matmuls for every row count
+    runners["cublas"] = GpuModelRunner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev)
+    monkeypatch.delenv("TANDEM_GEMV")
+    monkeypatch.setenv("TANDEM_GEMV_ROWS", "16")  # skinny Triton matmuls for every step of <= 16 rows
+    runners["gemv16"] = GpuModelRunner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev)
+    monkeypatch.delenv("TANDEM_GEMV_ROWS")
     rng = random.Random(0)
     blocks = [list(range(i * 20, i * 20 + 20)) for i in range(3)]
     toks = [[rng.randrange(3, 512) for _ in range(n)] for n in (40, 17, 3)]
@@ -166,6 +216,8 @@ def test_runner_matches_torch_path(family, monkeypatch):
         step([(0, 1), (1, 1), (2, 1)])  # decodes (graph bucket 4, q=1)
     step([(0, 4), (1, 4), (2, 4)])  # verifies (q=4)
     step([(0, 1), (1, 3)])  # ragged draft catch-up (padded)
+    for _ in range(2):
+        step([(2, 1)])  # lone decodes (graph bucket 1, q=1: the 1-row skinny matmuls by default)
     assert runners["graphs"].num_graph_steps > 0 and runners["graphs"].graphs.graphs
 
 

@@ -17,7 +17,7 @@ from tandem.sample.cost_model import (
     expected_tokens_per_step,
 )
 from tandem.sample.logits import probs_from_logits
-from tandem.sample.rejection import RejectionOutput, rejection_sample
+from tandem.sample.rejection import RejectionOutput, greedy_verify, rejection_sample
 from tandem.sample.rows import SamplingRow
 from tandem.sample.sampler import sample
 from tandem.sampling_params import SamplingParams as SP
@@ -83,6 +83,25 @@ def test_greedy_consumes_no_randomness():
     state = g.get_state()
     rejection_sample(one_hot_rows([1, 2, 3]), [[1, 2]], None, [True], [g])
     assert torch.equal(g.get_state(), state)
+
+
+def test_greedy_verify_equals_rejection_sample_on_greedy_rows():
+    """The engine's all-greedy fast path gives rejection_sample's tokens and counts (ties included)."""
+    g = gen(5)
+    for trial in range(50):
+        ks = [int(k) for k in torch.randint(0, 5, (4,), generator=g)]
+        logits = torch.randint(0, 3, (sum(ks) + 4, V), generator=g).float()  # many exact ties
+        best = logits.argmax(-1).tolist()
+        drafts, r = [], 0
+        for k in ks:  # drafts that mostly follow the target, with some misses
+            drafts.append([best[r + j] if torch.rand(1, generator=g).item() < 0.7 else
+                           int(torch.randint(0, V, (1,), generator=g)) for j in range(k)])
+            r += k + 1
+        rows = [SamplingRow(SP(temperature=0.0), [1], [], {0}, None) for _ in range(logits.shape[0])]
+        want = rejection_sample(probs_from_logits(logits, rows), drafts, None, [True] * 4, [gen(0)] * 4)
+        assert greedy_verify(logits, drafts) == want, trial
+    with pytest.raises(ValueError, match="sum"):
+        greedy_verify(torch.zeros(3, V), [[1, 2, 3]])
 
 
 def test_random_accepts_when_p_equals_q_and_rejects_zero_mass_drafts():

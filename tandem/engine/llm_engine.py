@@ -33,7 +33,7 @@ from tandem.outputs import CompletionOutput, RequestOutput
 from tandem.request import Request, RequestStatus
 from tandem.sample.logits import probs_from_logits, process_logits, validate_for_vocab
 from tandem.sample.logprobs import compute_logprobs
-from tandem.sample.rejection import rejection_sample
+from tandem.sample.rejection import greedy_verify, rejection_sample
 from tandem.sample.rows import SamplingRow
 from tandem.sampling_params import SamplingParams
 from tandem.scheduler import ScheduledRequest, Scheduler
@@ -357,15 +357,21 @@ class LLMEngine:
                         q = torch.nn.functional.one_hot(
                             torch.tensor(list(s.spec_token_ids), device=logits.device), logits.shape[-1]).float()
                     draft_probs.append(q[: len(s.spec_token_ids)])
-        raw = logits.index_select(0, torch.tensor(row_idx, device=logits.device))
-        probs = probs_from_logits(process_logits(raw, srows), srows)
+        if len(row_idx) == logits.shape[0] and row_idx == list(range(len(row_idx))):
+            raw = logits  # the runner returned exactly the sampled rows (decode / verify steps)
+        else:
+            raw = logits.index_select(0, torch.tensor(row_idx, device=logits.device))
         synthetic = self.spec.synthetic_acceptance_rate if self.spec is not None and self.spec.is_synthetic else None
-        result = rejection_sample(
-            probs, drafts, torch.cat(draft_probs) if has_q else None,
-            [s.request.params.greedy for s, _ in sampling],
-            [s.request.generator or self.generator for s, _ in sampling],
-            synthetic_acceptance_rate=synthetic,
-        )
+        greedy = [s.request.params.greedy for s, _ in sampling]
+        if synthetic is None and all(greedy):
+            result = greedy_verify(process_logits(raw, srows), drafts)
+        else:
+            result = rejection_sample(
+                probs_from_logits(process_logits(raw, srows), srows), drafts,
+                torch.cat(draft_probs) if has_q else None, greedy,
+                [s.request.generator or self.generator for s, _ in sampling],
+                synthetic_acceptance_rate=synthetic,
+            )
         now = time.monotonic()
         base = 0
         for (s, _), toks, acc in zip(sampling, result.token_ids, result.num_accepted):

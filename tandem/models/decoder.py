@@ -101,6 +101,19 @@ class DecoderModel(nn.Module):
         self.embed_scale = math.sqrt(arch.hidden_size) if arch.is_gemma else None
 
 
+def _logits_float32(hidden: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """hidden @ w^T as float32. On CUDA with 16-bit weights the product is accumulated and stored in
+    float32 (``mm(..., out_dtype)``) instead of being rounded to bf16/fp16 first: bf16 logits of a
+    49k-token vocabulary tie often (0.125 apart at |logit| ~ 20), which made greedy picks depend on
+    accumulation order. Same bytes read; falls back where the op is missing (older torch)."""
+    if hidden.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16) and hidden.dim() == 2:
+        try:
+            return torch.mm(hidden, w.t(), out_dtype=torch.float32)
+        except (TypeError, RuntimeError, NotImplementedError):
+            pass
+    return linear(hidden, w).float()
+
+
 class CausalLM(nn.Module):
     """The full model. Parameter names follow HF except packed qkv_proj / gate_up_proj."""
 
@@ -131,7 +144,7 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] → [N, V] float32
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = linear(hidden, w).float()
+        logits = _logits_float32(hidden, w)
         cap = self.arch.final_logit_softcapping
         if cap:
             logits = torch.tanh(logits / cap) * cap

@@ -68,6 +68,33 @@ def _recover(
     return torch.where(total > 0, residual / total.clamp_min(1e-30), target_probs)
 
 
+def greedy_verify(logits: torch.Tensor, draft_token_ids: Sequence[Sequence[int]]) -> RejectionOutput:
+    """``rejection_sample`` for requests that are all greedy, straight from (processed) logits.
+
+    With one-hot target distributions the rejection rule reduces to: accept drafts while they equal
+    the target's argmax; then emit the argmax at the first mismatch (the recovery) or after the last
+    draft (the bonus). Same tokens as ``rejection_sample`` (argmax ties go to the lowest token id in
+    both), without building probability rows: one argmax and one host read per step.
+    logits: [Σ(k_i + 1), V], rows of request i contiguous, in request order.
+    """
+    rows = sum(len(d) + 1 for d in draft_token_ids)
+    if logits.dim() != 2 or logits.shape[0] != rows:
+        raise ValueError(f"logits must be [sum(k_i + 1)={rows}, vocab], got {tuple(logits.shape)}")
+    best = logits.argmax(dim=-1).tolist()
+    tokens: list[list[int]] = []
+    accepted: list[int] = []
+    r = 0
+    for d in draft_token_ids:
+        k = len(d)
+        a = 0
+        while a < k and best[r + a] == int(d[a]):
+            a += 1
+        tokens.append([int(t) for t in d[:a]] + [best[r + a]])
+        accepted.append(a)
+        r += k + 1
+    return RejectionOutput(tokens, accepted)
+
+
 def rejection_sample(
     target_probs: torch.Tensor,
     draft_token_ids: Sequence[Sequence[int]],

@@ -1,10 +1,18 @@
 """Fused CUDA execution of a ``CausalLM`` forward (Llama / Mistral / Qwen2 / Qwen3 shapes).
 
 Same parameters, same function as ``CausalLM.forward`` (the reference, see tests/test_gpu.py), in
-fewer kernels: per layer ``add_rmsnorm → qkv matmul → rope + KV write → attention → o matmul →
-add_rmsnorm → gate_up matmul → silu_mul → down matmul`` (9–10 launches instead of ~35). The residual
-stream is kept in a separate tensor updated in place by the fused add+norm, so the adds round in the
-model dtype exactly as ``x = x + f(x)`` does.
+fewer kernels. Two layer bodies:
+
+- few rows (≤ ``gemv_rows``, default 1: batch-1 decode), skinny Triton matmuls with the elementwise
+  work fused in (``triton_gemv.py``): ``norm+qkv → rope + KV write → attention → o (+= residual) →
+  norm+gate_up+silu·mul → down (+= residual)``, 6–7 launches per layer. For 2–16 rows the kernel's
+  tensor-core variant is correct but slower than cuBLAS (benchmarks/gpu_gemv.py, docs/gpu_notes.md),
+  so those steps take the cuBLAS body;
+- more rows: ``add_rmsnorm → qkv matmul → rope + KV write → attention → o matmul → add_rmsnorm →
+  gate_up matmul → silu_mul → down matmul`` with cuBLAS matmuls (9–10 launches instead of ~35).
+
+The residual stream is kept in a separate tensor updated in place, so the adds round in the model
+dtype exactly as ``x = x + f(x)`` does.
 
 Not covered (``fused_supported`` is False, the runner uses ``CausalLM.forward``): Gemma3 (sandwich
 norms, scaled embeddings, soft-capping), non-power-of-2 head dims, activations other than SiLU.
@@ -20,6 +28,7 @@ from tandem.loader.arch import ModelArch
 from tandem.models.decoder import CausalLM, KVCache
 from tandem.worker.attention import paged_attention
 from tandem.worker.attn_metadata import AttentionMetadata
+from tandem.worker.triton_gemv import MAX_ROWS, gemv
 from tandem.worker.triton_ops import rmsnorm, rope_write_kv, silu_mul
 
 
@@ -39,12 +48,13 @@ def fused_forward(
     positions: torch.Tensor,  # [T]
     meta: AttentionMetadata,  # with device fields (Triton backend)
     kv_caches: list[KVCache],
+    gemv_rows: int = 1,
 ) -> torch.Tensor:  # final-normed hidden [T, H]
     m = model.model
-    arch = model.arch
     t = input_ids.shape[0]
-    heads, kvh, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
     x = F.embedding(input_ids, m.embed_tokens.weight)  # [T, H]
+    if t <= min(gemv_rows, MAX_ROWS):
+        return _skinny_layers(model, x, positions, meta, kv_caches)
     residual: torch.Tensor | None = None
     for i, layer in enumerate(m.layers):
         attn = layer.self_attn
@@ -55,17 +65,8 @@ def fused_forward(
         else:
             h = rmsnorm(x, ln.weight, ln.eps, residual=residual)
         qkv = F.linear(h, attn.qkv_proj.weight, attn.qkv_proj.bias)  # [T, (H + 2 KVH) D]
-        k_cache, v_cache = kv_caches[i]
-        qn, kn = attn.q_norm, attn.k_norm
-        rope_write_kv(
-            qkv, positions, attn.rotary.cos, attn.rotary.sin, meta.slot_mapping, k_cache, v_cache,
-            heads, kvh, d,
-            q_norm=qn.weight if qn is not None else None, k_norm=kn.weight if kn is not None else None,
-            eps=qn.eps if qn is not None else 1e-6,
-        )
-        q = qkv[:, : attn.q_size].view(t, heads, d)
-        o = paged_attention(q, k_cache, v_cache, meta, attn.scale, attn.sliding_window)
-        x = F.linear(o.view(t, attn.q_size), attn.o_proj.weight, attn.o_proj.bias)
+        o = _attention(model, i, qkv, positions, meta, kv_caches[i])
+        x = F.linear(o, attn.o_proj.weight, attn.o_proj.bias)
         pn = layer.post_attention_layernorm
         h = rmsnorm(x, pn.weight, pn.eps, residual=residual)
         mlp = layer.mlp
@@ -74,3 +75,39 @@ def fused_forward(
     if residual is None:  # zero layers
         return rmsnorm(x, m.norm.weight, m.norm.eps)
     return rmsnorm(x, m.norm.weight, m.norm.eps, residual=residual)
+
+
+def _attention(model: CausalLM, i: int, qkv: torch.Tensor, positions: torch.Tensor,
+               meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:  # [T, H * D]
+    """Rope (+ Qwen3 q/k norm) and the KV write in one launch, then paged attention."""
+    arch = model.arch
+    attn = model.model.layers[i].self_attn
+    heads, kvh, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
+    t = qkv.shape[0]
+    k_cache, v_cache = kv_cache
+    qn, kn = attn.q_norm, attn.k_norm
+    rope_write_kv(
+        qkv, positions, attn.rotary.cos, attn.rotary.sin, meta.slot_mapping, k_cache, v_cache,
+        heads, kvh, d,
+        q_norm=qn.weight if qn is not None else None, k_norm=kn.weight if kn is not None else None,
+        eps=qn.eps if qn is not None else 1e-6,
+    )
+    q = qkv[:, : attn.q_size].view(t, heads, d)
+    return paged_attention(q, k_cache, v_cache, meta, attn.scale, attn.sliding_window).view(t, attn.q_size)
+
+
+def _skinny_layers(model: CausalLM, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                   kv_caches: list[KVCache]) -> torch.Tensor:
+    """The decoder stack for few rows: norms, silu·mul and residual adds fused into the matmuls."""
+    m = model.model
+    residual = x  # updated in place by the o and down matmuls
+    for i, layer in enumerate(m.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        ln, pn = layer.input_layernorm, layer.post_attention_layernorm
+        qkv = gemv(residual, attn.qkv_proj.weight, attn.qkv_proj.bias, norm_weight=ln.weight, eps=ln.eps)
+        o = _attention(model, i, qkv, positions, meta, kv_caches[i])
+        gemv(o, attn.o_proj.weight, attn.o_proj.bias, residual=residual)
+        act = gemv(residual, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, norm_weight=pn.weight, eps=pn.eps,
+                   gated=True)  # silu(gate) * up
+        gemv(act, mlp.down_proj.weight, residual=residual)
+    return rmsnorm(residual, m.norm.weight, m.norm.eps)

@@ -18,7 +18,9 @@ Padding tokens: id 0, position 0, slot -1 (no KV write); padding requests: query
 never overwrites bytes an in-flight copy still reads.
 
 Env switches (for benchmarks and debugging): ``TANDEM_CUDA_GRAPHS=0`` (eager only),
-``TANDEM_FUSED=0`` (run ``CausalLM.forward``, still with Triton attention),
+``TANDEM_FUSED=0`` (run ``CausalLM.forward``, still with Triton attention), ``TANDEM_GEMV=0`` (fused
+layers with cuBLAS matmuls only, no skinny Triton matmuls), ``TANDEM_GEMV_ROWS`` (steps of at most this
+many rows use the skinny matmuls; default 1),
 ``TANDEM_MAX_GRAPH_BATCH`` (default 256), ``TANDEM_KV_SPLITS`` (force the split-KV count).
 """
 
@@ -108,6 +110,8 @@ class GpuModelRunner:
         arch = model.arch
         want_fused = _env_flag("TANDEM_FUSED", True) if fused is None else fused
         self.fused = want_fused and fused_supported(arch)
+        # Skinny Triton matmuls for 1-row steps only (faster than cuBLAS there, slower at 2-16 rows).
+        self.gemv_rows = int(os.environ.get("TANDEM_GEMV_ROWS", "1")) if _env_flag("TANDEM_GEMV", True) else 0
         cuda = device.type == "cuda"
         if use_graphs is None:
             use_graphs = cuda and _env_flag("TANDEM_CUDA_GRAPHS", True)
@@ -227,7 +231,7 @@ class GpuModelRunner:
 
     def _hidden(self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         if self.fused:
-            return fused_forward(self.model, ids, pos, meta, self.kv_caches)
+            return fused_forward(self.model, ids, pos, meta, self.kv_caches, self.gemv_rows)
         hidden, _ = self.model(ids, pos, meta, self.kv_caches)
         return hidden
 

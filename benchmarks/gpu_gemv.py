@@ -1,0 +1,134 @@
+#!/usr/bin/env python
+"""Skinny matmuls on the GPU: tandem's Triton ``gemv`` (plain and fused variants) vs cuBLAS.
+
+For the decoder matmul shapes of Llama-3.1-8B, Llama-3.2-1B and SmolLM2-135M and M = 1..16 rows,
+prints µs per call and the weight-read bandwidth (weights bytes / time), each timed as a CUDA
+graph of back-to-back calls that cycle through enough weight copies (> 4 × L2) to be cold, median of
+several replays. Also checks every variant against a float32 reference (relative error).
+
+``--sweep-rows 1,4`` tries a grid of (BLOCK_N, BLOCK_K, num_warps) at those row counts and prints the
+best per shape (how ``triton_gemv.gemv_config`` was set).
+
+Usage: python benchmarks/gpu_gemv.py [--sweep-rows 1,4] [--rows 1,2,4,8,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = {  # name: (hidden, intermediate, q_size + 2 * kv_size)
+    "8B": (4096, 14336, 4096 + 2 * 1024),
+    "1B": (2048, 8192, 2048 + 2 * 512),
+    "SmolLM2": (576, 1536, 576 + 2 * 192),
+}
+
+
+def timed(fn, calls: int, reps: int = 7) -> float:  # type: ignore[no-untyped-def]
+    """Median µs per call of ``fn(i)`` for i in range(calls), captured in one CUDA graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(calls):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fn(i)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def main() -> None:
+    from tandem.worker.triton_gemv import gemv, gemv_config
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", default="1,2,4,8,16")
+    ap.add_argument("--sweep-rows", default="", help="row counts to sweep block configs for, e.g. 1,4")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    dt = torch.bfloat16
+    torch.manual_seed(0)
+    rows_list = [int(r) for r in args.rows.split(",")]
+    sweep_rows = {int(r) for r in args.sweep_rows.split(",") if r}
+    print(f"device {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    results = []
+    for name, (hid, inter, qkv) in SHAPES.items():
+        mats = {"qkv": (qkv, hid, "norm"), "o": (hid, hid, "res"), "gate_up": (2 * inter, hid, "norm_gated"),
+                "down": (hid, inter, "res")}
+        for mat, (n, k, fusion) in mats.items():
+            nbytes = n * k * 2
+            copies = max(2, -(-400_000_000 // nbytes))
+            ws = [torch.randn(n, k, device=dev, dtype=dt) / k ** 0.5 for _ in range(copies)]
+            nw = torch.rand(k, device=dev, dtype=dt) + 0.5
+            n_out = n // 2 if fusion == "norm_gated" else n
+            for m in rows_list:
+                x = torch.randn(m, k, device=dev, dtype=dt)
+                res = torch.randn(m, n_out, device=dev, dtype=dt)
+                # correctness of the fused variant against the unfused float32 math
+                xf = x.float()
+                if fusion.startswith("norm"):
+                    xf = ((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dt).float()
+                          * nw.float()).to(dt).float()
+                ref = xf @ ws[0].float().T
+                if fusion == "norm_gated":
+                    ref = F.silu(ref[:, :n_out]) * ref[:, n_out:]
+                    got = gemv(x, ws[0], norm_weight=nw, eps=1e-5, gated=True).float()
+                elif fusion == "norm":
+                    got = gemv(x, ws[0], norm_weight=nw, eps=1e-5).float()
+                else:
+                    ref = res.float() + ref.to(dt).float()
+                    got = gemv(x, ws[0], residual=res.clone()).float()
+                err = ((got - ref).norm() / ref.norm()).item()
+                cu = timed(lambda i: F.linear(x, ws[i % copies]), copies * 2)
+                plain = timed(lambda i: gemv(x, ws[i % copies]), copies * 2)
+                kw = {"norm": dict(norm_weight=nw), "norm_gated": dict(norm_weight=nw, gated=True),
+                      "res": dict(residual=res)}[fusion]
+                fused = timed(lambda i: gemv(x, ws[i % copies], **kw), copies * 2)
+                row = dict(model=name, mat=mat, n=n, k=k, m=m, cublas_us=cu, gemv_us=plain, fused_us=fused,
+                           fusion=fusion, rel_err=err, cfg=gemv_config(m, n, k))
+                results.append(row)
+                print(f"{name:8s} {mat:8s} N={n:6d} K={k:6d} M={m:2d}: cuBLAS {cu:8.2f} µs "
+                      f"({nbytes / cu / 1e6:5.2f} TB/s) | gemv {plain:8.2f} µs ({nbytes / plain / 1e6:5.2f} TB/s) "
+                      f"| gemv+{fusion} {fused:8.2f} µs | rel err {err:.1e} | cfg {row['cfg']}", flush=True)
+                if m in sweep_rows and name != "SmolLM2":
+                    best = []
+                    grid = (itertools.product((4, 8, 16, 32), (256, 512, 1024), (4, 8)) if m == 1 else
+                            itertools.product((16, 32, 64), (64, 128, 256), (4, 8)))
+                    for bn, bk, wps in grid:
+                        if bk > k * 2 or bn * bk > 32768:
+                            continue
+                        try:
+                            us = timed(lambda i: gemv(x, ws[i % copies], config=(bn, bk, wps)), copies * 2, reps=3)
+                        except Exception as e:  # noqa: BLE001 - a config may not compile
+                            print("   cfg", (bn, bk, wps), "failed:", type(e).__name__)
+                            continue
+                        best.append((us, (bn, bk, wps)))
+                    best.sort()
+                    print("   sweep best:", ", ".join(f"{c} {u:.2f} µs ({nbytes / u / 1e6:.2f} TB/s)"
+                                                    for u, c in best[:4]), flush=True)
+            del ws
+            torch.cuda.empty_cache()
+    print("\n| model | matmul | M | cuBLAS µs | gemv µs | fused µs (what) | gemv TB/s | rel err |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['model']} | {r['mat']} {r['n']}x{r['k']} | {r['m']} | {r['cublas_us']:.2f} | {r['gemv_us']:.2f} | "
+              f"{r['fused_us']:.2f} ({r['fusion']}) | {r['n'] * r['k'] * 2 / r['gemv_us'] / 1e6:.2f} | {r['rel_err']:.1e} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Skinny matmuls for decode / verify steps (few rows): ``out[M, N] = x[M, K] @ W[N, K]^T`` in Triton,
+with the neighbouring elementwise work fused in.
+
+At batch 1 a decoder layer is four weight reads (qkv, o, gate_up, down) and a handful of tiny
+kernels between them. cuBLAS reads the big weights at ~4.0–4.1 TB/s but the small ones at ~3.1 TB/s
+and adds a split-K reduce kernel to o_proj and down_proj; each extra kernel costs ~2 µs inside a
+CUDA graph. This kernel streams W once (one program per ``BLOCK_N`` output columns, the whole K) and
+fuses:
+
+- ``norm_weight``: RMSNorm of x first, as ``rstd · (W @ (x ⊙ w_norm))``: the sum of squares is
+  accumulated in the same pass over x and the row scale applied at the end, so ``rmsnorm → matmul``
+  is one launch with no extra latency;
+- ``gated``: W is a packed ``[gate | up]`` weight; each program computes matching gate and up columns
+  and writes ``silu(gate) * up`` (``gate_up matmul → silu_mul`` in one launch);
+- ``residual``: ``residual += x @ W^T`` in place (the decoder's ``x = x + f(x)``), so the residual
+  stream needs no separate add.
+
+Numerics: float32 accumulation; matmul outputs, silu and the residual add round in the model dtype as
+the unfused ops do (``triton_ops.py``). The fused norm rounds ``x ⊙ w_norm`` (not ``x · rstd``, then
+``· w_norm``) to the model dtype before the product: same math, different bf16 rounding points
+(differences at the level of bf16 noise, see tests/test_gpu.py). Rows up to ``MAX_ROWS``; callers
+use cuBLAS above that.
+CPU tensors work under ``TRITON_INTERPRET=1`` (tests).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROWS = 16
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, eps,
+    M, N, stride_xm, stride_wn, stride_rm, stride_om, up_off,
+    K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
+    USE_DOT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    dt = w_ptr.dtype.element_ty
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    m = tl.arange(0, BLOCK_M)
+    m_mask = m < M
+    x_rows = x_ptr + m[:, None].to(tl.int64) * stride_xm
+    w_rows = w_ptr + n[:, None].to(tl.int64) * stride_wn
+    u_rows = w_rows + up_off * stride_wn  # GATED: the "up" half of a packed [gate | up] weight
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = k < K
+        xv = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        if NORM:  # rms(x) · (W @ (x ⊙ w_norm)): the row scale is applied after the loop
+            xf = xv.to(tl.float32)
+            ss += tl.sum(xf * xf, 1)
+            nw = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+            xv = (xf * nw[None, :]).to(dt)
+        wm = n_mask[:, None] & k_mask[None, :]
+        w = tl.load(w_rows + k[None, :], mask=wm, other=0.0)
+        if USE_DOT:
+            acc += tl.dot(xv, tl.trans(w))
+        else:  # BLOCK_M == 1: multiply-reduce on the CUDA cores
+            acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32), 1)[None, :]
+        if GATED:
+            wu = tl.load(u_rows + k[None, :], mask=wm, other=0.0)
+            if USE_DOT:
+                acc_u += tl.dot(xv, tl.trans(wu))
+            else:
+                acc_u += tl.sum(wu.to(tl.float32) * xv.to(tl.float32), 1)[None, :]
+
+    if NORM:
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
+        acc = acc * rstd[:, None]
+        acc_u = acc_u * rstd[:, None]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_u += tl.load(b_ptr + up_off + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    y = acc.to(dt)
+    if GATED:  # silu(gate) * up, rounded as the unfused matmul + silu_mul would
+        g = y.to(tl.float32)
+        a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+        y = (a * acc_u.to(dt).to(tl.float32)).to(dt)
+    om = m_mask[:, None] & n_mask[None, :]
+    if HAS_RES:
+        r_ptrs = res_ptr + m[:, None].to(tl.int64) * stride_rm + n[None, :]
+        r = tl.load(r_ptrs, mask=om, other=0.0).to(tl.float32)
+        y = (r + y.to(tl.float32)).to(dt)
+        tl.store(r_ptrs, y, mask=om)
+    else:
+        tl.store(out_ptr + m[:, None].to(tl.int64) * stride_om + n[None, :], y, mask=om)
+
+
+def gemv_config(m: int, n: int, k: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps) for an [m, k] x [n, k]^T product.
+
+    One row: enough programs to keep every SM streaming (~384+ column blocks), long K tiles. Tuned on
+    an H200 with ``benchmarks/gpu_gemv.py --sweep`` (e.g. 8B: qkv (16, 1024, 8), o and down (8, 1024, 8),
+    gate_up (32, 512, 4), each as fast as or faster than cuBLAS).
+    """
+    if m > 1:
+        return 16, 128, 4
+    block_n = 4
+    while block_n < 32 and n // (2 * block_n) >= 384:
+        block_n *= 2
+    block_k = min(1024, 16384 // block_n, triton.next_power_of_2(k))
+    return block_n, block_k, 8 if block_k >= 1024 else 4
+
+
+def gemv(
+    x: torch.Tensor,  # [M, K]
+    weight: torch.Tensor,  # [N, K]; gated: [2I, K] packed gate | up
+    bias: torch.Tensor | None = None,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    gated: bool = False,
+    residual: torch.Tensor | None = None,  # [M, N], updated in place and returned
+    config: tuple[int, int, int] | None = None,
+) -> torch.Tensor:  # [M, N] (gated: [M, I] = silu(x W_gate^T) * (x W_up^T))
+    mrows, kin = x.shape
+    nw_rows = weight.shape[0]
+    nout = nw_rows // 2 if gated else nw_rows
+    if mrows > MAX_ROWS:
+        raise ValueError(f"gemv handles at most {MAX_ROWS} rows, got {mrows}")
+    if weight.shape[1] != kin or x.stride(1) != 1 or weight.stride(1) != 1 or (gated and nw_rows % 2):
+        raise ValueError(f"gemv: x {tuple(x.shape)} does not fit weight {tuple(weight.shape)}")
+    if residual is not None:
+        if residual.shape != (mrows, nout) or residual.stride(1) != 1:
+            raise ValueError(f"gemv: residual {tuple(residual.shape)} is not [{mrows}, {nout}]")
+        out = residual
+    else:
+        out = torch.empty((mrows, nout), dtype=weight.dtype, device=weight.device)
+    if mrows == 0:
+        return out
+    block_n, block_k, warps = config or gemv_config(mrows, nw_rows, kin)
+    if gated and config is None:  # each program reads block_n gate rows and block_n up rows
+        block_n = max(4, block_n // 2)
+    use_dot = mrows > 1
+    block_m = 16 if use_dot else 1
+    if use_dot:
+        block_n = max(block_n, 16)
+    grid = (triton.cdiv(nout, block_n),)
+    _gemv_kernel[grid](
+        x, weight, bias if bias is not None else weight,
+        norm_weight if norm_weight is not None else weight, out, out, eps,
+        mrows, nout, x.stride(0), weight.stride(0), out.stride(0), out.stride(0), nout if gated else 0,
+        K=kin, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        HAS_BIAS=bias is not None, NORM=norm_weight is not None, GATED=gated,
+        HAS_RES=residual is not None, USE_DOT=use_dot, num_warps=warps,
+    )
+    return out
