@@ -55,8 +55,9 @@ _SCRIPT = textwrap.dedent('''
 ''')
 
 
-def test_gemv_kernel_under_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
+@pytest.mark.parametrize("defer", ["0", "1"])  # per-tile and deferred reductions
+def test_gemv_kernel_under_interpreter(defer: str) -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1", TANDEM_GEMV_DEFER=defer)
     proc = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")

@@ -25,11 +25,18 @@ CPU tensors work under ``TRITON_INTERPRET=1`` (tests).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 MAX_ROWS = 16
+# Deferred reduction (element-wise partial sums, one cross-thread reduction after the K loop) pays for
+# narrow column blocks (BLOCK_N <= 4: 1B o/down 8-12 % faster, SmolLM2 down 22 %) and loses for wider
+# ones (8B: 4-12 % slower), measured on the H200 (docs/gpu_notes.md). ``TANDEM_GEMV_DEFER=0/1`` forces
+# it off/on for every shape. Both orders accumulate exactly in float32.
+_DEFER_ENV = os.environ.get("TANDEM_GEMV_DEFER", "")
 
 
 @triton.jit
@@ -38,7 +45,7 @@ def _gemv_kernel(
     M, N, stride_xm, stride_wn, stride_rm, stride_om, up_off,
     K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
-    USE_DOT: tl.constexpr,
+    USE_DOT: tl.constexpr, DEFER: tl.constexpr,
 ):
     pid = tl.program_id(0)
     dt = w_ptr.dtype.element_ty
@@ -53,27 +60,44 @@ def _gemv_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # DEFER: element-wise partial sums in registers, reduced across threads once after the loop
+    # (instead of a cross-warp reduction per K tile).
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc2_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    ss2 = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_mask = k < K
         xv = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         if NORM:  # rms(x) · (W @ (x ⊙ w_norm)): the row scale is applied after the loop
             xf = xv.to(tl.float32)
-            ss += tl.sum(xf * xf, 1)
+            if DEFER:
+                ss2 += xf * xf
+            else:
+                ss += tl.sum(xf * xf, 1)
             nw = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
             xv = (xf * nw[None, :]).to(dt)
         wm = n_mask[:, None] & k_mask[None, :]
         w = tl.load(w_rows + k[None, :], mask=wm, other=0.0)
         if USE_DOT:
             acc += tl.dot(xv, tl.trans(w))
-        else:  # BLOCK_M == 1: multiply-reduce on the CUDA cores
+        elif DEFER:  # BLOCK_M == 1: multiply-add on the CUDA cores
+            acc2 += w.to(tl.float32) * xv.to(tl.float32)
+        else:
             acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32), 1)[None, :]
         if GATED:
             wu = tl.load(u_rows + k[None, :], mask=wm, other=0.0)
             if USE_DOT:
                 acc_u += tl.dot(xv, tl.trans(wu))
+            elif DEFER:
+                acc2_u += wu.to(tl.float32) * xv.to(tl.float32)
             else:
                 acc_u += tl.sum(wu.to(tl.float32) * xv.to(tl.float32), 1)[None, :]
+    if DEFER:
+        if not USE_DOT:
+            acc = tl.sum(acc2, 1)[None, :]
+            acc_u = tl.sum(acc2_u, 1)[None, :]
+        ss = tl.sum(ss2, 1)
 
     if NORM:
         rstd = 1.0 / tl.sqrt(ss / K + eps)
@@ -112,6 +136,12 @@ def gemv_config(m: int, n: int, k: int) -> tuple[int, int, int]:
         block_n *= 2
     block_k = min(1024, 16384 // block_n, triton.next_power_of_2(k))
     return block_n, block_k, 8 if block_k >= 1024 else 4
+
+
+def _defer(block_n: int) -> bool:
+    if _DEFER_ENV:
+        return _DEFER_ENV not in ("0", "false", "no", "off")
+    return block_n <= 4
 
 
 def gemv(
@@ -154,6 +184,6 @@ def gemv(
         mrows, nout, x.stride(0), weight.stride(0), out.stride(0), out.stride(0), nout if gated else 0,
         K=kin, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         HAS_BIAS=bias is not None, NORM=norm_weight is not None, GATED=gated,
-        HAS_RES=residual is not None, USE_DOT=use_dot, num_warps=warps,
+        HAS_RES=residual is not None, USE_DOT=use_dot, DEFER=_defer(block_n), num_warps=warps,
     )
     return out

@@ -1,0 +1,54 @@
+"""The GPU runner's host-side input packing, on CPU: the plain-Python path for small steps writes
+exactly what the numpy path writes (every layout: padded buckets, eager, logits-row selection)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from tandem.worker.batch import SeqChunk
+from tandem.worker.gpu_runner import GpuModelRunner
+
+
+def _runner(block_size: int) -> GpuModelRunner:
+    r = GpuModelRunner.__new__(GpuModelRunner)  # packing needs only the block size
+    r.block_size = block_size
+    return r
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_small_pack_equals_numpy_pack(seed: int) -> None:
+    rng = random.Random(seed)
+    bs = rng.choice([1, 4, 16])
+    runner = _runner(bs)
+    n = rng.randint(1, 8)
+    padded = rng.random() < 0.5
+    chunks, qlens = [], []
+    for _ in range(n):
+        q = rng.randint(1, 8 if padded else 6)
+        start = rng.randint(0, 60)
+        blocks = rng.sample(range(1000), -(-(start + q) // bs) + rng.randint(0, 2))
+        chunks.append(SeqChunk([rng.randrange(50000) for _ in range(q)], start, blocks))
+        qlens.append(q)
+    w = max(len(c.block_ids) for c in chunks) + 1
+    b = n + (rng.randint(0, 3) if padded else 0)
+    q_pad = max(qlens) if padded else None
+    total = sum(qlens)
+    kind = rng.choice(["none", "all", "last", "subset"])
+    rows = {"none": None, "all": list(range(total)), "last": [total - 1],
+            "subset": sorted(rng.sample(range(total), rng.randint(1, total)))}[kind]
+    a = np.full(4096, 7, dtype=np.int64)
+    c = a.copy()
+    got = runner._pack_small(a, chunks, qlens, b, q_pad, w, rows)
+    want = runner._pack_numpy(c, chunks, qlens, b, q_pad, w, rows)
+    assert got == want
+    assert np.array_equal(a[: got[0]], c[: want[0]])
+
+
+def test_small_pack_rejects_overflowing_block_table() -> None:
+    runner = _runner(16)
+    buf = np.zeros(1024, dtype=np.int64)
+    with pytest.raises(RuntimeError, match="exceeds its 1 KV blocks"):
+        runner._pack_small(buf, [SeqChunk([1, 2], 15, [3])], [2], 1, 2, 4, [1])
