@@ -221,6 +221,30 @@ def test_runner_matches_torch_path(family, monkeypatch):
     assert runners["graphs"].num_graph_steps > 0 and runners["graphs"].graphs.graphs
 
 
+@pytest.mark.parametrize("mode", ["graph", "graph_fit", "eager"])
+def test_runner_token_ids_feed(mode):
+    """Device-side tokens (the draft loop's feed) give the same logits as host tokens, whichever
+    buffer layout the step uses (exact bucket, a larger captured q bucket, eager)."""
+    from tandem.kv.kv_cache import allocate_kv_cache
+    from tandem.worker.batch import SeqChunk
+    from tandem.worker.gpu_runner import GpuModelRunner
+
+    model = _tiny_model("llama")
+    arch, dev, bs = model.arch, torch.device("cuda"), 16
+    r = GpuModelRunner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev,
+                       use_graphs=mode != "eager")
+    if mode == "graph_fit":
+        r.capture([2], [4])  # a q=1 step then runs padded in the (2, 4) graph
+    blocks = [list(range(0, 4)), list(range(4, 8))]
+    prompts = [[5, 9, 11, 3], [7, 7, 2]]
+    r.forward_logits([SeqChunk(p, 0, b) for p, b in zip(prompts, blocks)], [3, 6])
+    steps = [SeqChunk([t], len(p), b) for p, b, t in zip(prompts, blocks, [13, 17])]
+    want = r.forward_logits(steps, [0, 1]).clone()
+    fed = [SeqChunk([0], c.start, c.block_ids) for c in steps]
+    got = r.forward_logits(fed, [0, 1], token_ids=torch.tensor([13, 17], device=dev))
+    assert torch.equal(got, want)
+
+
 def test_engine_generates_same_tokens_with_and_without_graphs(tmp_path, monkeypatch):
     from engine_utils import greedy, tokens_of
     from tiny_models import write_tiny_hf_checkpoint

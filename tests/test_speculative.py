@@ -167,3 +167,22 @@ def test_draft_vocab_mismatch_is_a_config_error(tmp_path, dirs):
     with pytest.raises(ConfigError) as e:
         spec_llm(dirs[0], method="draft_model", model=str(other), num_speculative_tokens=2)
     assert e.value.key == "model" and "vocab" in str(e.value)
+
+
+def test_runner_token_ids_feed_equals_host_tokens(dirs):
+    """The draft loop feeds device-side tokens through ``token_ids``: same logits as real tokens."""
+    import torch
+
+    from tandem.worker.batch import SeqChunk
+
+    runner = make_llm(dirs[0]).engine.runner
+    blocks = [list(range(0, 4)), list(range(4, 8))]
+    prompts = [[5, 9, 11, 3], [7, 7, 2]]
+    runner.forward_logits([SeqChunk(p, 0, b) for p, b in zip(prompts, blocks)], [3, 6])
+    steps = [SeqChunk([t], len(p), b) for p, b, t in zip(prompts, blocks, [13, 17])]
+    want = runner.forward_logits(steps, [0, 1])
+    fed = [SeqChunk([0], c.start, c.block_ids) for c in steps]
+    got = runner.forward_logits(fed, [0, 1], token_ids=torch.tensor([13, 17]))
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="single-token"):
+        runner.forward_logits([SeqChunk([1, 2], 0, blocks[0])], [1], token_ids=torch.tensor([3]))

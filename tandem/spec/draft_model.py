@@ -8,7 +8,8 @@ single-token steps. Rollback after verification is by count, like the target's:
 ``draft_num_computed = min(draft_num_computed, num_tokens - 1)`` — positions holding accepted
 drafts are valid because those tokens are now part of the sequence.
 
-Greedy drafting (default) proposes argmax tokens (one-hot q). ``probabilistic`` samples each draft
+Greedy drafting (default) proposes argmax tokens (one-hot q); its k steps run without a host read in
+between (each argmax is fed to the next step on the device). ``probabilistic`` samples each draft
 token from the draft's distribution under the request's own sampling parameters and returns q, so
 the rejection sampler can use min(1, p/q).
 """
@@ -55,9 +56,12 @@ class DraftModelProposer:
             t += len(toks)
             rows.append(t - 1)
         logits = self.runner.forward_logits(chunks, rows)
-        self._pick(reqs, active, logits, drafts, qs)
         for i in active:
             reqs[i].draft_num_computed = reqs[i].num_tokens
+        if not self.probabilistic:
+            self._greedy_steps(reqs, ks, active, logits, drafts)
+            return DraftProposal(drafts, None)
+        self._pick(reqs, active, logits, drafts, qs)
         # Steps 2..k: one token at a time for the requests that still want more.
         step = 1
         while True:
@@ -76,12 +80,39 @@ class DraftModelProposer:
             probs = torch.stack(flat) if flat else None
         return DraftProposal(drafts, probs)
 
+    def _greedy_steps(self, reqs: Sequence[Request], ks: Sequence[int], active: list[int],
+                      logits: torch.Tensor, drafts: list[list[int]]) -> None:
+        """Greedy drafting, steps 2..k, with no host read between steps: each step's argmax stays on
+        the device and is fed to the next forward as its input token (``token_ids``); all drafts
+        come to the host in one read at the end. Which requests take part in each step is known
+        up front (``ks``); when that set shrinks the tokens are read once to re-index them."""
+        steps: list[tuple[list[int], torch.Tensor]] = [(active, logits.argmax(-1))]
+        step = 1
+        while True:
+            prev, tok = steps[-1]
+            live = [i for i in active if ks[i] > step]
+            if not live:
+                break
+            if live != prev:  # some requests stopped drafting (max_tokens / max_model_len near)
+                keep = torch.tensor([prev.index(i) for i in live], device=tok.device)
+                tok = tok.index_select(0, keep)
+            chunks = [SeqChunk([0], reqs[i].num_tokens + step - 1, reqs[i].block_ids) for i in live]
+            logits = self.runner.forward_logits(chunks, range(len(live)), token_ids=tok)
+            steps.append((live, logits.argmax(-1)))
+            for i in live:
+                reqs[i].draft_num_computed = reqs[i].num_tokens + step
+            step += 1
+        flat = torch.cat([t for _, t in steps]).tolist()
+        pos = 0
+        for live, _ in steps:
+            for i in live:
+                drafts[i].append(flat[pos])
+                pos += 1
+
     def _pick(self, reqs: Sequence[Request], idx: list[int], logits: torch.Tensor,
               drafts: list[list[int]], qs: list[list[torch.Tensor]]) -> None:
-        if not self.probabilistic:
-            for row, tok in zip(idx, logits.argmax(-1).tolist()):
-                drafts[row].append(tok)
-            return
+        """Probabilistic drafting: sample each request's next draft token from the draft's
+        distribution under its sampling parameters; keep q for the rejection sampler."""
         rows = [
             SamplingRow(
                 params=reqs[i].params,

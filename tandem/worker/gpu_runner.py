@@ -143,11 +143,13 @@ class GpuModelRunner:
         self._misses: dict[tuple[int, int], int] = {}
 
     # ---- public ------------------------------------------------------------------------------
-    def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int]) -> torch.Tensor:
+    def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
+                       token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [len(rows), V] float32 for flat (unpadded) query rows ``rows`` of the chunks.
 
         Bucketed steps may return a view of a graph's static output: valid until this runner's
-        next forward.
+        next forward. ``token_ids`` (device, one per single-token chunk) overwrite the chunks'
+        placeholder ids on the device after the input copy: no host read of sampled tokens.
         """
         n = len(chunks)
         if n == 0:
@@ -157,8 +159,8 @@ class GpuModelRunner:
         if self.pad and qmax <= self.max_graph_q:
             b = batch_bucket(n, self.max_graph_batch)
             if b is not None and max(len(c.block_ids) for c in chunks) <= self.table_width:
-                return self._run_bucketed(chunks, qlens, rows, b, qmax)
-        return self._run_eager(chunks, qlens, rows)
+                return self._run_bucketed(chunks, qlens, rows, b, qmax, token_ids)
+        return self._run_eager(chunks, qlens, rows, token_ids)
 
     # ---- host packing ------------------------------------------------------------------------
     def _pack(self, buf: np.ndarray, chunks: Sequence[SeqChunk], qlens: list[int], b: int,
@@ -292,7 +294,8 @@ class GpuModelRunner:
         return hidden
 
     # ---- eager -------------------------------------------------------------------------------
-    def _run_eager(self, chunks: Sequence[SeqChunk], qlens: list[int], rows: Sequence[int]) -> torch.Tensor:
+    def _run_eager(self, chunks: Sequence[SeqChunk], qlens: list[int], rows: Sequence[int],
+                   token_ids: torch.Tensor | None = None) -> torch.Tensor:
         self.num_eager_steps += 1
         n = len(chunks)
         w = max(1, max(len(c.block_ids) for c in chunks))
@@ -303,6 +306,8 @@ class GpuModelRunner:
         i, buf = self._host.acquire(cap)
         length, t, r_off, identity = self._pack(buf, chunks, qlens, n, None, w, rows)
         self._host.send(i, length, self._eager)
+        if token_ids is not None:  # one token per request: ids occupy rows 0..n-1
+            self._eager[:n].copy_(token_ids, non_blocking=True)
         max_seq = max(c.start + q for c, q in zip(chunks, qlens))
         ids, pos, meta = self._meta(self._eager, t, n, w, max(qlens), self._splits(n, max(qlens), max_seq))
         hidden = self._hidden(ids, pos, meta)
@@ -339,7 +344,7 @@ class GpuModelRunner:
         return len(self.graphs.graphs)
 
     def _run_bucketed(self, chunks: Sequence[SeqChunk], qlens: list[int], rows: Sequence[int], b: int,
-                      q: int) -> torch.Tensor:
+                      q: int, token_ids: torch.Tensor | None = None) -> torch.Tensor:
         self.num_graph_steps += 1
         w = self.table_width
         if self.graphs is not None and self.graphs.get((b, q)) is None:
@@ -352,6 +357,8 @@ class GpuModelRunner:
         i, buf = self._host.acquire(_layout(b * q, b, w)[-1] + len(rows))
         length, t, r_off, identity = self._pack(buf, chunks, qlens, b, q, w, rows)
         self._host.send(i, length, self._static)
+        if token_ids is not None:  # request i's single token sits at padded row i * q
+            self._static[: len(chunks) * q: q].copy_(token_ids, non_blocking=True)
         if step is not None:
             step.graph.replay()
             logits = step.logits

@@ -38,10 +38,21 @@ class ModelRunner:
             self.gpu = GpuModelRunner(model, kv_caches, block_size, device)
 
     @torch.inference_mode()
-    def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int]) -> torch.Tensor:
-        """Run the chunks; return logits [len(rows), V] for flat query rows ``rows``."""
+    def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
+                       token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the chunks; return logits [len(rows), V] for flat query rows ``rows``.
+
+        ``token_ids`` ([len(chunks)] int64 on the model's device), for chunks of one token each:
+        the tokens to run instead of the chunks' own (placeholders), so a caller can feed tokens it
+        sampled on the device without reading them on the host (the draft loop does).
+        """
+        if token_ids is not None:
+            if any(len(c.token_ids) != 1 for c in chunks) or token_ids.shape != (len(chunks),):
+                raise ValueError("token_ids needs one token per single-token chunk")
         if self.gpu is not None:
-            return self.gpu.forward_logits(chunks, rows)
+            return self.gpu.forward_logits(chunks, rows, token_ids)
+        if token_ids is not None:
+            chunks = [SeqChunk([t], c.start, c.block_ids) for c, t in zip(chunks, token_ids.tolist())]
         inputs = build_inputs(chunks, self.block_size, self.device)
         hidden, _ = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
         idx = torch.tensor(list(rows), dtype=torch.long, device=self.device)
