@@ -19,6 +19,39 @@ _REPLACEMENT = "\ufffd"
 _INITIAL_WINDOW = 5
 
 
+class _BackendDecoder:
+    """``decode`` through a fast tokenizer's Rust backend, skipping transformers' per-call Python
+    layer (argument conversion that walks every id: ~20 µs of a ~22 µs decode here). Only used when
+    ``fast_decoder`` found the two give the same text."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+_PROBE = "Hi . Yes ? No ! a , b ' c n't d 'm e 's f 've g 're h  x\n\ty é 日本"
+
+
+def fast_decoder(tokenizer: Any) -> Any:
+    """What the detokenizers should call ``decode`` on: the tokenizer's backend when a probe
+    (special tokens and the spacing patterns transformers' clean-up rewrites) decodes identically
+    through both, with and without ``skip_special_tokens``; otherwise the tokenizer itself."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not hasattr(backend, "decode"):
+        return tokenizer
+    try:
+        special = [int(i) for i in getattr(tokenizer, "all_special_ids", [])][:8]
+        ids = special + list(tokenizer.encode(_PROBE, add_special_tokens=False)) + special
+        for skip in (True, False):
+            if tokenizer.decode(ids, skip_special_tokens=skip) != backend.decode(ids, skip_special_tokens=skip):
+                return tokenizer
+    except Exception:  # noqa: BLE001 - any surprise: keep transformers' own decode
+        return tokenizer
+    return _BackendDecoder(backend)
+
+
 @dataclass
 class IncrementalDetokenizer:
     tokenizer: Any

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from tandem.config import CacheConfig, SchedulerConfig, resolve_device, resolve_dtype, resolve_max_model_len
-from tandem.engine.detokenizer import IncrementalDetokenizer
+from tandem.engine.detokenizer import IncrementalDetokenizer, fast_decoder
 from tandem.engine.model_loader import build_model
 from tandem.engine.stats import EngineStats, PeriodicLogger
 from tandem.errors import ConfigError, PromptTooLongError, RequestError
@@ -86,6 +86,7 @@ class LLMEngine:
                                revision=model.revision)
         self.arch = ckpt.arch
         self.tokenizer = ckpt.load_tokenizer()
+        self._decoder = fast_decoder(self.tokenizer)  # what detokenizers decode with
         self.dtype = resolve_dtype(model.dtype, self.device, ckpt.arch.torch_dtype)
         self.max_model_len = resolve_max_model_len(model.max_model_len, ckpt.arch.max_position_embeddings)
         self.eos_token_ids = self._eos_ids()
@@ -212,7 +213,7 @@ class LLMEngine:
             )
             children.append(child)
             detoks.append(IncrementalDetokenizer(
-                self.tokenizer, ids, params.skip_special_tokens, params.stop, params.include_stop_str_in_output))
+                self._decoder, ids, params.skip_special_tokens, params.stop, params.include_stop_str_in_output))
         group = _Group(request_id, text, ids, children, detoks)
         self._groups[request_id] = group
         for c in children:
