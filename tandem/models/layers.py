@@ -97,7 +97,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 # are all small-row matmuls, so this is what keeps verifying k+1 tokens about as cheap as one.
 # A single row is a GEMV, which MKL runs on one thread; splitting W's rows into a batch of
 # _GEMV_SPLIT matrices lets bmm spread them over the intra-op threads (SmolLM2's linears + LM head
-# on 2 threads: 80 ms → 45 ms per token; on 1 thread it is no slower than the GEMV).
+# on 2 threads: 75.5 → 46.4 ms per token; on 1 thread 82.4 → 77.6 ms; benchmarks/cpu_gemv_split.py).
 _SMALL_ROWS = 16
 _GEMV_SPLIT = 4
 
