@@ -26,6 +26,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="queue the next decode step before reading this one's tokens "
+                        "(default: on with CUDA, off on CPU)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV of cached full blocks of shared prefixes (default: on, as in vLLM)")
@@ -39,7 +42,8 @@ def engine_kwargs(ns: argparse.Namespace) -> dict[str, object]:
         tokenizer=ns.tokenizer, dtype=ns.dtype, device=ns.device, seed=ns.seed, load_format=ns.load_format,
         revision=ns.revision, max_model_len=ns.max_model_len, gpu_memory_utilization=ns.gpu_memory_utilization,
         kv_cache_memory_bytes=ns.kv_cache_memory_bytes, max_num_seqs=ns.max_num_seqs,
-        max_num_batched_tokens=ns.max_num_batched_tokens, block_size=ns.block_size,
+        max_num_batched_tokens=ns.max_num_batched_tokens, async_scheduling=ns.async_scheduling,
+        block_size=ns.block_size,
         enable_prefix_caching=ns.enable_prefix_caching,
         speculative_config=speculative_config_from_args(ns),
     )

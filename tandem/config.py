@@ -79,11 +79,17 @@ class CacheConfig:
 class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None  # None: 8192 (or max_model_len if larger is asked)
+    # Queue the next decode step before reading this one's tokens (engine/async_decode.py).
+    # None: on with CUDA (the host work then overlaps the GPU), off on CPU (nothing to overlap).
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         if self.max_num_batched_tokens is not None:
             _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if self.async_scheduling not in (None, True, False):
+            raise ConfigError("async_scheduling", f"got {self.async_scheduling!r}; null means auto (on with CUDA)",
+                              allowed=(True, False, None))
 
     def token_budget(self, num_speculative_tokens: int) -> int:
         budget = self.max_num_batched_tokens or 8192

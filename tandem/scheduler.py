@@ -115,6 +115,11 @@ class Scheduler:
         req.block_ids.extend(self.pool.allocate(need))
         return True
 
+    def reserve(self, req: Request, num_tokens: int) -> bool:
+        """Give a running request KV blocks for ``num_tokens`` tokens without preempting anyone
+        (asynchronous decode: the next step is launched outside ``schedule``); False if none are free."""
+        return self._try_allocate(req, num_tokens)
+
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         self._free(req, finished=False)

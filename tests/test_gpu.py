@@ -269,6 +269,28 @@ def test_engine_generates_same_tokens_with_and_without_graphs(tmp_path, monkeypa
     assert graphs == eager
 
 
+def test_async_decode_on_cuda_matches_sync(tmp_path):
+    """Asynchronous decode (next step queued before the tokens are read, tokens fed on the device):
+    same bf16 tokens as the synchronous engine (same kernels, same shapes), stops included."""
+    from engine_utils import greedy, tokens_of
+    from tiny_models import write_tiny_hf_checkpoint
+    from tandem import LLM
+
+    path = write_tiny_hf_checkpoint(tmp_path, "llama", vocab_size=256, hidden_size=128, intermediate_size=256,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    prompts = [[5 + i, 9, 17, 33, 40 + i] for i in range(5)]
+    llms = [LLM(str(path), device="cuda", dtype="bfloat16", kv_cache_memory_bytes=64 << 20, async_scheduling=a)
+            for a in (False, True)]
+    assert llms[1].engine.async_scheduling and not llms[0].engine.async_scheduling
+    probe = tokens_of(llms[0].generate(prompts, greedy(12)))[1]  # same batch as below (bf16 kernels vary with it)
+    params = [greedy(24), greedy(16, stop_token_ids=[probe[6]]), greedy(9), greedy(24), greedy(20)]
+    sync, asy = ([(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in llm.generate(prompts, params)]
+                 for llm in llms)
+    assert asy == sync
+    assert sync[1][1] == "stop"
+    assert llms[1].engine.num_chained_steps >= 15
+
+
 def test_speculative_engine_on_cuda(tmp_path):
     from engine_utils import greedy, tokens_of
     from tiny_models import write_tiny_hf_checkpoint

@@ -36,6 +36,7 @@ class LLM:
         kv_cache_memory_bytes: int | None = None,
         max_num_seqs: int = 256,
         max_num_batched_tokens: int | None = None,
+        async_scheduling: bool | None = None,
         block_size: int = 16,
         enable_prefix_caching: bool = True,
         speculative_config: str | Mapping[str, Any] | SpeculativeConfig | None = None,
@@ -55,7 +56,8 @@ class LLM:
             CacheConfig(block_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
                         kv_cache_memory_bytes=kv_cache_memory_bytes,
                         enable_prefix_caching=enable_prefix_caching),
-            SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+            SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                            async_scheduling=async_scheduling),
             spec,
             log_stats=log_stats,
         )

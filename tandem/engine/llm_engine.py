@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from tandem.config import CacheConfig, SchedulerConfig, resolve_device, resolve_dtype, resolve_max_model_len
+from tandem.engine.async_decode import InflightDecode, chain_requests, launchable
 from tandem.engine.detokenizer import IncrementalDetokenizer, fast_decoder
 from tandem.engine.model_loader import build_model
 from tandem.engine.stats import EngineStats, PeriodicLogger
@@ -154,6 +155,13 @@ class LLMEngine:
         # outputs (e.g. a first token) reach callers before a draft model's catch-up prefill runs.
         self._to_propose: set[str] = set()
         self._ids = itertools.count()
+        # Asynchronous decode (engine/async_decode.py): a launched step whose tokens are unread.
+        use_async = scheduler.async_scheduling
+        if use_async is None:
+            use_async = self.device.type == "cuda"
+        self.async_scheduling = bool(use_async)  # used while speculation is off (drafts need read tokens)
+        self._inflight: InflightDecode | None = None
+        self.num_chained_steps = 0  # decode steps launched before the previous step's tokens were read
 
     @staticmethod
     def _capture_graphs(runners: list[ModelRunner], max_num_seqs: int, k: int) -> None:
@@ -260,6 +268,21 @@ class LLMEngine:
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs, self._failed = self._failed, []
+        pending, self._inflight = self._inflight, None
+        if pending is not None and all(r.status.finished for r in pending.requests):
+            pending = None  # every request of the step in flight finished or was aborted meanwhile
+        if pending is None:
+            pending = self._scheduled_step(outputs)
+            if pending is None:  # ran synchronously (or nothing to run)
+                return outputs
+        # The next decode step goes to the GPU before this one's tokens are read (one sync).
+        self._inflight = self._chain(pending)
+        outputs.extend(self._emit(self._collect(pending)))
+        return outputs
+
+    def _scheduled_step(self, outputs: list[RequestOutput]) -> InflightDecode | None:
+        """Schedule and run one step. Returns it unread when it can run asynchronously; otherwise
+        samples, updates the requests and appends their outputs to ``outputs``."""
         self._propose(self._to_propose)
         self._to_propose = set()
         sched = self.scheduler.schedule()
@@ -267,7 +290,7 @@ class LLMEngine:
         pc = self.scheduler.prefix_cache.stats  # prefix caching: token counts, cumulative
         self.stats.prefix_cache_queries, self.stats.prefix_cache_hits = pc.queries, pc.hits
         if sched.empty:
-            return outputs
+            return None
         self.stats.num_steps += 1
         chunks: list[SeqChunk] = []
         rows: list[int] = []
@@ -286,6 +309,9 @@ class LLMEngine:
             t += s.num_new_tokens
         # Always run the forward: a prefill chunk that samples nothing still has to write its KV.
         logits = self.runner.forward_logits(chunks, rows)
+        if self.async_scheduling and self.spec is None and launchable(sched):
+            return InflightDecode.launch([s.request for s in sched.scheduled], [s.start for s in sched.scheduled],
+                                         logits)
         touched: set[str] = set()
         off = 0
         sampling: list[tuple[ScheduledRequest, int]] = []
@@ -301,6 +327,12 @@ class LLMEngine:
         if sampling:
             self._sample_and_update(sampling, logits, touched)
         self._to_propose = touched
+        outputs.extend(self._emit(touched))
+        return None
+
+    def _emit(self, touched: set[str]) -> list[RequestOutput]:
+        """Outputs of the groups whose requests got tokens; finished groups are dropped."""
+        outputs = []
         for rid in touched:
             group = self._child_group.get(rid)
             if group is not None and group.request_id in self._groups:
@@ -310,6 +342,38 @@ class LLMEngine:
         if self._log is not None:
             self._log.maybe_log(self.stats, self.num_running, self.num_waiting, self.kv_usage)
         return outputs
+
+    # ---- asynchronous decode -------------------------------------------------------------------
+    def _chain(self, pending: InflightDecode) -> InflightDecode | None:
+        """Launch the decode step after ``pending`` with its tokens fed on the device, if every
+        running request continues with a steady decode; None otherwise."""
+        live = chain_requests(pending, self.scheduler.running, len(self.scheduler.waiting), self.max_model_len)
+        if live is None:
+            return None
+        for r in live:  # the pending token sits at position num_tokens: its KV slot must exist
+            if not self.scheduler.reserve(r, r.num_tokens + 1):
+                return None
+        toks = pending.token_ids
+        if len(live) != len(pending.requests):
+            keep = [i for i, r in enumerate(pending.requests) if not r.status.finished]
+            toks = toks.index_select(0, torch.tensor(keep, device=toks.device))
+        starts = tuple(r.num_tokens for r in live)
+        chunks = [SeqChunk((0,), start, r.block_ids) for r, start in zip(live, starts)]  # ids fed on device
+        self.stats.num_steps += 1
+        self.num_chained_steps += 1
+        logits = self.runner.forward_logits(chunks, list(range(len(live))), token_ids=toks)
+        return InflightDecode.launch(live, starts, logits)
+
+    def _collect(self, pending: InflightDecode) -> set[str]:
+        """Read a launched step's tokens (the host sync) and append them."""
+        touched: set[str] = set()
+        for r, start, tok in zip(pending.requests, pending.starts, pending.read()):
+            if r.status.finished:  # stopped at the step before, or aborted: this token is discarded
+                continue
+            r.num_computed_tokens = start + 1
+            self._append_tokens(r, [tok], None)
+            touched.add(r.request_id)
+        return touched
 
     def _prompt_rows(self, s: ScheduledRequest, t: int) -> list[int]:
         r = s.request

@@ -1,0 +1,117 @@
+"""Asynchronous decode (engine/async_decode.py) on CPU: the engine with the next step queued before
+the previous step's tokens are read gives the same tokens, texts and finish reasons as the synchronous
+engine, chains where it can, and stops chaining where it must (host-side sampling, new requests,
+stops, aborts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_utils import greedy, make_llm, random_prompts, tokens_of
+from tandem import SamplingParams
+from tandem.config import SchedulerConfig
+from tandem.engine.async_decode import device_greedy
+from tandem.errors import ConfigError
+from tandem.request import Request
+from tiny_models import write_tiny_hf_checkpoint
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    return write_tiny_hf_checkpoint(tmp_path_factory.mktemp("llama_async"), "llama")
+
+
+@pytest.fixture(scope="module")
+def engines(llama_dir):
+    return make_llm(llama_dir, async_scheduling=False), make_llm(llama_dir, async_scheduling=True)
+
+
+def _summary(outs):
+    return [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason, o.outputs[0].stop_reason)
+            for o in outs]
+
+
+def test_async_engine_matches_sync_on_mixed_requests(engines):
+    sync, asy = engines
+    assert not sync.engine.async_scheduling and asy.engine.async_scheduling
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(7, 100, lo=4, hi=20, seed=3)]
+    probe = tokens_of(sync.generate(prompts[2:3], greedy(12), use_tqdm=False))[0]
+    params = [
+        greedy(20),
+        greedy(7),  # finishes by length while the others go on
+        greedy(16, stop_token_ids=[probe[5]]),  # stops on a token mid-chain (its chained step is dropped)
+        SamplingParams(temperature=0.8, seed=1, max_tokens=9),  # host sampling: no chaining meanwhile
+        greedy(11, min_tokens=5),  # chained only once min_tokens is reached
+        greedy(6, logprobs=2),  # logprobs are computed on the host
+        SamplingParams(temperature=0.0, max_tokens=14),  # EOS may stop it
+    ]
+    before = asy.engine.num_chained_steps
+    want = _summary(sync.generate(prompts, params, use_tqdm=False))
+    got = _summary(asy.generate(prompts, params, use_tqdm=False))
+    assert got == want
+    assert want[2][2] == "stop" and len(want[2][0]) <= 6
+    assert asy.engine.num_chained_steps > before  # the async path ran
+    # Same for a batch of plain greedy requests (chained from the second step on).
+    before = asy.engine.num_chained_steps
+    assert tokens_of(asy.generate(prompts, greedy(18), use_tqdm=False)) == tokens_of(
+        sync.generate(prompts, greedy(18), use_tqdm=False))
+    assert asy.engine.num_chained_steps - before >= 15
+    # A stop inside a chain: the step already queued for the stopped request is discarded.
+    stop_params = [greedy(16, stop_token_ids=[probe[5]]) if i == 2 else greedy(16) for i in range(len(prompts))]
+    want = _summary(sync.generate(prompts, stop_params, use_tqdm=False))
+    assert want[2][2] == "stop" and len(want[2][0]) <= 6
+    assert _summary(asy.generate(prompts, stop_params, use_tqdm=False)) == want
+
+
+def test_async_abort_and_new_request_mid_chain(engines):
+    results = []
+    for llm in engines:
+        eng = llm.engine
+        prompts = random_prompts(3, 100, lo=5, hi=15, seed=9)
+        eng.add_request("a", prompts[0], greedy(12))
+        eng.add_request("b", prompts[1], greedy(12))
+        final = {}
+        calls = 0
+        while eng.has_unfinished_requests():
+            for out in eng.step():
+                if out.finished:
+                    final[out.request_id] = (out.outputs[0].token_ids, out.outputs[0].finish_reason)
+            calls += 1
+            for r in eng.scheduler.running:  # bookkeeping: everything before the last token is computed
+                assert r.num_output_tokens == 0 or r.num_computed_tokens == r.num_tokens - 1
+            if calls == 4:
+                eng.abort_request("b")
+                eng.add_request("c", prompts[2], greedy(10))
+        assert eng.num_running == 0 and eng.kv_usage == 0.0
+        results.append(final)
+    sync, asy = results
+    assert asy == sync
+    assert sync["b"][1] == "abort" and sync["a"][1] == "length" and len(sync["c"][0]) == 10
+
+
+def test_device_greedy_rules():
+    def req(**kw) -> Request:
+        return Request(request_id="r", prompt_token_ids=[1, 2], params=SamplingParams(**kw), eos_token_ids=(0,),
+                       max_model_len=64)
+
+    assert device_greedy(req(temperature=0.0), 0)
+    assert not device_greedy(req(temperature=0.7), 5)
+    assert not device_greedy(req(temperature=0.0, logprobs=1), 5)
+    assert not device_greedy(req(temperature=0.0, repetition_penalty=1.2), 5)
+    assert not device_greedy(req(temperature=0.0, logit_bias={3: 1.0}), 5)
+    assert not device_greedy(req(temperature=0.0, min_tokens=4, max_tokens=8), 3)
+    assert device_greedy(req(temperature=0.0, min_tokens=4, max_tokens=8), 4)
+
+
+def test_async_scheduling_config_value_is_checked():
+    with pytest.raises(ConfigError) as e:
+        SchedulerConfig(async_scheduling="yes")  # type: ignore[arg-type]
+    assert e.value.key == "async_scheduling" and "allowed" in str(e.value)
+
+
+def test_speculation_runs_synchronously(llama_dir):
+    llm = make_llm(llama_dir, async_scheduling=True,
+                   speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    prompts = [{"prompt_token_ids": p * 3} for p in random_prompts(2, 100, lo=3, hi=6, seed=4)]
+    llm.generate(prompts, greedy(12), use_tqdm=False)
+    assert llm.engine.num_chained_steps == 0 and llm.engine.stats.spec.num_drafts > 0
