@@ -2,8 +2,9 @@
 """Real SmolLM2-135M-Instruct in bf16 on the GPU: batch-1 decode speed with and without n-gram
 speculation on HumanEval, and how often the greedy outputs of the two agree (and why not).
 
-Two engines in one process (same GGUF, bf16, CUDA graphs): ``baseline`` and ``ngram`` (k, n-gram
-lengths as given). Each HumanEval prompt runs alone (batch 1) through both, alternating which goes
+Three engines in one process (same GGUF, bf16, CUDA graphs): ``baseline`` (asynchronous decode, the
+CUDA default), ``ngram`` (k, n-gram lengths as given; speculation runs synchronously) and
+``baseline_sync`` (no asynchronous decode; its outputs must equal the baseline's). Each HumanEval prompt runs alone (batch 1) through both, alternating which goes
 first. Per run: decode tok/s = (tokens − 1) / (finish − first token), the steady state. Outputs:
 identical, or the first position where they differ, with the baseline's top-2 log-probability gap
 there, from an untimed re-run with logprobs (bf16 near-ties flip under the different accumulation
@@ -55,7 +56,9 @@ def main() -> None:
                   enable_prefix_caching=False)
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
     t0 = time.perf_counter()
-    engines = {"baseline": LLM(args.gguf, **common), "ngram": LLM(args.gguf, speculative_config=spec, **common)}
+    engines = {"baseline": LLM(args.gguf, **common), "ngram": LLM(args.gguf, speculative_config=spec, **common),
+               # the baseline without asynchronous decode (the way speculation steps run)
+               "baseline_sync": LLM(args.gguf, async_scheduling=False, **common)}
     print(f"device {torch.cuda.get_device_name(0) if args.device == 'cuda' else args.device}, torch {torch.__version__}; engines built in "
           f"{time.perf_counter() - t0:.1f} s; {len(prompts)} HumanEval prompts × {args.max_tokens} tokens, k={args.k}")
     for llm in engines.values():  # warm-up: graphs of every query length, Triton JIT of every shape
@@ -63,9 +66,10 @@ def main() -> None:
             run_one(llm, p, 64)
     rows = []
     for i, p in enumerate(prompts):
-        order = list(engines) if i % 2 == 0 else list(engines)[::-1]
+        order = list(engines) if i % 2 == 0 else list(engines)[::-1]  # alternate who goes first
         res = {name: run_one(engines[name], p, args.max_tokens) for name in order}
-        (ob, mb), (on, mn) = res["baseline"], res["ngram"]
+        (ob, mb), (on, mn), (os_, ms) = res["baseline"], res["ngram"], res["baseline_sync"]
+        assert os_.outputs[0].token_ids == ob.outputs[0].token_ids, "asynchronous decode changed the output"
         tb, tn = ob.outputs[0].token_ids, on.outputs[0].token_ids
         diff = next((j for j, (a, b) in enumerate(zip(tb, tn)) if a != b), None)
         gap = None
@@ -74,11 +78,12 @@ def main() -> None:
             top = sorted(lp[diff].values(), key=lambda x: -x.logprob) if lp else []
             if len(top) >= 2:
                 gap = top[0].logprob - top[1].logprob
-        row = {"prompt": i, "base": mb, "ngram": mn, "speedup": mb["seconds"] / mn["seconds"],
+        row = {"prompt": i, "base": mb, "ngram": mn, "base_sync": ms, "speedup": mb["seconds"] / mn["seconds"],
                "first_diff": diff, "top2_logprob_gap_at_diff": gap,
                "ngram_drafted": on.outputs[0].num_draft_tokens, "ngram_accepted": on.outputs[0].num_accepted_tokens}
         rows.append(row)
-        print(f"prompt {i:2d}: baseline {mb['decode_tok_s']:7.1f} tok/s, ngram {mn['decode_tok_s']:7.1f} tok/s "
+        print(f"prompt {i:2d}: baseline {mb['decode_tok_s']:7.1f} tok/s (sync {ms['decode_tok_s']:7.1f}), "
+              f"ngram {mn['decode_tok_s']:7.1f} tok/s "
               f"(x{row['speedup']:.2f} e2e), accepted {row['ngram_accepted']}/{row['ngram_drafted']}, "
               + ("identical" if diff is None else f"first diff at token {diff} (top-2 gap {gap if gap is None else round(gap, 4)})"),
               flush=True)
@@ -86,6 +91,8 @@ def main() -> None:
     summary = {
         "baseline_decode_tok_s_median": statistics.median(r["base"]["decode_tok_s"] for r in rows),
         "ngram_decode_tok_s_median": statistics.median(r["ngram"]["decode_tok_s"] for r in rows),
+        "baseline_sync_decode_tok_s_median": statistics.median(r["base_sync"]["decode_tok_s"] for r in rows),
+        "baseline_sync_e2e_tok_s": base_tok / sum(r["base_sync"]["seconds"] for r in rows),
         "baseline_e2e_tok_s": base_tok / sum(r["base"]["seconds"] for r in rows),
         "ngram_e2e_tok_s": base_tok / sum(r["ngram"]["seconds"] for r in rows),
         "identical_outputs": sum(r["first_diff"] is None for r in rows),
@@ -97,6 +104,8 @@ def main() -> None:
     summary["speedup_e2e"] = summary["ngram_e2e_tok_s"] / summary["baseline_e2e_tok_s"]
     print("\n| engine | decode tok/s (median) | e2e tok/s |\n|---|---|---|")
     print(f"| baseline | {summary['baseline_decode_tok_s_median']:.1f} | {summary['baseline_e2e_tok_s']:.1f} |")
+    print(f"| baseline, synchronous decode | {summary['baseline_sync_decode_tok_s_median']:.1f} | "
+          f"{summary['baseline_sync_e2e_tok_s']:.1f} |")
     print(f"| ngram k={args.k} | {summary['ngram_decode_tok_s_median']:.1f} | {summary['ngram_e2e_tok_s']:.1f} |")
     print(f"speedup (e2e) x{summary['speedup_e2e']:.2f}; acceptance {summary['acceptance']:.1%}; identical outputs "
           f"{summary['identical_outputs']}/{summary['prompts']}; first diffs at {summary['first_diffs']} with "
