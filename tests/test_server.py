@@ -582,7 +582,7 @@ def _wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 
 @pytest.fixture(scope="module")
 def live(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimpleNamespace]]:
     logs = tmp_path_factory.mktemp("server-logs")
-    specs = {"plain": ([], "unused"),
+    specs = {"plain": (["--async-scheduling"], "unused"),  # asynchronous decode under real HTTP load
              "ngram": (["--speculative-config", json.dumps(NGRAM), "--api-key", "sekret"], "sekret")}
     started = {}
     try:
