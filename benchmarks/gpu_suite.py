@@ -496,7 +496,10 @@ def section_sweep(llm: Any, batches: list[int], alpha: float = 0.6, k: int = 3, 
         prewarm(llm, b, k)
         set_spec(llm, None, None)
         engine_decode(llm, b, 128, 8, seed=96)
-        base = engine_decode(llm, b, 128, gen, seed=4)
+        base = engine_decode(llm, b, 128, gen, seed=4)  # asynchronous decode (the CUDA default)
+        eng.async_scheduling = False
+        base_sync = engine_decode(llm, b, 128, gen, seed=4)
+        eng.async_scheduling = True
         set_spec(llm, k, alpha)
         engine_decode(llm, b, 128, 8, seed=95)
         sp = engine_decode(llm, b, 128, gen, seed=5)
@@ -504,11 +507,13 @@ def section_sweep(llm: Any, batches: list[int], alpha: float = 0.6, k: int = 3, 
         ctx = 128 + gen // 2
         fl = floor_s(eng.model, eng.arch, b * ctx)
         r = time_runner(fast(eng.runner), b, 1, ctx, iters=10)
-        out[b] = {"base_tok_s": base["tok_s"], "spec_tok_s": sp["tok_s"], "spec_tau": sp["tau"],
+        out[b] = {"base_tok_s": base["tok_s"], "base_sync_tok_s": base_sync["tok_s"], "spec_tok_s": sp["tok_s"],
+                  "spec_tau": sp["tau"],
                   "floor_tok_s": b / fl, "base_frac_floor": base["tok_s"] / (b / fl),
                   "runner_step": r, "runner_frac_floor": fl * 1e3 / r["step_ms"],
                   "gpu_frac_floor": fl * 1e3 / r["gpu_ms"] if "gpu_ms" in r else None}
-        say(f"[{key}] 8B b={b}: no-spec {base['tok_s']:.0f} tok/s ({out[b]['base_frac_floor']:.1%} of floor "
+        say(f"[{key}] 8B b={b}: no-spec {base['tok_s']:.0f} tok/s (synchronous {base_sync['tok_s']:.0f}; "
+            f"{out[b]['base_frac_floor']:.1%} of floor "
             f"{b / fl:.0f}); spec α={alpha} k={k} {sp['tok_s']:.0f} tok/s (τ={sp['tau']:.2f}, "
             f"x{sp['tok_s'] / base['tok_s']:.2f}); runner step {r['step_ms']:.2f} ms, replay {r.get('gpu_ms', float('nan')):.2f} ms")
     RESULTS[key] = out
