@@ -48,6 +48,25 @@ def test_default_params_fast_path_returns_input():
     assert process_logits(logits, rows) is logits
 
 
+@pytest.mark.parametrize("kw,outputs", [
+    ({}, 0), ({"temperature": 0.0}, 3), ({"min_tokens": 2, "max_tokens": 8}, 2),
+    ({"min_tokens": 2, "max_tokens": 8}, 1), ({"logit_bias": {1: 2.0}}, 0), ({"repetition_penalty": 1.3}, 2),
+    ({"frequency_penalty": 0.5}, 2), ({"presence_penalty": -0.5}, 2),
+])
+def test_processes_logits_says_exactly_when_rows_change(kw, outputs):
+    """``processes_logits`` is what asynchronous decode trusts to skip the host: it must be True for
+    every row ``process_logits`` would edit (and False leaves the logits untouched)."""
+    from tandem.sample.logits import processes_logits
+
+    params = SP(**kw)
+    logits = torch.randn(1, 7)
+    r = row(params, prompt=[1, 2], output=[1, 3, 1][:outputs], eos=(4,))
+    out = process_logits(logits, [r])
+    assert (out is not logits) == processes_logits(params, outputs)
+    if out is not logits:
+        assert not torch.equal(out, logits)
+
+
 def test_logit_bias_adds_and_bans():
     logits = torch.zeros(2, 5)
     rows = [row(SP(logit_bias={1: 2.5, 3: -math.inf})), row()]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem.request import Request
+from tandem.sample.logits import processes_logits
 from tandem.scheduler import SchedulerOutput
 
 
@@ -61,9 +62,8 @@ def device_greedy(r: Request, num_prior_outputs: int) -> bool:
     """True when r's next token (after ``num_prior_outputs`` outputs) is the plain argmax of its
     logits: nothing the host must apply first or read afterwards."""
     p = r.params
-    return (p.greedy and p.logprobs is None and p.prompt_logprobs is None and not p.logit_bias
-            and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0
-            and p.min_tokens <= num_prior_outputs)
+    return (p.greedy and p.logprobs is None and p.prompt_logprobs is None
+            and not processes_logits(p, num_prior_outputs))
 
 
 def launchable(sched: SchedulerOutput) -> bool:

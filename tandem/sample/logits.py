@@ -129,6 +129,16 @@ def _token_counts(
     return counts  # [len(seqs), vocab]
 
 
+def processes_logits(params: SamplingParams, num_outputs: int) -> bool:
+    """Whether ``process_logits`` edits a row with these params after ``num_outputs`` generated tokens.
+
+    ``process_logits`` skips every row for which this is False, so a caller may rely on it to use raw
+    logits (asynchronous decode takes the argmax on the device without the host)."""
+    return bool(params.logit_bias or (params.min_tokens and num_outputs < params.min_tokens)
+                or params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0
+                or params.presence_penalty != 0.0)
+
+
 def process_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """Apply logit_bias, min_tokens, repetition/frequency/presence penalties.
 
@@ -148,6 +158,8 @@ def process_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.T
     pen_rows: list[int] = []
     for i, row in enumerate(rows):
         p = row.params
+        if not processes_logits(p, len(row.output_token_ids)):
+            continue
         if p.logit_bias:
             for tok, val in p.logit_bias.items():
                 if tok < vocab:  # out-of-vocab ids are rejected earlier by validate_for_vocab
