@@ -116,3 +116,22 @@ def machine_info() -> dict[str, Any]:
 
 def fmt_load(la: tuple[float, float, float]) -> str:
     return f"{la[0]:.2f} / {la[1]:.2f} / {la[2]:.2f}"
+
+
+def smollm2_decode_and_verify(ctx: int, k: int) -> tuple[Any, list[Any], list[Any], list[int]]:
+    """SmolLM2-135M-Instruct on the CPU (float32) with a ``ctx``-token random context prefilled.
+
+    Returns (llm, one-token decode chunks, (k+1)-token verify chunks, the verify's rows): the two
+    steps the CPU probes time, over the same KV blocks (each forward rewrites the same slots)."""
+    import math
+
+    from tandem import LLM
+    from tandem.worker.batch import SeqChunk
+
+    llm = LLM("smollm2-135m-instruct", device="cpu", dtype="float32", max_model_len=2048,
+              kv_cache_memory_bytes=512 << 20)
+    blocks = list(range(math.ceil((ctx + k + 1) / llm.engine.block_size)))
+    ids = torch.randint(100, 20000, (ctx + k + 1,), generator=torch.Generator().manual_seed(0)).tolist()
+    llm.engine.runner.forward_logits([SeqChunk(ids[:ctx], 0, blocks)], [ctx - 1])
+    return (llm, [SeqChunk(ids[ctx:ctx + 1], ctx, blocks)], [SeqChunk(ids[ctx:ctx + k + 1], ctx, blocks)],
+            list(range(k + 1)))

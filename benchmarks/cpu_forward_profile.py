@@ -14,19 +14,21 @@ Usage: python benchmarks/cpu_forward_profile.py [--threads 1] [--ctx 250] [--k 4
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import smollm2_decode_and_verify  # noqa: E402
 
 
 def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    from tandem import LLM
     from tandem.models import decoder
-    from tandem.worker.batch import SeqChunk
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -34,17 +36,10 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    llm = LLM("smollm2-135m-instruct", device="cpu", dtype="float32", max_model_len=2048,
-              kv_cache_memory_bytes=512 << 20)
+    llm, one, many, rows = smollm2_decode_and_verify(args.ctx, args.k)
     runner = llm.engine.runner
     arch = llm.engine.arch
     ctx, k = args.ctx, args.k
-    blocks = list(range(math.ceil((ctx + k + 1) / llm.engine.block_size)))
-    ids = torch.randint(100, 20000, (ctx + k + 1,), generator=torch.Generator().manual_seed(0)).tolist()
-    runner.forward_logits([SeqChunk(ids[:ctx], 0, blocks)], [ctx - 1])
-    one = [SeqChunk(ids[ctx:ctx + 1], ctx, blocks)]
-    many = [SeqChunk(ids[ctx:ctx + k + 1], ctx, blocks)]
-    rows = list(range(k + 1))
     for _ in range(3):
         runner.forward_logits(one, [0])
         runner.forward_logits(many, rows)

@@ -16,7 +16,6 @@ Usage: python benchmarks/cpu_linear_probe.py [--threads 1] [--k 4] [--ctx 250] [
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -27,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fmt_load, loadavg
+from _common import fmt_load, loadavg, smollm2_decode_and_verify
 
 MODE = {"wx": False}
 
@@ -63,8 +62,6 @@ def patch(model: torch.nn.Module) -> int:
 
 
 def main() -> None:
-    from tandem import LLM
-    from tandem.worker.batch import SeqChunk
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -74,17 +71,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch threads {torch.get_num_threads()}, load average {fmt_load(loadavg())}", flush=True)
-    llm = LLM("smollm2-135m-instruct", device="cpu", dtype="float32", max_model_len=2048,
-              kv_cache_memory_bytes=512 << 20)
+    llm, one, many, rows = smollm2_decode_and_verify(args.ctx, args.k)
     runner = llm.engine.runner
     print(f"patched {patch(runner.model)} linear layers", flush=True)
     ctx, k = args.ctx, args.k
-    blocks = list(range(math.ceil((ctx + k + 1) / llm.engine.block_size)))
-    ids = torch.randint(100, 20000, (ctx + k + 1,), generator=torch.Generator().manual_seed(0)).tolist()
-    runner.forward_logits([SeqChunk(ids[:ctx], 0, blocks)], [ctx - 1])
-    one = [SeqChunk(ids[ctx:ctx + 1], ctx, blocks)]
-    many = [SeqChunk(ids[ctx:ctx + k + 1], ctx, blocks)]
-    rows = list(range(k + 1))
     res: dict[str, dict[str, list[float]]] = {m: {"decode": [], "verify": []} for m in ("stock", "wx")}
     outs: dict[str, Any] = {}
     for rep in range(args.repeats + 2):
