@@ -12,7 +12,12 @@ What it does, per section:
   alone (GPU time), the runner step with its host work and a sync (what the engine pays per
   forward), and the engine's decode-phase tokens/s (``LLMEngine.step`` loop). The floor is
   (weight bytes + KV bytes read per step) / 4.26 TB/s (the H200 copy bandwidth measured here).
-- ``variants``: the 8B batch-1 runner step with graphs+fused, graphs+unfused, eager+fused.
+- ``variants``: the 8B batch-1 runner step with graphs+fused, graphs+unfused, eager+fused, cuBLAS
+  only, no split-KV, no programmatic dependent launch.
+- ``timeline``: the 1B engine's steady decode under torch.profiler: device time per op kind and the
+  idle time between ops per step (what the engine adds around the graph replay).
+- ``pdl``: 8B and 1B batch-1 graph replay / runner step with programmatic dependent launch off and on
+  (``pdl.py``).
 - ``spec``: 8B target + 1B draft (``method=draft_model``), synthetic acceptance α ∈ {0.6, 0.8},
   k ∈ {3, 5}, batch 1: measured speedup over plain decode, c and v measured at runner level, the
   cost-model speedup S and η = measured / S (with the configured α and with the realised τ).
@@ -402,17 +407,30 @@ def section_hostprof(llm: Any, out: Path, gen: int = 256) -> None:
         f"table in hostprof.txt")
 
 
-def section_variants(llm: Any, ctx: int = 256) -> None:
+_VARIANTS = [("graphs+fused", dict()), ("graphs+fused, cuBLAS only (TANDEM_GEMV=0)", dict(gemv="0")),
+             ("graphs+fused, no split-KV", dict(splits="1")),
+             ("graphs+fused, no PDL (TANDEM_PDL=0)", dict(pdl="0")),
+             ("graphs+unfused", dict(fused=False)),
+             ("eager+fused", dict(use_graphs=False)), ("eager+unfused", dict(use_graphs=False, fused=False))]
+# Programmatic dependent launch A/B (pdl.py), twice each, so drift over the run shows.
+_PDL_VARIANTS = [("PDL off", dict(pdl="0")), ("PDL on", dict()), ("PDL off (again)", dict(pdl="0")),
+                 ("PDL on (again)", dict())]
+_VARIANT_ENV = {"splits": "TANDEM_KV_SPLITS", "gemv": "TANDEM_GEMV", "pdl": "TANDEM_PDL"}
+
+
+
+def section_variants(llm: Any, ctx: int = 256, name: str = "8B", variants: list[tuple[str, dict[str, Any]]] | None = None,
+                     key: str = "variants") -> None:
+    """Graph replay and runner step of one batch-1 decode under runner / kernel variants (env switches
+    are read when the runner captures its graphs)."""
     from tandem.worker.gpu_runner import GpuModelRunner
 
     eng = llm.engine
     fl = floor_s(eng.model, eng.arch, ctx)
     out = {}
-    for label, kw in [("graphs+fused", dict()), ("graphs+fused, cuBLAS only (TANDEM_GEMV=0)", dict(gemv="0")),
-                      ("graphs+fused, no split-KV", dict(splits="1")),
-                      ("graphs+unfused", dict(fused=False)),
-                      ("eager+fused", dict(use_graphs=False)), ("eager+unfused", dict(use_graphs=False, fused=False))]:
-        env = {"TANDEM_KV_SPLITS": kw.pop("splits", None), "TANDEM_GEMV": kw.pop("gemv", None)}
+    for label, kw in variants or _VARIANTS:
+        kw = dict(kw)
+        env = {var: kw.pop(opt, None) for opt, var in _VARIANT_ENV.items()}
         os.environ.update({k: v for k, v in env.items() if v is not None})
         try:
             gpu = GpuModelRunner(eng.model, eng.runner.kv_caches, eng.block_size, eng.device, **kw)
@@ -424,11 +442,51 @@ def section_variants(llm: Any, ctx: int = 256) -> None:
         if "gpu_ms" in r:
             r["frac_gpu"] = fl * 1e3 / r["gpu_ms"]
         out[label] = r
-        say(f"[variants] 8B b=1 ctx={ctx} {label}: step {r['step_ms']:.3f} ms ({r['frac_step']:.1%})"
+        say(f"[{key}] {name} b=1 ctx={ctx} {label}: step {r['step_ms']:.3f} ms ({r['frac_step']:.1%})"
             + (f", graph replay {r['gpu_ms']:.3f} ms ({r['frac_gpu']:.1%})" if "gpu_ms" in r else ""))
         del gpu
         torch.cuda.empty_cache()
-    RESULTS[f"variants_8b_b1_ctx{ctx}"] = out
+    RESULTS[f"{key}_{name.lower()}_b1_ctx{ctx}"] = out
+
+
+def section_timeline(llm: Any, name: str, out: Path, gen: int = 64) -> None:
+    """GPU timeline of steady batch-1 engine decode steps (torch.profiler): per step, the device time
+    of each op kind and the idle time between ops, so what the engine adds around a graph replay shows."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine_decode(llm, 1, 128, 16, seed=94)  # warm-up
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        e = engine_decode(llm, 1, 128, gen, seed=93)
+    evs = sorted((ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA),
+                 key=lambda ev: ev.time_range.start)
+    steps = max(1, e["steps"])
+    # the decode loop's device events: the last `steps` graph replays' worth (skip prefill)
+    busy: dict[str, list[float]] = {}
+    gaps: dict[str, list[float]] = {}
+    prev_end, prev_name = None, ""
+    for ev in evs:
+        kind = ev.name if len(ev.name) < 60 else ev.name[:57] + "..."
+        busy.setdefault(kind, []).append(ev.time_range.elapsed_us())
+        if prev_end is not None and ev.time_range.start > prev_end:
+            gaps.setdefault(f"{prev_name[:30]} -> {kind[:30]}", []).append(ev.time_range.start - prev_end)
+        prev_end = max(prev_end or 0, ev.time_range.end)
+        prev_name = kind
+    span = (evs[-1].time_range.end - evs[0].time_range.start) if evs else 0.0
+    rows = sorted(busy.items(), key=lambda kv: -sum(kv[1]))
+    total_busy = sum(sum(v) for v in busy.values())
+    lines = [f"{name}: {steps} decode steps, {e['ms_per_step']:.3f} ms/step in the loop; device span "
+             f"{span / 1e3:.2f} ms, busy {total_busy / 1e3:.2f} ms (prefill included)",
+             "| op | calls | total µs | µs/call |", "|---|---|---|---|"]
+    lines += [f"| {k} | {len(v)} | {sum(v):.0f} | {sum(v) / len(v):.2f} |" for k, v in rows[:40]]
+    lines += ["", "| idle before (prev -> next) | count | total µs | µs each |", "|---|---|---|---|"]
+    lines += [f"| {k} | {len(v)} | {sum(v):.0f} | {sum(v) / len(v):.2f} |"
+              for k, v in sorted(gaps.items(), key=lambda kv: -sum(kv[1]))[:25]]
+    (out / f"timeline_{name}.md").write_text("\n".join(lines) + "\n")
+    RESULTS[f"timeline_{name}"] = {"steps": steps, "ms_per_step": e["ms_per_step"], "span_us": span,
+                                    "busy_us": total_busy}
+    say(f"[timeline] {name}: {e['ms_per_step']:.3f} ms/step under the profiler; table in timeline_{name}.md")
+    for ln in lines[:14] + lines[len(rows[:40]) + 3:len(rows[:40]) + 14]:
+        say("   " + ln)
 
 
 def section_spec(llm: Any, configs: list[tuple[float, int]], batch: int = 1, gen: int = 256,
@@ -556,7 +614,7 @@ def main() -> None:
     llms: dict[str, Any] = {}
     t0 = time.perf_counter()
     d8, d1 = write_dummy_dir(root, "llama-3.1-8b"), write_dummy_dir(root, "llama-3.2-1b")
-    need_8b = any(s in sections for s in ("ref", "decode", "variants", "spec", "sweep", "b64", "profile"))
+    need_8b = any(s in sections for s in ("ref", "decode", "variants", "spec", "sweep", "b64", "profile", "pdl"))
     if need_8b:
         llms["8b"] = make_llm(d8, draft=d1, kv_gib=12.0)
         llms["8b"].engine._suite_draft = str(d1)
@@ -567,6 +625,8 @@ def main() -> None:
         guarded("profile", section_profile, llms["8b"])
     if "decode" in sections:
         guarded("decode-8b", section_decode, {"8B": llms["8b"]}, ["8B"])
+    if "pdl" in sections:
+        guarded("pdl-8b", section_variants, llms["8b"], variants=_PDL_VARIANTS, key="pdl")
     if "spec" in sections:
         guarded("spec", section_spec, llms["8b"], [(0.6, 3), (0.8, 3), (0.6, 5), (0.8, 5)], runs=args.spec_runs)
     if "variants" in sections:
@@ -576,7 +636,7 @@ def main() -> None:
         guarded("b64", section_sweep, llms["8b"], [64], key="b64")
     if "sweep" in sections:
         guarded("sweep", section_sweep, llms["8b"], [1, 8, 32, 128])
-    if "decode" in sections or "ref" in sections or "decode1b" in sections:
+    if any(s in sections for s in ("decode", "ref", "decode1b", "pdl", "timeline")):
         llms.pop("8b", None)
         torch.cuda.empty_cache()
         t1 = time.perf_counter()
@@ -587,6 +647,10 @@ def main() -> None:
                 {"1b": reference_check(llms["1b"], "1B", fp32=True)}))
         if "decode" in sections or "decode1b" in sections:
             guarded("decode-1b", section_decode, {"1B": llms["1b"]}, ["1B"])
+        if "pdl" in sections:
+            guarded("pdl-1b", section_variants, llms["1b"], name="1B", variants=_PDL_VARIANTS, key="pdl")
+        if "timeline" in sections:
+            guarded("timeline-1b", section_timeline, llms["1b"], "1B", out)
         llms.pop("1b", None)
     if "smol" in sections:
         llms.clear()

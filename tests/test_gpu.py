@@ -221,6 +221,69 @@ def test_runner_matches_torch_path(family, monkeypatch):
     assert runners["graphs"].num_graph_steps > 0 and runners["graphs"].graphs.graphs
 
 
+@pytest.mark.parametrize("rows", [1, 6, 64])
+def test_greedy_argmax_kernel_matches_torch(rows):
+    from tandem.sample.argmax import greedy_ids
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(rows, 128256, device="cuda", generator=g)
+    x[0, 70000] = x[0, 3] = 1e4  # equal maxima in different pieces: the lower id wins
+    if rows > 1:
+        x[1, 9000] = x[1, 9001] = 1e4  # inside one piece
+        x[-1] = float("-inf")
+    assert torch.equal(greedy_ids(x), x.argmax(dim=-1))
+    assert torch.equal(greedy_ids(x[:, 1:]), x[:, 1:].argmax(dim=-1))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_programmatic_dependent_launch_changes_no_bit(family, monkeypatch):
+    """PDL lets each kernel start before its predecessor ends; a kernel that touched activations before
+    its ``griddepcontrol.wait`` would race. Logits with PDL must equal the ones without, bit for bit, across prefill, 1-row decodes (skinny matmuls), a batched
+    decode and a verify, in CUDA graphs and eagerly."""
+    from tandem.kv.kv_cache import allocate_kv_cache
+    from tandem.worker.batch import SeqChunk
+    from tandem.worker.gpu_runner import GpuModelRunner
+    from tandem.worker.pdl import pdl_enabled
+
+    dev = torch.device("cuda")
+    if torch.cuda.get_device_capability() >= (9, 0):
+        assert pdl_enabled(dev)  # the comparison below must exercise PDL where it exists
+    model = _tiny_model(family, hidden_size=1024, intermediate_size=3584, num_hidden_layers=8,
+                        num_attention_heads=16, num_key_value_heads=4, head_dim=64)
+    arch, bs = model.arch, 16
+    envs = {"off": {"TANDEM_PDL": "0"}, "on": {}, "eager": {}}
+    runners = {name: GpuModelRunner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev,
+                                    use_graphs=name != "eager") for name in envs}
+
+    def run(name: str, fn):  # the switches are read when kernels are launched or captured
+        with monkeypatch.context() as mp:
+            for k, v in envs[name].items():
+                mp.setenv(k, v)
+            return fn(runners[name])
+
+    for name in envs:
+        if name != "eager":
+            run(name, lambda r: r.capture([1, 2], [1, 4]))
+    rng = random.Random(1)
+    blocks = [list(range(i * 20, i * 20 + 20)) for i in range(2)]
+    toks = [[rng.randrange(3, 512) for _ in range(n)] for n in (70, 33)]
+    done = [0, 0]
+    for plan in [[(0, 70), (1, 33)]] + [[(0, 1)]] * 6 + [[(0, 1), (1, 1)]] * 2 + [[(0, 4), (1, 4)]] + [[(1, 1)]] * 3:
+        chunks, rows, t = [], [], 0
+        for i, n in plan:
+            while len(toks[i]) < done[i] + n:
+                toks[i].append(rng.randrange(3, 512))
+            chunks.append(SeqChunk(toks[i][done[i]:done[i] + n], done[i], blocks[i]))
+            rows.extend(range(t, t + n))
+            t += n
+        want = run("off", lambda r: r.forward_logits(chunks, rows).clone())
+        for name in envs:
+            assert torch.equal(run(name, lambda r: r.forward_logits(chunks, rows)), want), (name, plan)
+        for i, n in plan:
+            done[i] += n
+    assert runners["on"].num_graph_steps > 0
+
+
 @pytest.mark.parametrize("mode", ["graph", "graph_fit", "eager"])
 def test_runner_token_ids_feed(mode):
     """Device-side tokens (the draft loop's feed) give the same logits as host tokens, whichever

@@ -61,3 +61,46 @@ def test_gemv_kernel_under_interpreter(defer: str) -> None:
     proc = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+def test_pdl_is_off_on_cpu_and_reads_its_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from tandem.worker import pdl
+
+    assert not pdl.pdl_enabled(torch.device("cpu"))
+    assert pdl.launch_kwargs(False) == {} and pdl.launch_kwargs(True) == {"launch_pdl": True}
+    for value, want in [("", True), ("off", False), ("0", False), ("on", True), ("1", True)]:
+        monkeypatch.setenv("TANDEM_PDL", value)
+        assert pdl._switch("TANDEM_PDL") == want
+    monkeypatch.setenv("TANDEM_PDL", "sometimes")
+    with pytest.raises(ValueError, match="TANDEM_PDL='sometimes'"):
+        pdl._switch("TANDEM_PDL")
+
+
+_ARGMAX_SCRIPT = textwrap.dedent('''
+    import torch
+    from tandem.worker.triton_argmax import CHUNK, argmax_rows
+
+    torch.manual_seed(0)
+    for rows, v in [(1, 10000), (3, 4096), (5, 12289), (2, 7)]:
+        x = torch.randn(rows, v)
+        if v > 2 * CHUNK and rows > 1:
+            x[0, 5000] = x[0, 9000] = 100.0  # equal maxima in different pieces: the first wins
+            x[1, 4100] = x[1, 4101] = 50.0  # equal maxima inside a piece
+        if rows == 3:
+            x[-1] = float("-inf")
+        assert torch.equal(argmax_rows(x), x.argmax(dim=-1)), (rows, v)
+        y = x[:, 1:]  # row stride != vocab
+        assert torch.equal(argmax_rows(y), y.argmax(dim=-1)), (rows, v)
+    print("ok")
+''')
+
+
+def test_argmax_kernel_under_interpreter() -> None:
+    """The two-pass greedy argmax: same ids as torch.argmax, lowest id on ties (within and across pieces)."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _ARGMAX_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("ok")

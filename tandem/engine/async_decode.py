@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem.request import Request
+from tandem.sample.argmax import greedy_ids
 from tandem.sample.logits import processes_logits
 from tandem.scheduler import SchedulerOutput
 
@@ -43,7 +44,7 @@ class InflightDecode:
         """Argmax of each row and its copy to the host, queued now and read later. The copy is queued
         before any later step, so reading it waits for this step only (a plain ``.tolist()`` would
         wait for everything queued after it, the next step included)."""
-        ids = logits.argmax(dim=-1)
+        ids = greedy_ids(logits)
         if ids.device.type != "cuda":
             return InflightDecode(tuple(requests), tuple(starts), ids, ids, None)
         host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)

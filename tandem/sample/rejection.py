@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.sample.argmax import greedy_ids
 from tandem.sample.sampler import draw_exponential, draw_grouped, draw_uniform, exponential_race
 
 
@@ -80,7 +81,7 @@ def greedy_verify(logits: torch.Tensor, draft_token_ids: Sequence[Sequence[int]]
     rows = sum(len(d) + 1 for d in draft_token_ids)
     if logits.dim() != 2 or logits.shape[0] != rows:
         raise ValueError(f"logits must be [sum(k_i + 1)={rows}, vocab], got {tuple(logits.shape)}")
-    best = logits.argmax(dim=-1).tolist()
+    best = greedy_ids(logits).tolist()
     tokens: list[list[int]] = []
     accepted: list[int] = []
     r = 0

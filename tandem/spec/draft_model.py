@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from tandem.request import Request
+from tandem.sample.argmax import greedy_ids
 from tandem.sample.logits import probs_from_logits, process_logits
 from tandem.sample.rows import SamplingRow
 from tandem.sample.sampler import sample
@@ -86,7 +87,7 @@ class DraftModelProposer:
         the device and is fed to the next forward as its input token (``token_ids``); all drafts
         come to the host in one read at the end. Which requests take part in each step is known
         up front (``ks``); when that set shrinks the tokens are read once to re-index them."""
-        steps: list[tuple[list[int], torch.Tensor]] = [(active, logits.argmax(-1))]
+        steps: list[tuple[list[int], torch.Tensor]] = [(active, greedy_ids(logits))]
         step = 1
         while True:
             prev, tok = steps[-1]
@@ -98,7 +99,7 @@ class DraftModelProposer:
                 tok = tok.index_select(0, keep)
             chunks = [SeqChunk([0], reqs[i].num_tokens + step - 1, reqs[i].block_ids) for i in live]
             logits = self.runner.forward_logits(chunks, range(len(live)), token_ids=tok)
-            steps.append((live, logits.argmax(-1)))
+            steps.append((live, greedy_ids(logits)))
             for i in live:
                 reqs[i].draft_num_computed = reqs[i].num_tokens + step
             step += 1

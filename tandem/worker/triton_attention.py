@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tandem.worker.pdl import launch_kwargs, pdl_enabled, pdl_prologue
+
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
 _NEG = tl.constexpr(-1.0e30)
@@ -50,7 +52,10 @@ def _attn_kernel(
     H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    # Metadata and block tables are uploaded before the step's first kernel; no kernel writes them, so
+    # with PDL they are read before the wait (pdl.py). Queries and K/V come after it.
     req = tl.program_id(0)
     qtile = tl.program_id(1)
     pid2 = tl.program_id(2)
@@ -75,8 +80,6 @@ def _attn_kernel(
     dmask = offs_d < D
 
     tok = (q_start + qi).to(tl.int64)
-    q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-                mask=row_real[:, None] & dmask[None, :], other=0.0)
     qpos = seq_len - q_len + qi  # [BLOCK_M]
 
     # Key range of the tile: up to its last real query (causal), from the window's start.
@@ -89,16 +92,25 @@ def _attn_kernel(
     chunk = tl.cdiv(tl.cdiv(kv_hi - kv_lo, num_splits), BLOCK_N) * BLOCK_N
     s_lo = kv_lo + split * chunk
     s_hi = tl.minimum(s_lo + chunk, kv_hi)
+    bt_row = bt_ptr + req.to(tl.int64) * stride_bt
+    # block ids of the next key tile, loaded one iteration ahead
+    offs_n = s_lo + tl.arange(0, BLOCK_N)
+    blk = tl.load(bt_row + offs_n // PAGE, mask=offs_n < s_hi, other=0).to(tl.int64)
+    if PDL:
+        pdl_prologue()
+
+    q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_real[:, None] & dmask[None, :], other=0.0)
 
     m_i = tl.full([BLOCK_M], _NEG, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-    bt_row = bt_ptr + req.to(tl.int64) * stride_bt
     for start in range(s_lo, s_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         nmask = offs_n < s_hi
-        blk = tl.load(bt_row + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
         slot = blk * PAGE + offs_n % PAGE
+        nxt = offs_n + BLOCK_N
+        blk = tl.load(bt_row + nxt // PAGE, mask=nxt < s_hi, other=0).to(tl.int64)
         kt = tl.load(k_ptr + slot[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
                      mask=nmask[None, :] & dmask[:, None], other=0.0)  # [D_PAD, BLOCK_N]
         s = tl.dot(q, kt) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
@@ -133,7 +145,10 @@ def _merge_kernel(
     o_ptr, mpart_ptr, lpart_ptr, apart_ptr, num_splits,
     stride_ot, stride_oh,
     H: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # see pdl.py: nothing read or written before this
+        pdl_prologue()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_s = tl.arange(0, S_PAD)
@@ -158,7 +173,10 @@ def _write_kv_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
     stride_k, stride_v, stride_kc, stride_vc,
     E: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # see pdl.py: nothing read or written before this
+        pdl_prologue()
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:  # padding token of a CUDA-graph bucket
@@ -186,6 +204,7 @@ def write_kv_triton(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
         k, v, k_cache, v_cache, slot_mapping,
         k.stride(0), v.stride(0), k_cache.stride(0), v_cache.stride(0),
         E=e, BLOCK=triton.next_power_of_2(e), num_warps=4 if e >= 1024 else 2,
+        PDL=(pdl := pdl_enabled(k.device)), **launch_kwargs(pdl),
     )
 
 
@@ -257,6 +276,7 @@ def paged_attention_triton(
     else:
         mpart = lpart = apart = out  # unused
     window = int(sliding_window) if sliding_window else 0
+    pdl = pdl_enabled(q.device)
     _attn_kernel[(num_reqs, q_tiles, kvh * num_splits)](
         q, k_cache, v_cache, out, mpart, lpart, apart,
         block_tables, seq_lens, query_start, query_lens,
@@ -265,12 +285,13 @@ def paged_attention_triton(
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         H=heads, G=g, D=d, D_PAD=d_pad, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n,
         PAGE=block_size, SPLIT=split, HAS_WINDOW=window > 0,
-        num_warps=4, num_stages=2,
+        num_warps=4, num_stages=2, PDL=pdl, **launch_kwargs(pdl),
     )
     if split:
         _merge_kernel[(t, heads)](
             out, mpart, lpart, apart, num_splits, out.stride(0), out.stride(1),
             H=heads, D=d, D_PAD=d_pad, S_PAD=max(2, triton.next_power_of_2(num_splits)), num_warps=1 if d_pad <= 64 else 2,
+            PDL=pdl, **launch_kwargs(pdl),
         )
     return out
 

@@ -21,13 +21,18 @@ import torch
 import triton
 import triton.language as tl
 
+from tandem.worker.pdl import launch_kwargs, pdl_enabled, pdl_prologue
+
 
 @triton.jit
 def _rmsnorm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, eps,
     stride_x, stride_r, stride_o,
     N: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr, OFFSET: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # see pdl.py: nothing read or written before this
+        pdl_prologue()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -60,7 +65,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
     _rmsnorm_kernel[(t,)](
         x, res, weight, out, eps, x.stride(0), res.stride(0), out.stride(0),
         N=n, BLOCK=block, HAS_RES=residual is not None, OFFSET=offset,
-        num_warps=max(1, min(16, block // 512)),
+        num_warps=max(1, min(16, block // 512)), PDL=(pdl := pdl_enabled(x.device)), **launch_kwargs(pdl),
     )
     return out
 
@@ -72,14 +77,19 @@ def _rope_kv_kernel(
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
     H_PAD: tl.constexpr, KVH_PAD: tl.constexpr, E_PAD: tl.constexpr,
     QK_NORM: tl.constexpr, NORM_OFFSET: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     row = qkv_ptr + t * stride_qkv
+    # positions and slots are uploaded before the step's first kernel, cos/sin are constants: with PDL
+    # they are read before the wait (pdl.py); qkv and the caches after it
     pos = tl.load(pos_ptr + t).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     i = tl.arange(0, HALF)
     cos = tl.load(cos_ptr + pos * stride_cos + i)[None, :]
     sin = tl.load(sin_ptr + pos * stride_cos + i)[None, :]
+    if PDL:
+        pdl_prologue()
     dt = qkv_ptr.dtype.element_ty
 
     # q heads, in place
@@ -159,12 +169,15 @@ def rope_write_kv(
         H=num_heads, KVH=num_kv_heads, D=d, HALF=d // 2,
         H_PAD=triton.next_power_of_2(num_heads), KVH_PAD=triton.next_power_of_2(num_kv_heads),
         E_PAD=triton.next_power_of_2(num_kv_heads * d), QK_NORM=qk_norm, NORM_OFFSET=norm_offset,
-        num_warps=4,
+        num_warps=4, PDL=(pdl := pdl_enabled(qkv.device)), **launch_kwargs(pdl),
     )
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_o, I: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_o, I: tl.constexpr, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
+    if PDL:  # see pdl.py: nothing read or written before this
+        pdl_prologue()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < I
@@ -184,5 +197,6 @@ def silu_mul(gu: torch.Tensor, intermediate: int) -> torch.Tensor:
     block = min(2048, triton.next_power_of_2(intermediate))
     _silu_mul_kernel[(t, triton.cdiv(intermediate, block))](
         gu, out, gu.stride(0), out.stride(0), I=intermediate, BLOCK=block, num_warps=4,
+        PDL=(pdl := pdl_enabled(gu.device)), **launch_kwargs(pdl),
     )
     return out
