@@ -584,6 +584,7 @@ def main() -> None:
     ap.add_argument("--root", default="/tmp/tandem_gpu_suite")
     ap.add_argument("--cpu-smoke", action="store_true", help="toy shapes on CPU: checks the script only")
     ap.add_argument("--spec-runs", type=int, default=2, help="engine runs per speculation config (batch 1)")
+    ap.add_argument("--sweep-batches", default="1,8,32,128", help="batch sizes of the sweep section")
     args = ap.parse_args()
     global DEVICE
     if args.cpu_smoke:
@@ -635,7 +636,7 @@ def main() -> None:
     if "b64" in sections:
         guarded("b64", section_sweep, llms["8b"], [64], key="b64")
     if "sweep" in sections:
-        guarded("sweep", section_sweep, llms["8b"], [1, 8, 32, 128])
+        guarded("sweep", section_sweep, llms["8b"], [int(b) for b in args.sweep_batches.split(",")])
     if any(s in sections for s in ("decode", "ref", "decode1b", "pdl", "timeline")):
         llms.pop("8b", None)
         torch.cuda.empty_cache()

@@ -221,6 +221,44 @@ def test_runner_matches_torch_path(family, monkeypatch):
     assert runners["graphs"].num_graph_steps > 0 and runners["graphs"].graphs.graphs
 
 
+def test_warm_up_compiles_every_step_variant():
+    """After ``warm_up`` no step shape compiles a Triton kernel: short and long prefills (one split /
+    several), decodes, verifies, batched steps (a compile mid-serving is a ~0.5-0.9 s stall)."""
+    from tandem.kv.kv_cache import allocate_kv_cache
+    from tandem.sample.argmax import greedy_ids
+    from tandem.worker import triton_argmax, triton_attention, triton_gemv, triton_ops
+    from tandem.worker.batch import SeqChunk
+    from tandem.worker.gpu_runner import GpuModelRunner
+
+    kernels = [triton_attention._attn_kernel, triton_attention._merge_kernel, triton_ops._rope_kv_kernel,
+               triton_ops._rmsnorm_kernel, triton_gemv._gemv_kernel, triton_argmax._partial_argmax_kernel,
+               triton_argmax._final_argmax_kernel]
+    if not all(hasattr(k, "device_caches") for k in kernels):
+        pytest.skip("this Triton does not expose its kernel caches")
+
+    def compiled() -> int:
+        return sum(len(c[0]) for k in kernels for c in k.device_caches.values())
+
+    model = _tiny_model("llama", num_attention_heads=8, num_key_value_heads=2)  # G = 4
+    dev, bs = torch.device("cuda"), 16
+    r = GpuModelRunner(model, allocate_kv_cache(model.arch, 64, bs, torch.bfloat16, dev), bs, dev,
+                       use_graphs=False)
+    r.warm_up()
+    before = compiled()
+    rng = random.Random(3)
+    blocks = [list(range(i * 20, i * 20 + 20)) for i in range(3)]
+    lens = [3, 40, 200]  # a short prefill runs unsplit; longer ones split the keys
+    for i, n in enumerate(lens):
+        toks = [rng.randrange(3, 512) for _ in range(n)]
+        greedy_ids(r.forward_logits([SeqChunk(toks, 0, blocks[i])], [n - 1]))
+    chunks = [SeqChunk([5], n, blocks[i]) for i, n in enumerate(lens)]
+    greedy_ids(r.forward_logits(chunks, [0, 1, 2]))  # batched decode
+    greedy_ids(r.forward_logits(chunks[:1], [0]))  # 1-row decode (skinny matmuls)
+    verify = [SeqChunk([5, 6, 7, 8], n + 1, blocks[i]) for i, n in enumerate(lens)]
+    greedy_ids(r.forward_logits(verify, list(range(12))))
+    assert compiled() == before
+
+
 @pytest.mark.parametrize("rows", [1, 6, 64])
 def test_greedy_argmax_kernel_matches_torch(rows):
     from tandem.sample.argmax import greedy_ids

@@ -165,11 +165,13 @@ class LLMEngine:
 
     @staticmethod
     def _capture_graphs(runners: list[ModelRunner], max_num_seqs: int, k: int) -> None:
-        """On CUDA, capture the small-batch decode/verify graphs now rather than on first use
-        (a capture costs ~0.1 s). Larger batch buckets are captured lazily."""
+        """On CUDA, compile the step kernels' variants and capture the small-batch decode/verify graphs
+        now rather than on first use (a capture costs ~0.1 s, a compile up to ~1 s). Larger batch
+        buckets are captured lazily."""
         sizes = [b for b in (1, 2, 4, 8) if b <= max_num_seqs]
         for runner in runners:
             if runner.gpu is not None:
+                runner.gpu.warm_up()
                 runner.gpu.capture(sizes, range(1, k + 2))
 
     def _eos_ids(self) -> tuple[int, ...]:

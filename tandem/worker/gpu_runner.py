@@ -39,7 +39,8 @@ from tandem.worker.attn_metadata import AttentionMetadata
 from tandem.worker.batch import SeqChunk
 from tandem.worker.cuda_graphs import CapturedStep, GraphCache, batch_bucket
 from tandem.worker.fused_forward import fused_forward, fused_supported
-from tandem.worker.triton_attention import num_sms, pick_num_splits, tile_shape
+from tandem.worker.triton_argmax import argmax_rows
+from tandem.worker.triton_attention import MAX_SPLITS, num_sms, pick_num_splits, tile_shape
 
 MAX_GRAPH_Q = 8
 # Steps of at most this many requests and tokens are packed by plain Python loops (_pack_small).
@@ -283,7 +284,7 @@ class GpuModelRunner:
     def _splits(self, b: int, qmax: int, max_seq: int | None) -> int:
         forced = os.environ.get("TANDEM_KV_SPLITS")
         if forced:
-            return max(1, int(forced))
+            return min(MAX_SPLITS, max(1, int(forced)))
         q_tiles = -(-qmax // tile_shape(qmax, self.group)[1])
         return pick_num_splits(b, self.kv_heads, q_tiles, max_seq, self.sms)
 
@@ -330,6 +331,27 @@ class GpuModelRunner:
             self._host.send(i, length, self._static)
             step = self.graphs.capture((b, q), lambda: self._static_step(b, q))
         return step
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """Compile now every Triton kernel variant a step can pick at run time: the attention's query
+        tile (1..64 query rows) with and without split-KV, and the greedy argmax. Runs eager steps on
+        all-padding inputs (no KV slot read or written). Without it the first request of a new shape
+        class (e.g. the first prompt short enough for one KV split) waits ~0.5-0.9 s for a compile."""
+        w = self.table_width
+        # a buffer of its own: tensors made under inference mode must not become the runner's buffers
+        dev = torch.empty(_layout(64, 1, w)[-1], dtype=torch.int64, device=self.device)
+        q = 1
+        while q <= 64:
+            cap = _layout(q, 1, w)[-1]
+            for splits in (1, 2):
+                i, buf = self._host.acquire(cap)
+                length, _, _, _ = self._pack(buf, [], [], 1, q, w, None)
+                self._host.send(i, length, dev)
+                ids, pos, meta = self._meta(dev, q, 1, w, q, splits)
+                argmax_rows(self.model.compute_logits(self._hidden(ids, pos, meta)))
+            q *= 2
+        torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
     def capture(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> int:

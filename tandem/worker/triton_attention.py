@@ -38,7 +38,10 @@ MAX_SPLITS = 16
 _NEG = tl.constexpr(-1.0e30)
 
 
-@triton.jit
+# The split count changes with the context length on eager steps: it is neither specialised nor a
+# compile-time constant (the merge always spans MAX_SPLITS), so a new prompt length never compiles a
+# new variant mid-serving (that was a 0.55-0.9 s first-token stall on real prompts, docs/gpu_notes.md).
+@triton.jit(do_not_specialize=["num_splits"])
 def _attn_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,
     mpart_ptr, lpart_ptr, apart_ptr,
@@ -140,7 +143,7 @@ def _attn_kernel(
                  out.to(o_ptr.dtype.element_ty), mask=row_store[:, None] & dmask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _merge_kernel(
     o_ptr, mpart_ptr, lpart_ptr, apart_ptr, num_splits,
     stride_ot, stride_oh,
@@ -262,6 +265,8 @@ def paged_attention_triton(
         out = torch.empty((t, heads, d), dtype=q.dtype, device=q.device)
     if t == 0 or num_reqs == 0:
         return out
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be in 1..{MAX_SPLITS}, got {num_splits}")
     if q.stride(2) != 1 or q.stride(1) != d:
         q = q.contiguous()
     block_m, block_q = tile_shape(max_query_len, g)
@@ -290,7 +295,7 @@ def paged_attention_triton(
     if split:
         _merge_kernel[(t, heads)](
             out, mpart, lpart, apart, num_splits, out.stride(0), out.stride(1),
-            H=heads, D=d, D_PAD=d_pad, S_PAD=max(2, triton.next_power_of_2(num_splits)), num_warps=1 if d_pad <= 64 else 2,
+            H=heads, D=d, D_PAD=d_pad, S_PAD=MAX_SPLITS, num_warps=1 if d_pad <= 64 else 2,
             PDL=pdl, **launch_kwargs(pdl),
         )
     return out
