@@ -165,10 +165,36 @@ def _tiny_model(family: str = "llama", **kw):
     return build_model(arch, w, torch.bfloat16, dev, 512)
 
 
+class _Seqs:
+    """Sequences of random tokens, 20 KV blocks each, for runner tests: ``step(plan)`` gives one step's
+    chunks and flat rows for ``plan`` = [(sequence, new tokens)], ``advance(plan)`` marks them computed."""
+
+    def __init__(self, seed: int, lens: tuple[int, ...]) -> None:
+        self.rng = random.Random(seed)
+        self.blocks = [list(range(i * 20, i * 20 + 20)) for i in range(len(lens))]
+        self.toks = [[self.rng.randrange(3, 512) for _ in range(n)] for n in lens]
+        self.done = [0] * len(lens)
+
+    def step(self, plan: list[tuple[int, int]]) -> tuple[list, list[int]]:
+        from tandem.worker.batch import SeqChunk
+
+        chunks, rows, t = [], [], 0
+        for i, n in plan:
+            while len(self.toks[i]) < self.done[i] + n:
+                self.toks[i].append(self.rng.randrange(3, 512))
+            chunks.append(SeqChunk(self.toks[i][self.done[i]:self.done[i] + n], self.done[i], self.blocks[i]))
+            rows.extend(range(t, t + n))
+            t += n
+        return chunks, rows
+
+    def advance(self, plan: list[tuple[int, int]]) -> None:
+        for i, n in plan:
+            self.done[i] += n
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_runner_matches_torch_path(family, monkeypatch):
     from tandem.kv.kv_cache import allocate_kv_cache
-    from tandem.worker.batch import SeqChunk
     from tandem.worker.gpu_runner import GpuModelRunner
     from tandem.worker.model_runner import ModelRunner
 
@@ -190,26 +216,16 @@ def test_runner_matches_torch_path(family, monkeypatch):
     monkeypatch.setenv("TANDEM_GEMV_ROWS", "16")  # skinny Triton matmuls for every step of <= 16 rows
     runners["gemv16"] = GpuModelRunner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev)
     monkeypatch.delenv("TANDEM_GEMV_ROWS")
-    rng = random.Random(0)
-    blocks = [list(range(i * 20, i * 20 + 20)) for i in range(3)]
-    toks = [[rng.randrange(3, 512) for _ in range(n)] for n in (40, 17, 3)]
-    done = [0, 0, 0]
+    seqs = _Seqs(0, (40, 17, 3))
 
     def step(plan: list[tuple[int, int]]) -> None:
-        chunks, rows, t = [], [], 0
-        for i, n in plan:
-            while len(toks[i]) < done[i] + n:
-                toks[i].append(rng.randrange(3, 512))
-            chunks.append(SeqChunk(toks[i][done[i]:done[i] + n], done[i], blocks[i]))
-            rows.extend(range(t, t + n))
-            t += n
+        chunks, rows = seqs.step(plan)
         want = ref.forward_logits(chunks, rows)
         for name, r in runners.items():
             got = r.forward_logits(chunks, rows)
             assert got.shape == want.shape
             assert _rel(got, want) < 2e-2, (name, plan)
-        for i, n in plan:
-            done[i] += n
+        seqs.advance(plan)
 
     step([(0, 40), (1, 17), (2, 3)])  # prefills (eager)
     for _ in range(3):
@@ -279,7 +295,6 @@ def test_programmatic_dependent_launch_changes_no_bit(family, monkeypatch):
     its ``griddepcontrol.wait`` would race. Logits with PDL must equal the ones without, bit for bit, across prefill, 1-row decodes (skinny matmuls), a batched
     decode and a verify, in CUDA graphs and eagerly."""
     from tandem.kv.kv_cache import allocate_kv_cache
-    from tandem.worker.batch import SeqChunk
     from tandem.worker.gpu_runner import GpuModelRunner
     from tandem.worker.pdl import pdl_enabled
 
@@ -302,23 +317,13 @@ def test_programmatic_dependent_launch_changes_no_bit(family, monkeypatch):
     for name in envs:
         if name != "eager":
             run(name, lambda r: r.capture([1, 2], [1, 4]))
-    rng = random.Random(1)
-    blocks = [list(range(i * 20, i * 20 + 20)) for i in range(2)]
-    toks = [[rng.randrange(3, 512) for _ in range(n)] for n in (70, 33)]
-    done = [0, 0]
+    seqs = _Seqs(1, (70, 33))
     for plan in [[(0, 70), (1, 33)]] + [[(0, 1)]] * 6 + [[(0, 1), (1, 1)]] * 2 + [[(0, 4), (1, 4)]] + [[(1, 1)]] * 3:
-        chunks, rows, t = [], [], 0
-        for i, n in plan:
-            while len(toks[i]) < done[i] + n:
-                toks[i].append(rng.randrange(3, 512))
-            chunks.append(SeqChunk(toks[i][done[i]:done[i] + n], done[i], blocks[i]))
-            rows.extend(range(t, t + n))
-            t += n
+        chunks, rows = seqs.step(plan)
         want = run("off", lambda r: r.forward_logits(chunks, rows).clone())
         for name in envs:
             assert torch.equal(run(name, lambda r: r.forward_logits(chunks, rows)), want), (name, plan)
-        for i, n in plan:
-            done[i] += n
+        seqs.advance(plan)
     assert runners["on"].num_graph_steps > 0
 
 
