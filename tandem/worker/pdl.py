@@ -28,11 +28,11 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # Triton >= 3.4
+try:  # Triton >= 3.4 with its NVIDIA backend
+    from triton.backends.nvidia.compiler import CUDAOptions
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-    _TRITON_HAS_PDL = "launch_pdl" in getattr(
-        __import__("triton.backends.nvidia.compiler", fromlist=["CUDAOptions"]).CUDAOptions,
-        "__dataclass_fields__", {})
+
+    _TRITON_HAS_PDL = "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
 except Exception:  # noqa: BLE001 - older Triton, or no NVIDIA backend: never launched with PDL
     _TRITON_HAS_PDL = False
 
