@@ -415,18 +415,24 @@ _VARIANTS = [("graphs+fused", dict()), ("graphs+fused, cuBLAS only (TANDEM_GEMV=
 # Programmatic dependent launch A/B (pdl.py), twice each, so drift over the run shows.
 _PDL_VARIANTS = [("PDL off", dict(pdl="0")), ("PDL on", dict()), ("PDL off (again)", dict(pdl="0")),
                  ("PDL on (again)", dict())]
-_VARIANT_ENV = {"splits": "TANDEM_KV_SPLITS", "gemv": "TANDEM_GEMV", "pdl": "TANDEM_PDL"}
+_VARIANT_ENV = {"splits": "TANDEM_KV_SPLITS", "gemv": "TANDEM_GEMV", "pdl": "TANDEM_PDL",
+                "gemv_rows": "TANDEM_GEMV_ROWS", "multirow": "TANDEM_GEMV_MULTIROW"}
+# Layer bodies for steps of a few rows (verify: k + 1 rows at batch 1).
+_ROWS_VARIANTS = [("cuBLAS body above 1 row", dict(gemv_rows="1")),
+                  ("skinny matmuls <= 8 rows, a program per row", dict(gemv_rows="8")),
+                  ("skinny matmuls <= 8 rows, tensor cores", dict(gemv_rows="8", multirow="dot"))]
+_ROWS_STEPS = ((1, 1), (1, 2), (1, 4), (1, 5), (1, 6), (2, 1), (4, 1), (8, 1))  # (batch, query rows)
 
 
 
 def section_variants(llm: Any, ctx: int = 256, name: str = "8B", variants: list[tuple[str, dict[str, Any]]] | None = None,
-                     key: str = "variants") -> None:
-    """Graph replay and runner step of one batch-1 decode under runner / kernel variants (env switches
-    are read when the runner captures its graphs)."""
+                     key: str = "variants", steps: tuple[tuple[int, int], ...] = ((1, 1),)) -> None:
+    """Graph replay and runner step of decode (query 1) / verify (query k + 1) steps of the given
+    (batch, query) shapes under runner / kernel variants (env switches are read when the runner is
+    built)."""
     from tandem.worker.gpu_runner import GpuModelRunner
 
     eng = llm.engine
-    fl = floor_s(eng.model, eng.arch, ctx)
     out = {}
     for label, kw in variants or _VARIANTS:
         kw = dict(kw)
@@ -434,16 +440,18 @@ def section_variants(llm: Any, ctx: int = 256, name: str = "8B", variants: list[
         os.environ.update({k: v for k, v in env.items() if v is not None})
         try:
             gpu = GpuModelRunner(eng.model, eng.runner.kv_caches, eng.block_size, eng.device, **kw)
-            r = time_runner(gpu, 1, 1, ctx, iters=20)
+            for b, q in steps:
+                r = time_runner(gpu, b, q, ctx, iters=20)
+                fl = floor_s(eng.model, eng.arch, b * ctx)  # KV of every request read
+                r["frac_step"] = fl * 1e3 / r["step_ms"]
+                if "gpu_ms" in r:
+                    r["frac_gpu"] = fl * 1e3 / r["gpu_ms"]
+                out[label if (b, q) == (1, 1) else f"{label}, b={b} q={q}"] = r
+                say(f"[{key}] {name} b={b} q={q} ctx={ctx} {label}: step {r['step_ms']:.3f} ms ({r['frac_step']:.1%})"
+                    + (f", graph replay {r['gpu_ms']:.3f} ms ({r['frac_gpu']:.1%})" if "gpu_ms" in r else ""))
         finally:
             for k in env:
                 os.environ.pop(k, None)
-        r["frac_step"] = fl * 1e3 / r["step_ms"]
-        if "gpu_ms" in r:
-            r["frac_gpu"] = fl * 1e3 / r["gpu_ms"]
-        out[label] = r
-        say(f"[{key}] {name} b=1 ctx={ctx} {label}: step {r['step_ms']:.3f} ms ({r['frac_step']:.1%})"
-            + (f", graph replay {r['gpu_ms']:.3f} ms ({r['frac_gpu']:.1%})" if "gpu_ms" in r else ""))
         del gpu
         torch.cuda.empty_cache()
     RESULTS[f"{key}_{name.lower()}_b1_ctx{ctx}"] = out
@@ -615,7 +623,7 @@ def main() -> None:
     llms: dict[str, Any] = {}
     t0 = time.perf_counter()
     d8, d1 = write_dummy_dir(root, "llama-3.1-8b"), write_dummy_dir(root, "llama-3.2-1b")
-    need_8b = any(s in sections for s in ("ref", "decode", "variants", "spec", "sweep", "b64", "profile", "pdl"))
+    need_8b = any(s in sections for s in ("ref", "decode", "variants", "spec", "sweep", "b64", "profile", "pdl", "rows"))
     if need_8b:
         llms["8b"] = make_llm(d8, draft=d1, kv_gib=12.0)
         llms["8b"].engine._suite_draft = str(d1)
@@ -637,7 +645,10 @@ def main() -> None:
         guarded("b64", section_sweep, llms["8b"], [64], key="b64")
     if "sweep" in sections:
         guarded("sweep", section_sweep, llms["8b"], [int(b) for b in args.sweep_batches.split(",")])
-    if any(s in sections for s in ("decode", "ref", "decode1b", "pdl", "timeline")):
+    if "rows" in sections and "8b" in llms:
+        guarded("rows-8b", section_variants, llms["8b"], variants=_ROWS_VARIANTS, key="rows",
+                steps=((1, 1), (1, 4), (1, 6), (4, 1), (8, 1)))
+    if any(s in sections for s in ("decode", "ref", "decode1b", "pdl", "timeline", "rows")):
         llms.pop("8b", None)
         torch.cuda.empty_cache()
         t1 = time.perf_counter()
@@ -652,6 +663,9 @@ def main() -> None:
             guarded("pdl-1b", section_variants, llms["1b"], name="1B", variants=_PDL_VARIANTS, key="pdl")
         if "timeline" in sections:
             guarded("timeline-1b", section_timeline, llms["1b"], "1B", out)
+        if "rows" in sections:
+            guarded("rows-1b", section_variants, llms["1b"], name="1B", variants=_ROWS_VARIANTS, key="rows",
+                    steps=_ROWS_STEPS)
         llms.pop("1b", None)
     if "smol" in sections:
         llms.clear()
@@ -661,6 +675,9 @@ def main() -> None:
         if "ref" in sections:
             guarded("ref-smol", lambda: RESULTS.setdefault("ref", {}).update({"smol": reference_check(llms["smol"], "SmolLM2")}))
         guarded("decode-smol", section_decode, {"SmolLM2-135M": llms["smol"]}, ["SmolLM2-135M"])
+        if "rows" in sections:
+            guarded("rows-smol", section_variants, llms["smol"], name="SmolLM2", variants=_ROWS_VARIANTS,
+                    key="rows", steps=_ROWS_STEPS)
         if "hostprof" in sections:
             guarded("hostprof", section_hostprof, llms["smol"], out)
     dump()

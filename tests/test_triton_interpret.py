@@ -23,7 +23,7 @@ _SCRIPT = textwrap.dedent('''
 
     torch.manual_seed(0)
     n, k = 40, 72  # not multiples of the block sizes below
-    for m in (1, 3):
+    for m, dot in ((1, False), (3, False), (5, False), (3, True)):  # one program per row / tensor cores
         w = torch.randn(n, k) / k ** 0.5
         x = torch.randn(m, k)
         b = torch.randn(n)
@@ -33,18 +33,23 @@ _SCRIPT = textwrap.dedent('''
 
         def check(got, want, what):
             err = ((got - want).norm() / want.norm()).item()
-            assert err < 1e-5, (what, m, err)
+            assert err < 1e-5, (what, m, dot, err)
 
-        check(gemv(x, w, b, config=cfg), x @ w.T + b, "bias")
+        check(gemv(x, w, b, config=cfg, dot=dot), x @ w.T + b, "bias")
         h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * nw
-        check(gemv(x, w, norm_weight=nw, eps=1e-5, config=cfg), h @ w.T, "norm")
+        check(gemv(x, w, norm_weight=nw, eps=1e-5, config=cfg, dot=dot), h @ w.T, "norm")
         w2 = torch.randn(2 * n, k) / k ** 0.5
-        check(gemv(x, w2, b.repeat(2), norm_weight=nw, eps=1e-5, gated=True, config=cfg),
+        check(gemv(x, w2, b.repeat(2), norm_weight=nw, eps=1e-5, gated=True, config=cfg, dot=dot),
               F.silu(h @ w2[:n].T + b) * (h @ w2[n:].T + b), "norm + gated")
         r = res.clone()
-        out = gemv(x, w, residual=r, config=cfg)
+        out = gemv(x, w, residual=r, config=cfg, dot=dot)
         assert out.data_ptr() == r.data_ptr()
         check(r, res + x @ w.T, "residual")
+        if m > 1 and not dot:  # each row exactly as a 1-row product
+            assert torch.equal(gemv(x, w, norm_weight=nw, eps=1e-5, config=cfg)[m - 1],
+                               gemv(x[m - 1:], w, norm_weight=nw, eps=1e-5, config=cfg)[0])
+        check(gemv(x, w2, norm_weight=nw, eps=1e-5, gated=True, dot=dot), F.silu(h @ w2[:n].T) * (h @ w2[n:].T),
+              "norm + gated, default config")
     try:
         gemv(torch.randn(17, k), torch.randn(n, k))
     except ValueError as e:

@@ -9,6 +9,9 @@ inputs and launching its CUDA graph — overlaps the GPU's forward instead of fo
 async scheduling). Outputs are the same tokens in the same order: a request that stops (EOS, stop
 string) at step n has had step n + 1 computed for it already; that token is discarded, and its KV
 write landed in a slot no computed token owns (stream order puts any reuse of the block after it).
+That step still has the finished request's row, so the other requests' tokens of that one step come
+from a batch one larger than the synchronous engine's; in bf16 that can round differently where the
+batch size changes the layer body (fused_forward.default_gemv_rows), as any change of batch does.
 
 Chaining stops — the step in flight is read and the engine takes the ordinary path — whenever the
 next step is not a steady decode: a request waiting for admission, a request that finishes by

@@ -20,7 +20,8 @@ never overwrites bytes an in-flight copy still reads.
 Env switches (for benchmarks and debugging): ``TANDEM_CUDA_GRAPHS=0`` (eager only),
 ``TANDEM_FUSED=0`` (run ``CausalLM.forward``, still with Triton attention), ``TANDEM_GEMV=0`` (fused
 layers with cuBLAS matmuls only, no skinny Triton matmuls), ``TANDEM_GEMV_ROWS`` (steps of at most this
-many rows use the skinny matmuls; default 1),
+many rows use the skinny matmuls; default 1, 6 for small models), ``TANDEM_GEMV_MULTIROW=dot`` (their
+2+ row steps on 16-row tensor-core tiles instead of one program per row),
 ``TANDEM_MAX_GRAPH_BATCH`` (default 256), ``TANDEM_KV_SPLITS`` (force the split-KV count).
 """
 
@@ -38,7 +39,7 @@ from tandem.models.decoder import CausalLM, KVCache
 from tandem.worker.attn_metadata import AttentionMetadata
 from tandem.worker.batch import SeqChunk
 from tandem.worker.cuda_graphs import CapturedStep, GraphCache, batch_bucket
-from tandem.worker.fused_forward import fused_forward, fused_supported
+from tandem.worker.fused_forward import default_gemv_rows, fused_forward, fused_supported
 from tandem.worker.triton_argmax import argmax_rows
 from tandem.worker.triton_attention import MAX_SPLITS, num_sms, pick_num_splits, tile_shape
 
@@ -117,8 +118,10 @@ class GpuModelRunner:
         arch = model.arch
         want_fused = _env_flag("TANDEM_FUSED", True) if fused is None else fused
         self.fused = want_fused and fused_supported(arch)
-        # Skinny Triton matmuls for 1-row steps only (faster than cuBLAS there, slower at 2-16 rows).
-        self.gemv_rows = int(os.environ.get("TANDEM_GEMV_ROWS", "1")) if _env_flag("TANDEM_GEMV", True) else 0
+        # Steps of at most this many rows take the skinny Triton matmuls (fused_forward.default_gemv_rows).
+        rows_env = os.environ.get("TANDEM_GEMV_ROWS")
+        self.gemv_rows = (int(rows_env) if rows_env else default_gemv_rows(arch)) if _env_flag("TANDEM_GEMV", True) else 0
+        self.gemv_dot = os.environ.get("TANDEM_GEMV_MULTIROW", "rows") == "dot"  # 2+ rows on tensor cores
         cuda = device.type == "cuda"
         if use_graphs is None:
             use_graphs = cuda and _env_flag("TANDEM_CUDA_GRAPHS", True)
@@ -290,7 +293,7 @@ class GpuModelRunner:
 
     def _hidden(self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         if self.fused:
-            return fused_forward(self.model, ids, pos, meta, self.kv_caches, self.gemv_rows)
+            return fused_forward(self.model, ids, pos, meta, self.kv_caches, self.gemv_rows, self.gemv_dot)
         hidden, _ = self.model(ids, pos, meta, self.kv_caches)
         return hidden
 

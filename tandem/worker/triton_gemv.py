@@ -19,7 +19,11 @@ Numerics: float32 accumulation; matmul outputs, silu and the residual add round 
 the unfused ops do (``triton_ops.py``). The fused norm rounds ``x ⊙ w_norm`` (not ``x · rstd``, then
 ``· w_norm``) to the model dtype before the product: same math, different bf16 rounding points
 (differences at the level of bf16 noise, see tests/test_gpu.py). Rows up to ``MAX_ROWS``; callers
-use cuBLAS above that.
+use cuBLAS above that. Several rows run one program per (row, column block), rows adjacent so a
+column block's programs share its weight tile through L2, each row computed exactly as a 1-row
+product: a verify row's logits equal the 1-row decode's bit for bit up to attention. That costs
+~rows × one row on big weights (bandwidth) but little more than one row on small models (latency);
+``dot=True`` instead runs 16-row tensor-core tiles (slower than cuBLAS at every shape measured).
 CPU tensors work under ``TRITON_INTERPRET=1`` (tests).
 """
 
@@ -51,10 +55,15 @@ def _gemv_kernel(
     PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    if BLOCK_M == 1:  # one row per program, rows fastest: the M programs of a column block run
+        row0 = pid % M  # together, so the weight tile comes from HBM once and from L2 for the rest
+        pid = pid // M
+    else:
+        row0 = 0
     dt = w_ptr.dtype.element_ty
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
-    m = tl.arange(0, BLOCK_M)
+    m = row0 + tl.arange(0, BLOCK_M)
     m_mask = m < M
     x_rows = x_ptr + m[:, None].to(tl.int64) * stride_xm
     w_rows = w_ptr + n[:, None].to(tl.int64) * stride_wn
@@ -123,14 +132,16 @@ def _gemv_kernel(
         tl.store(out_ptr + m[:, None].to(tl.int64) * stride_om + n[None, :], y, mask=om)
 
 
-def gemv_config(m: int, n: int, k: int) -> tuple[int, int, int]:
+def gemv_config(m: int, n: int, k: int, dot: bool = False) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps) for an [m, k] x [n, k]^T product.
 
-    One row: enough programs to keep every SM streaming (~384+ column blocks), long K tiles. Tuned on
-    an H200 with ``benchmarks/gpu_gemv.py --sweep`` (e.g. 8B: qkv (16, 1024, 8), o and down (8, 1024, 8),
-    gate_up (32, 512, 4), each as fast as or faster than cuBLAS).
+    Per row (every row count, unless ``dot``): enough programs to keep every SM streaming (~384+
+    column blocks), long K tiles. Tuned on an H200 with ``benchmarks/gpu_gemv.py --sweep`` (e.g. 8B:
+    qkv (16, 1024, 8), o and down (8, 1024, 8), gate_up (32, 512, 4), each as fast as or faster than
+    cuBLAS). The same config at every row count: each row is computed exactly as a 1-row product.
+    ``dot``: 16-row tensor-core tiles.
     """
-    if m > 1:
+    if m > 1 and dot:
         return 16, 128, 4
     block_n = 4
     while block_n < 32 and n // (2 * block_n) >= 384:
@@ -155,6 +166,7 @@ def gemv(
     gated: bool = False,
     residual: torch.Tensor | None = None,  # [M, N], updated in place and returned
     config: tuple[int, int, int] | None = None,
+    dot: bool = False,  # 2..16 rows as 16-row tensor-core tiles (slower than cuBLAS on the H200)
 ) -> torch.Tensor:  # [M, N] (gated: [M, I] = silu(x W_gate^T) * (x W_up^T))
     mrows, kin = x.shape
     nw_rows = weight.shape[0]
@@ -171,22 +183,22 @@ def gemv(
         out = torch.empty((mrows, nout), dtype=weight.dtype, device=weight.device)
     if mrows == 0:
         return out
-    block_n, block_k, warps = config or gemv_config(mrows, nw_rows, kin)
+    use_dot = mrows > 1 and dot
+    block_n, block_k, warps = config or gemv_config(mrows, nw_rows, kin, use_dot)
     if gated and config is None:  # each program reads block_n gate rows and block_n up rows
         block_n = max(4, block_n // 2)
     pdl = pdl_enabled(x.device)
-    use_dot = mrows > 1
     block_m = 16 if use_dot else 1
     if use_dot:
         block_n = max(block_n, 16)
-    grid = (triton.cdiv(nout, block_n),)
+    grid = (triton.cdiv(nout, block_n) * (1 if use_dot else mrows),)
     _gemv_kernel[grid](
         x, weight, bias if bias is not None else weight,
         norm_weight if norm_weight is not None else weight, out, out, eps,
         mrows, nout, x.stride(0), weight.stride(0), out.stride(0), out.stride(0), nout if gated else 0,
         K=kin, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         HAS_BIAS=bias is not None, NORM=norm_weight is not None, GATED=gated,
-        HAS_RES=residual is not None, USE_DOT=use_dot, DEFER=_defer(block_n), PDL=pdl, num_warps=warps,
+        HAS_RES=residual is not None, USE_DOT=use_dot, DEFER=not use_dot and _defer(block_n), PDL=pdl, num_warps=warps,
         **launch_kwargs(pdl),
     )
     return out
