@@ -2,9 +2,11 @@
 """Real SmolLM2-135M-Instruct in bf16 on the GPU: batch-1 decode speed with and without n-gram
 speculation on HumanEval, and how often the greedy outputs of the two agree (and why not).
 
-Three engines in one process (same GGUF, bf16, CUDA graphs): ``baseline`` (asynchronous decode, the
-CUDA default), ``ngram`` (k, n-gram lengths as given; speculation runs synchronously) and
-``baseline_sync`` (no asynchronous decode; its outputs must equal the baseline's). Each HumanEval prompt runs alone (batch 1) through both, alternating which goes
+Four engines in one process (same GGUF, bf16, CUDA graphs): ``baseline`` (asynchronous decode, the
+CUDA default), ``ngram`` (k, n-gram lengths as given, with the CUDA default acceptance gate: a
+request drafts only while its acceptance pays for the verify steps, spec/gate.py), ``ngram_ungated``
+(``disable_by_acceptance: false``: drafts every step, as vLLM) and ``baseline_sync`` (no asynchronous
+decode; its outputs must equal the baseline's). Each HumanEval prompt runs alone (batch 1) through both, alternating which goes
 first. Per run: decode tok/s = (tokens − 1) / (finish − first token), the steady state. Outputs:
 identical, or the first position where they differ, with the baseline's top-2 log-probability gap
 there, from an untimed re-run with logprobs (bf16 near-ties flip under the different accumulation
@@ -57,6 +59,7 @@ def main() -> None:
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
     t0 = time.perf_counter()
     engines = {"baseline": LLM(args.gguf, **common), "ngram": LLM(args.gguf, speculative_config=spec, **common),
+               "ngram_ungated": LLM(args.gguf, speculative_config={**spec, "disable_by_acceptance": False}, **common),
                # the baseline without asynchronous decode (the way speculation steps run)
                "baseline_sync": LLM(args.gguf, async_scheduling=False, **common)}
     print(f"device {torch.cuda.get_device_name(0) if args.device == 'cuda' else args.device}, torch {torch.__version__}; engines built in "
@@ -69,6 +72,7 @@ def main() -> None:
         order = list(engines) if i % 2 == 0 else list(engines)[::-1]  # alternate who goes first
         res = {name: run_one(engines[name], p, args.max_tokens) for name in order}
         (ob, mb), (on, mn), (os_, ms) = res["baseline"], res["ngram"], res["baseline_sync"]
+        ou, mu = res["ngram_ungated"]
         assert os_.outputs[0].token_ids == ob.outputs[0].token_ids, "asynchronous decode changed the output"
         tb, tn = ob.outputs[0].token_ids, on.outputs[0].token_ids
         diff = next((j for j, (a, b) in enumerate(zip(tb, tn)) if a != b), None)
@@ -78,13 +82,18 @@ def main() -> None:
             top = sorted(lp[diff].values(), key=lambda x: -x.logprob) if lp else []
             if len(top) >= 2:
                 gap = top[0].logprob - top[1].logprob
-        row = {"prompt": i, "base": mb, "ngram": mn, "base_sync": ms, "speedup": mb["seconds"] / mn["seconds"],
+        row = {"prompt": i, "base": mb, "ngram": mn, "ngram_ungated": mu, "base_sync": ms,
+               "speedup": mb["seconds"] / mn["seconds"], "speedup_ungated": mb["seconds"] / mu["seconds"],
                "first_diff": diff, "top2_logprob_gap_at_diff": gap,
-               "ngram_drafted": on.outputs[0].num_draft_tokens, "ngram_accepted": on.outputs[0].num_accepted_tokens}
+               "identical_ungated": ou.outputs[0].token_ids == tb,
+               "ngram_drafted": on.outputs[0].num_draft_tokens, "ngram_accepted": on.outputs[0].num_accepted_tokens,
+               "ungated_drafted": ou.outputs[0].num_draft_tokens, "ungated_accepted": ou.outputs[0].num_accepted_tokens}
         rows.append(row)
         print(f"prompt {i:2d}: baseline {mb['decode_tok_s']:7.1f} tok/s (sync {ms['decode_tok_s']:7.1f}), "
               f"ngram {mn['decode_tok_s']:7.1f} tok/s "
-              f"(x{row['speedup']:.2f} e2e), accepted {row['ngram_accepted']}/{row['ngram_drafted']}, "
+              f"(x{row['speedup']:.2f} e2e), accepted {row['ngram_accepted']}/{row['ngram_drafted']}; ungated "
+              f"{mu['decode_tok_s']:7.1f} tok/s (x{row['speedup_ungated']:.2f}), accepted "
+              f"{row['ungated_accepted']}/{row['ungated_drafted']}; "
               + ("identical" if diff is None else f"first diff at token {diff} (top-2 gap {gap if gap is None else round(gap, 4)})"),
               flush=True)
     base_tok = sum(r["base"]["tokens"] for r in rows)
@@ -95,7 +104,14 @@ def main() -> None:
         "baseline_sync_e2e_tok_s": base_tok / sum(r["base_sync"]["seconds"] for r in rows),
         "baseline_e2e_tok_s": base_tok / sum(r["base"]["seconds"] for r in rows),
         "ngram_e2e_tok_s": base_tok / sum(r["ngram"]["seconds"] for r in rows),
+        "ngram_ungated_decode_tok_s_median": statistics.median(r["ngram_ungated"]["decode_tok_s"] for r in rows),
+        "ngram_ungated_e2e_tok_s": base_tok / sum(r["ngram_ungated"]["seconds"] for r in rows),
         "identical_outputs": sum(r["first_diff"] is None for r in rows),
+        "identical_outputs_ungated": sum(r["identical_ungated"] for r in rows),
+        "acceptance_ungated": (sum(r["ungated_accepted"] for r in rows)
+                               / max(1, sum(r["ungated_drafted"] for r in rows))),
+        "gate_shadow_drafts": engines["ngram"].engine.gate.num_shadow_drafts if engines["ngram"].engine.gate else None,
+        "gate_cost_ratio": engines["ngram"].engine.gate.cost_ratio if engines["ngram"].engine.gate else None,
         "prompts": len(rows),
         "acceptance": sum(r["ngram_accepted"] for r in rows) / max(1, sum(r["ngram_drafted"] for r in rows)),
         "gaps_at_first_diff": [r["top2_logprob_gap_at_diff"] for r in rows if r["first_diff"] is not None],
@@ -104,14 +120,24 @@ def main() -> None:
     summary["speedup_e2e"] = summary["ngram_e2e_tok_s"] / summary["baseline_e2e_tok_s"]
     # without the first-token times: a first-seen shape can stall one engine's prefill (a compile) and
     # swing the e2e ratio; decode time alone is what speculation changes
-    summary["speedup_decode"] = (sum(r["base"]["seconds"] - r["base"]["ttft_s"] for r in rows)
-                                 / sum(r["ngram"]["seconds"] - r["ngram"]["ttft_s"] for r in rows))
-    summary["max_ttft_s"] = {k: max(r[k]["ttft_s"] for r in rows) for k in ("base", "ngram", "base_sync")}
+    def decode_s(key: str) -> float:
+        return sum(r[key]["seconds"] - r[key]["ttft_s"] for r in rows)
+
+    summary["speedup_decode"] = decode_s("base") / decode_s("ngram")
+    summary["speedup_decode_ungated"] = decode_s("base") / decode_s("ngram_ungated")
+    summary["speedup_e2e_ungated"] = summary["ngram_ungated_e2e_tok_s"] / summary["baseline_e2e_tok_s"]
+    summary["max_ttft_s"] = {k: max(r[k]["ttft_s"] for r in rows) for k in ("base", "ngram", "ngram_ungated", "base_sync")}
     print("\n| engine | decode tok/s (median) | e2e tok/s |\n|---|---|---|")
     print(f"| baseline | {summary['baseline_decode_tok_s_median']:.1f} | {summary['baseline_e2e_tok_s']:.1f} |")
     print(f"| baseline, synchronous decode | {summary['baseline_sync_decode_tok_s_median']:.1f} | "
           f"{summary['baseline_sync_e2e_tok_s']:.1f} |")
-    print(f"| ngram k={args.k} | {summary['ngram_decode_tok_s_median']:.1f} | {summary['ngram_e2e_tok_s']:.1f} |")
+    print(f"| ngram k={args.k} (acceptance gate) | {summary['ngram_decode_tok_s_median']:.1f} | {summary['ngram_e2e_tok_s']:.1f} |")
+    print(f"| ngram k={args.k}, ungated | {summary['ngram_ungated_decode_tok_s_median']:.1f} | "
+          f"{summary['ngram_ungated_e2e_tok_s']:.1f} |")
+    print(f"ungated: speedup x{summary['speedup_decode_ungated']:.3f} in decode time, x{summary['speedup_e2e_ungated']:.2f} "
+          f"e2e; acceptance {summary['acceptance_ungated']:.1%}; identical outputs "
+          f"{summary['identical_outputs_ungated']}/{summary['prompts']}. Gate: {summary['gate_shadow_drafts']} shadow "
+          f"drafts scored, cost ratio {summary['gate_cost_ratio']}")
     print(f"speedup x{summary['speedup_decode']:.3f} in decode time (first tokens excluded; longest first token: "
           + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in summary["max_ttft_s"].items()) + ")")
     print(f"speedup (e2e) x{summary['speedup_e2e']:.2f}; acceptance {summary['acceptance']:.1%}; identical outputs "

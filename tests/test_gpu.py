@@ -453,3 +453,28 @@ def test_speculative_engine_on_cuda(tmp_path):
     same = sum(x == y for p, q in zip(a, b) for x, y in zip(p, q))
     assert same >= 0.9 * sum(len(p) for p in a)
 
+
+def test_ngram_acceptance_gate_on_cuda(tmp_path):
+    """n-gram on CUDA gates drafting by acceptance by default (spec/gate.py); gated, ungated and plain
+    decoding give (near-)identical bf16 tokens (verify rows take the same skinny matmuls as decode
+    rows on small models; attention over k + 1 queries may still round differently)."""
+    from engine_utils import greedy, tokens_of
+    from tiny_models import write_tiny_hf_checkpoint
+    from tandem import LLM
+
+    path = write_tiny_hf_checkpoint(tmp_path, "llama", vocab_size=256, hidden_size=128, intermediate_size=256,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    kw = dict(device="cuda", dtype="bfloat16", kv_cache_memory_bytes=64 << 20, enable_prefix_caching=False)
+    ngram = {"method": "ngram", "num_speculative_tokens": 3}
+    plain = LLM(str(path), **kw)
+    gated = LLM(str(path), speculative_config=ngram, **kw)
+    ungated = LLM(str(path), speculative_config={**ngram, "disable_by_acceptance": False}, **kw)
+    assert gated.engine.gate is not None and ungated.engine.gate is None
+    prompts = [[5, 9, 17, 33, 40] * 4, [7, 7, 7, 7], [3, 11, 29, 60, 61, 62]]
+    want = [tokens_of(plain.generate([p], greedy(40)))[0] for p in prompts]  # batch 1, as below
+    for llm in (gated, ungated):
+        got = [tokens_of(llm.generate([p], greedy(40)))[0] for p in prompts]
+        same = sum(x == y for p, q in zip(want, got) for x, y in zip(p, q))
+        assert same >= 0.9 * sum(len(p) for p in want)
+        assert llm.engine.stats.spec.num_drafts > 0
+    assert gated.engine.gate.verify_cost.count > 0 and not gated.engine.gate._states

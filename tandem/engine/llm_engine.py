@@ -39,7 +39,8 @@ from tandem.sample.rows import SamplingRow
 from tandem.sampling_params import SamplingParams
 from tandem.scheduler import ScheduledRequest, Scheduler
 from tandem.spec.config import SpeculativeConfig, validate_against_target
-from tandem.spec.proposers import build_proposer
+from tandem.spec.gate import AcceptanceGate
+from tandem.spec.proposers import build_proposer, shadow_drafter
 from tandem.worker.batch import SeqChunk
 from tandem.worker.model_runner import ModelRunner
 
@@ -141,6 +142,14 @@ class LLMEngine:
             dkv = allocate_kv_cache(draft_arch, num_blocks, self.block_size, self.dtype, self.device)
             draft_runner = ModelRunner(draft_model, dkv, self.block_size, self.device)
         self.proposer = build_proposer(speculative, draft_runner, self.generator)
+        # Per-request drafting off while it does not pay (spec/gate.py); n-gram only.
+        self.gate: AcceptanceGate | None = None
+        drafter = shadow_drafter(self.proposer)
+        gate_on = speculative.disable_by_acceptance if speculative is not None else False
+        if gate_on is None:
+            gate_on = self.device.type == "cuda"
+        if gate_on and drafter is not None:
+            self.gate = AcceptanceGate(drafter)
         self._capture_graphs([self.runner] + ([draft_runner] if draft_runner else []),
                              scheduler.max_num_seqs, k)
         self.scheduler = Scheduler(self.pool, self.block_size, scheduler.token_budget(k),
@@ -159,8 +168,10 @@ class LLMEngine:
         use_async = scheduler.async_scheduling
         if use_async is None:
             use_async = self.device.type == "cuda"
-        self.async_scheduling = bool(use_async)  # used while speculation is off (drafts need read tokens)
+        # Used for steps without drafts while no request will draft next (drafts need read tokens).
+        self.async_scheduling = bool(use_async)
         self._inflight: InflightDecode | None = None
+        self._step_verified: bool | None = None  # this step verified drafts / only decoded / neither
         self.num_chained_steps = 0  # decode steps launched before the previous step's tokens were read
 
     @staticmethod
@@ -269,17 +280,23 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
         outputs, self._failed = self._failed, []
         pending, self._inflight = self._inflight, None
         if pending is not None and all(r.status.finished for r in pending.requests):
             pending = None  # every request of the step in flight finished or was aborted meanwhile
+        self._step_verified = False if pending is not None else None
         if pending is None:
             pending = self._scheduled_step(outputs)
-            if pending is None:  # ran synchronously (or nothing to run)
-                return outputs
-        # The next decode step goes to the GPU before this one's tokens are read (one sync).
-        self._inflight = self._chain(pending)
-        outputs.extend(self._emit(self._collect(pending)))
+        if pending is not None:
+            # The next decode step goes to the GPU before this one's tokens are read (one sync).
+            self._inflight = self._chain(pending)
+            touched = self._collect(pending)
+            if self.proposer is not None:
+                self._to_propose |= touched
+            outputs.extend(self._emit(touched))
+        if self.gate is not None and self._step_verified is not None:
+            self.gate.record_step(time.perf_counter() - t0, self._step_verified)
         return outputs
 
     def _scheduled_step(self, outputs: list[RequestOutput]) -> InflightDecode | None:
@@ -294,6 +311,11 @@ class LLMEngine:
         if sched.empty:
             return None
         self.stats.num_steps += 1
+        # what the gate times this step as: a verify, a plain decode, or neither (a prefill chunk)
+        if any(s.spec_token_ids for s in sched.scheduled):
+            self._step_verified = True
+        elif all(s.num_new_tokens == 1 and s.samples for s in sched.scheduled):
+            self._step_verified = False
         chunks: list[SeqChunk] = []
         rows: list[int] = []
         t = 0
@@ -311,7 +333,7 @@ class LLMEngine:
             t += s.num_new_tokens
         # Always run the forward: a prefill chunk that samples nothing still has to write its KV.
         logits = self.runner.forward_logits(chunks, rows)
-        if self.async_scheduling and self.spec is None and launchable(sched):
+        if self.async_scheduling and (self.spec is None or self.gate is not None) and launchable(sched):
             return InflightDecode.launch([s.request for s in sched.scheduled], [s.start for s in sched.scheduled],
                                          logits)
         touched: set[str] = set()
@@ -350,7 +372,7 @@ class LLMEngine:
         """Launch the decode step after ``pending`` with its tokens fed on the device, if every
         running request continues with a steady decode; None otherwise."""
         live = chain_requests(pending, self.scheduler.running, len(self.scheduler.waiting), self.max_model_len)
-        if live is None:
+        if live is None or not self._none_drafts_next(live):
             return None
         for r in live:  # the pending token sits at position num_tokens: its KV slot must exist
             if not self.scheduler.reserve(r, r.num_tokens + 1):
@@ -366,6 +388,12 @@ class LLMEngine:
         logits = self.runner.forward_logits(chunks, list(range(len(live))), token_ids=toks)
         return InflightDecode.launch(live, starts, logits)
 
+    def _none_drafts_next(self, live: Sequence[Request]) -> bool:
+        """No request of a chained step would draft (each holding its pending token)."""
+        if self.spec is None:
+            return True
+        return self.gate is not None and not any(self.gate.wants(r.request_id, r.num_tokens + 1) for r in live)
+
     def _collect(self, pending: InflightDecode) -> set[str]:
         """Read a launched step's tokens (the host sync) and append them."""
         touched: set[str] = set()
@@ -374,8 +402,14 @@ class LLMEngine:
                 continue
             r.num_computed_tokens = start + 1
             self._append_tokens(r, [tok], None)
+            self._observe(r)
             touched.add(r.request_id)
         return touched
+
+    def _observe(self, r: Request) -> None:
+        """Score the gate's shadow drafts of a request that is not drafting against its new tokens."""
+        if self.gate is not None and self.spec is not None and not r.status.finished:
+            self.gate.observe(r.request_id, r.token_ids, self.spec.num_speculative_tokens)
 
     def _prompt_rows(self, s: ScheduledRequest, t: int) -> list[int]:
         r = s.request
@@ -445,6 +479,8 @@ class LLMEngine:
             r = s.request
             nspec = len(s.spec_token_ids)
             self.stats.spec.record(nspec, acc)
+            if self.gate is not None:
+                self.gate.record_verify(r.request_id, nspec, acc)
             r.num_drafts += 1 if nspec else 0
             r.num_draft_tokens += nspec
             r.num_accepted_tokens += acc
@@ -462,6 +498,7 @@ class LLMEngine:
                                        [r.params.logprobs] * len(toks))
             base += nspec + 1
             self._append_tokens(r, toks, lps)
+            self._observe(r)
             touched.add(r.request_id)
 
     def _append_tokens(self, r: Request, toks: list[int], lps: list[Any] | None) -> None:
@@ -494,6 +531,8 @@ class LLMEngine:
 
     def _finish(self, r: Request, status: RequestStatus) -> None:
         self.scheduler.finish(r, status)
+        if self.gate is not None:
+            self.gate.forget(r.request_id)
         self.stats.request_success[status.value] = self.stats.request_success.get(status.value, 0) + 1
 
     # ---- speculation ---------------------------------------------------------------------------
@@ -507,8 +546,11 @@ class LLMEngine:
             if r.request_id not in sampled or not r.is_decoding:
                 continue
             room = min(r.max_output_tokens - r.num_output_tokens - 1, self.max_model_len - r.num_tokens - 1)
+            kr = max(0, min(k, room))
+            if kr and self.gate is not None and not self.gate.wants(r.request_id, r.num_tokens):
+                kr = 0  # not paying for this request now: shadow drafts only
             reqs.append(r)
-            ks.append(max(0, min(k, room)))
+            ks.append(kr)
         if not reqs:
             return
         proposal = self.proposer.propose_requests(reqs, ks)

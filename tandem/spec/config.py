@@ -20,6 +20,9 @@ spelling.
 
 Defaults that differ from vLLM, on purpose:
 
+- ``disable_by_acceptance`` (tandem only; n-gram): a request stops drafting while its acceptance is
+  too low for speculation to pay and resumes when it rises (``tandem/spec/gate.py``). Default: on
+  for CUDA targets, off elsewhere; ``false`` drafts every step as vLLM does.
 - n-gram with neither ``prompt_lookup_min`` nor ``prompt_lookup_max`` given: min = 1, max = 5
   (vLLM: 5 and 5). Longest matches are still preferred; min = 1 lets a single repeated token trigger
   a draft, as Hugging Face's prompt-lookup does. One of them given: the other copies it (as vLLM).
@@ -125,6 +128,9 @@ class SpeculativeConfig:
     draft_sample_method: str = "greedy"  # "greedy" | "probabilistic" (draft samples, q kept)
     rejection_sample_method: str = "standard"  # "standard" | "synthetic" (benchmark only)
     synthetic_acceptance_rate: float | None = None  # required iff synthetic, in [0, 1]
+    # tandem: per-request drafting off while it does not pay (spec/gate.py); ngram only.
+    # None = on for CUDA targets, off elsewhere (decided by the engine).
+    disable_by_acceptance: bool | None = None
 
     def __post_init__(self) -> None:
         # --- types -------------------------------------------------------------------------------
@@ -142,12 +148,10 @@ class SpeculativeConfig:
         _check_int("max_model_len", self.max_model_len, optional=True, minimum=1)
         _check_str("quantization", self.quantization, optional=True)
         _check_str("revision", self.revision, optional=True)
-        if self.enforce_eager is not None and not isinstance(self.enforce_eager, bool):
-            raise ConfigError(
-                "enforce_eager",
-                f"expected true, false or null, got {_type_name(self.enforce_eager)} "
-                f"{self.enforce_eager!r}",
-            )
+        for key in ("enforce_eager", "disable_by_acceptance"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, bool):
+                raise ConfigError(key, f"expected true, false or null, got {_type_name(value)} {value!r}")
         rate = self.synthetic_acceptance_rate
         if rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool)):
             raise ConfigError(
@@ -182,6 +186,12 @@ class SpeculativeConfig:
             self._normalise_ngram()
         else:
             self._check_draft_model()
+        if self.disable_by_acceptance and method != "ngram":
+            raise ConfigError(
+                "disable_by_acceptance",
+                f"applies to method 'ngram' only (its shadow drafts cost nothing), not {method!r}",
+                allowed=[False, None],
+            )
 
         if self.draft_tensor_parallel_size not in SUPPORTED_DRAFT_TENSOR_PARALLEL_SIZES:
             raise ConfigError(

@@ -9,7 +9,7 @@ requests' block tables and counters, so they take Request objects directly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -49,3 +49,11 @@ def build_proposer(cfg: SpeculativeConfig | None, draft_runner: ModelRunner | No
             raise RuntimeError("draft_model speculation needs a loaded draft model")
         return DraftModelProposer(draft_runner, cfg.draft_sample_method == "probabilistic", generator)
     raise NotImplementedError(f"speculative method {cfg.method!r}")
+
+
+def shadow_drafter(proposer: EngineProposer | None) -> Callable[[Sequence[int], int], list[int]] | None:
+    """``(accepted tokens, at most k) -> drafts`` for proposers whose drafts cost no forward (n-gram):
+    what the acceptance gate drafts with while a request is not drafting (spec/gate.py); else None."""
+    if isinstance(proposer, TokenProposerAdapter) and isinstance(proposer.proposer, NgramProposer):
+        return proposer.proposer.propose_one
+    return None
