@@ -6,7 +6,9 @@ step():  schedule → build the flat batch (prefill chunks, decodes, k+1-token v
          the next step → RequestOutputs.
 
 Speculation is inside the continuous batch: a request with drafts contributes k+1 sampled rows,
-one without contributes 1, and both ride in the same forward. A request's failure (prompt too long,
+one without contributes 1, and both ride in the same forward. With n-gram speculation on CUDA an acceptance gate
+(spec/gate.py) lets a request draft only while that pays; steps in which no request drafts run
+asynchronously (engine/async_decode.py), as they do without speculation. A request's failure (prompt too long,
 bad token ids) is reported for that request only; the engine and the other requests go on.
 """
 
