@@ -39,13 +39,17 @@ class _RequestState:
     shadow_draft: list[int] | None = None  # proposed from tokens[:shadow_at], not scored yet
 
 
+def _ema(average: float | None, value: float, alpha: float) -> float:
+    return value if average is None else (1 - alpha) * average + alpha * value
+
+
 @dataclass
 class _StepCost:
     seconds: float = 0.0  # EMA of a step's wall time
     count: int = 0
 
     def add(self, seconds: float, alpha: float) -> None:
-        self.seconds = seconds if self.count == 0 else (1 - alpha) * self.seconds + alpha * seconds
+        self.seconds = _ema(self.seconds if self.count else None, seconds, alpha)
         self.count += 1
 
 
@@ -133,5 +137,4 @@ class AcceptanceGate:
         self._states.pop(request_id, None)
 
     def _update(self, st: _RequestState, tokens: int) -> None:
-        ema = st.tokens_per_verify
-        st.tokens_per_verify = float(tokens) if ema is None else (1 - self.alpha) * ema + self.alpha * tokens
+        st.tokens_per_verify = _ema(st.tokens_per_verify, float(tokens), self.alpha)
