@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from tandem.errors import ConfigError
-from tandem.spec.base import DraftProposal, ProposalInput, Proposer
-from tandem.spec.config import SpeculativeConfig
-from tandem.spec.ngram import NgramProposer, find_ngram_draft
+from tandem.spec_decode.base import DraftProposal, ProposalInput, Proposer
+from tandem.spec_decode.config import SpeculativeConfig
+from tandem.spec_decode.ngram import NgramProposer, find_ngram_draft
 
 
 def propose(tokens: Sequence[int], lo: int, hi: int, k: int, num_tokens: int | None = None,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tandem.errors import ConfigError
-from tandem.spec.config import (
+from tandem.spec_decode.config import (
     DEFAULT_PROMPT_LOOKUP_MAX,
     DEFAULT_PROMPT_LOOKUP_MIN,
     DEPRECATED_KWARGS,

@@ -14,7 +14,7 @@ from tandem.loader.registry import DEFAULT_MODEL
 from tandem.loader.tokenizer import apply_chat_template
 from tandem.outputs import CompletionOutput, RequestOutput
 from tandem.sampling_params import SamplingParams
-from tandem.spec.config import SpeculativeConfig, resolve_speculative_config
+from tandem.spec_decode.config import SpeculativeConfig, resolve_speculative_config
 
 PromptType = str | Sequence[int] | Mapping[str, Any]
 Message = Mapping[str, str]
@@ -43,7 +43,7 @@ class LLM:
         log_stats: bool = False,
         **deprecated: Any,
     ) -> None:
-        from tandem.spec.config import DEPRECATED_KWARGS
+        from tandem.spec_decode.config import DEPRECATED_KWARGS
 
         unknown = set(deprecated) - set(DEPRECATED_KWARGS)
         if unknown:

@@ -7,7 +7,7 @@ step():  schedule → build the flat batch (prefill chunks, decodes, k+1-token v
 
 Speculation is inside the continuous batch: a request with drafts contributes k+1 sampled rows,
 one without contributes 1, and both ride in the same forward. With n-gram speculation on CUDA an acceptance gate
-(spec/gate.py) lets a request draft only while that pays; steps in which no request drafts run
+(spec_decode/gate.py) lets a request draft only while that pays; steps in which no request drafts run
 asynchronously (engine/async_decode.py), as they do without speculation. A request's failure (prompt too long,
 bad token ids) is reported for that request only; the engine and the other requests go on.
 """
@@ -40,9 +40,9 @@ from tandem.sample.rejection import greedy_verify, rejection_sample
 from tandem.sample.rows import SamplingRow
 from tandem.sampling_params import SamplingParams
 from tandem.scheduler import ScheduledRequest, Scheduler
-from tandem.spec.config import SpeculativeConfig, validate_against_target
-from tandem.spec.gate import AcceptanceGate
-from tandem.spec.proposers import build_proposer, shadow_drafter
+from tandem.spec_decode.config import SpeculativeConfig, validate_against_target
+from tandem.spec_decode.gate import AcceptanceGate
+from tandem.spec_decode.proposers import build_proposer, shadow_drafter
 from tandem.worker.batch import SeqChunk
 from tandem.worker.model_runner import ModelRunner
 
@@ -144,7 +144,7 @@ class LLMEngine:
             dkv = allocate_kv_cache(draft_arch, num_blocks, self.block_size, self.dtype, self.device)
             draft_runner = ModelRunner(draft_model, dkv, self.block_size, self.device)
         self.proposer = build_proposer(speculative, draft_runner, self.generator)
-        # Per-request drafting off while it does not pay (spec/gate.py); n-gram only.
+        # Per-request drafting off while it does not pay (spec_decode/gate.py); n-gram only.
         self.gate: AcceptanceGate | None = None
         drafter = shadow_drafter(self.proposer)
         gate_on = speculative.disable_by_acceptance if speculative is not None else False

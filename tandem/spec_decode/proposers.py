@@ -15,10 +15,10 @@ from typing import Protocol
 import torch
 
 from tandem.request import Request
-from tandem.spec.base import DraftProposal, ProposalInput, Proposer
-from tandem.spec.config import SpeculativeConfig
-from tandem.spec.draft_model import DraftModelProposer
-from tandem.spec.ngram import NgramProposer
+from tandem.spec_decode.base import DraftProposal, ProposalInput, Proposer
+from tandem.spec_decode.config import SpeculativeConfig
+from tandem.spec_decode.draft_model import DraftModelProposer
+from tandem.spec_decode.ngram import NgramProposer
 from tandem.worker.model_runner import ModelRunner
 
 
@@ -53,7 +53,7 @@ def build_proposer(cfg: SpeculativeConfig | None, draft_runner: ModelRunner | No
 
 def shadow_drafter(proposer: EngineProposer | None) -> Callable[[Sequence[int], int], list[int]] | None:
     """``(accepted tokens, at most k) -> drafts`` for proposers whose drafts cost no forward (n-gram):
-    what the acceptance gate drafts with while a request is not drafting (spec/gate.py); else None."""
+    what the acceptance gate drafts with while a request is not drafting (spec_decode/gate.py); else None."""
     if isinstance(proposer, TokenProposerAdapter) and isinstance(proposer.proposer, NgramProposer):
         return proposer.proposer.propose_one
     return None

@@ -21,7 +21,7 @@ spelling.
 Defaults that differ from vLLM, on purpose:
 
 - ``disable_by_acceptance`` (tandem only; n-gram): a request stops drafting while its acceptance is
-  too low for speculation to pay and resumes when it rises (``tandem/spec/gate.py``). Default: on
+  too low for speculation to pay and resumes when it rises (``tandem/spec_decode/gate.py``). Default: on
   for CUDA targets, off elsewhere; ``false`` drafts every step as vLLM does.
 - n-gram with neither ``prompt_lookup_min`` nor ``prompt_lookup_max`` given: min = 1, max = 5
   (vLLM: 5 and 5). Longest matches are still preferred; min = 1 lets a single repeated token trigger
@@ -128,7 +128,7 @@ class SpeculativeConfig:
     draft_sample_method: str = "greedy"  # "greedy" | "probabilistic" (draft samples, q kept)
     rejection_sample_method: str = "standard"  # "standard" | "synthetic" (benchmark only)
     synthetic_acceptance_rate: float | None = None  # required iff synthetic, in [0, 1]
-    # tandem: per-request drafting off while it does not pay (spec/gate.py); ngram only.
+    # tandem: per-request drafting off while it does not pay (spec_decode/gate.py); ngram only.
     # None = on for CUDA targets, off elsewhere (decided by the engine).
     disable_by_acceptance: bool | None = None
 

@@ -41,8 +41,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from tandem.errors import ConfigError
-from tandem.spec.base import DraftProposal, ProposalInput
-from tandem.spec.config import SpeculativeConfig
+from tandem.spec_decode.base import DraftProposal, ProposalInput
+from tandem.spec_decode.config import SpeculativeConfig
 
 MATCH_CHOICES: tuple[str, ...] = ("recent", "first")
 
@@ -89,7 +89,7 @@ def _as_array(token_ids: Sequence[int]) -> np.ndarray:
 
 
 class NgramProposer:
-    """Prompt-lookup drafts; implements :class:`tandem.spec.base.Proposer`. Stateless."""
+    """Prompt-lookup drafts; implements :class:`tandem.spec_decode.base.Proposer`. Stateless."""
 
     def __init__(
         self,

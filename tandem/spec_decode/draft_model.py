@@ -25,7 +25,7 @@ from tandem.sample.argmax import greedy_ids
 from tandem.sample.logits import probs_from_logits, process_logits
 from tandem.sample.rows import SamplingRow
 from tandem.sample.sampler import sample
-from tandem.spec.base import DraftProposal
+from tandem.spec_decode.base import DraftProposal
 from tandem.worker.batch import SeqChunk
 from tandem.worker.model_runner import ModelRunner
 
