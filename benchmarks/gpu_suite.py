@@ -302,7 +302,7 @@ def section_profile(llm: Any, batch: int = 1, ctx: int = 256) -> None:
 
 # ---- engine-level timing# ---- engine-level timing ------------------------------------------------------------------------
 def set_spec(llm: Any, k: int | None, alpha: float | None) -> None:
-    from tandem.spec_decode.config import SpeculativeConfig
+    from tandem.config.speculative import SpeculativeConfig
 
     eng = llm.engine
     if k is None:

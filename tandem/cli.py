@@ -13,7 +13,7 @@ from tandem.errors import TandemError
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Engine flags shared by generate, serve and offline benchmarks (vLLM spellings)."""
-    from tandem.spec_decode.config import add_speculative_cli_args
+    from tandem.config.speculative import add_speculative_cli_args
 
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
@@ -36,7 +36,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_kwargs(ns: argparse.Namespace) -> dict[str, object]:
-    from tandem.spec_decode.config import speculative_config_from_args
+    from tandem.config.speculative import speculative_config_from_args
 
     return dict(
         tokenizer=ns.tokenizer, dtype=ns.dtype, device=ns.device, seed=ns.seed, load_format=ns.load_format,

@@ -11,7 +11,7 @@ import pytest
 
 from tandem.errors import ConfigError
 from tandem.spec_decode.base import DraftProposal, ProposalInput, Proposer
-from tandem.spec_decode.config import SpeculativeConfig
+from tandem.config.speculative import SpeculativeConfig
 from tandem.spec_decode.ngram import NgramProposer, find_ngram_draft
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tandem.errors import ConfigError
-from tandem.spec_decode.config import (
+from tandem.config.speculative import (
     DEFAULT_PROMPT_LOOKUP_MAX,
     DEFAULT_PROMPT_LOOKUP_MIN,
     DEPRECATED_KWARGS,

@@ -11,7 +11,7 @@ import pytest
 
 from engine_utils import greedy, make_llm, random_prompts, tokens_of
 from tandem.errors import ConfigError
-from tandem.spec_decode.config import SpeculativeConfig
+from tandem.config.speculative import SpeculativeConfig
 from tandem.spec_decode.gate import MIN_TIMED_STEPS, PRIOR_COST_RATIO, AcceptanceGate
 from tandem.spec_decode.ngram import NgramProposer
 from tiny_models import write_tiny_hf_checkpoint

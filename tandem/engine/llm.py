@@ -8,13 +8,14 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from tandem.config import CacheConfig, SchedulerConfig
-from tandem.engine.llm_engine import LLMEngine, ModelSpec
+from tandem.config import ModelConfig
+from tandem.engine.llm_engine import LLMEngine
 from tandem.errors import RequestError
 from tandem.loader.registry import DEFAULT_MODEL
 from tandem.loader.tokenizer import apply_chat_template
 from tandem.outputs import CompletionOutput, RequestOutput
 from tandem.sampling_params import SamplingParams
-from tandem.spec_decode.config import SpeculativeConfig, resolve_speculative_config
+from tandem.config.speculative import SpeculativeConfig, resolve_speculative_config
 
 PromptType = str | Sequence[int] | Mapping[str, Any]
 Message = Mapping[str, str]
@@ -43,7 +44,7 @@ class LLM:
         log_stats: bool = False,
         **deprecated: Any,
     ) -> None:
-        from tandem.spec_decode.config import DEPRECATED_KWARGS
+        from tandem.config.speculative import DEPRECATED_KWARGS
 
         unknown = set(deprecated) - set(DEPRECATED_KWARGS)
         if unknown:
@@ -51,7 +52,7 @@ class LLM:
         spec = resolve_speculative_config(
             speculative_config, {k: v for k, v in deprecated.items() if v is not None})
         self.engine = LLMEngine(
-            ModelSpec(model=model, tokenizer=tokenizer, dtype=dtype, device=device, seed=seed,
+            ModelConfig(model=model, tokenizer=tokenizer, dtype=dtype, device=device, seed=seed,
                       load_format=load_format, revision=revision, max_model_len=max_model_len),
             CacheConfig(block_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
                         kv_cache_memory_bytes=kv_cache_memory_bytes,

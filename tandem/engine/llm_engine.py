@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from tandem.config import CacheConfig, SchedulerConfig, resolve_device, resolve_dtype, resolve_max_model_len
+from tandem.config import CacheConfig, ModelConfig, SchedulerConfig, resolve_device, resolve_dtype, resolve_max_model_len
 from tandem.engine.async_decode import InflightDecode, chain_requests, launchable
 from tandem.engine.detokenizer import IncrementalDetokenizer, fast_decoder
 from tandem.engine.model_loader import build_model
@@ -40,25 +40,16 @@ from tandem.sample.rejection import greedy_verify, rejection_sample
 from tandem.sample.rows import SamplingRow
 from tandem.sampling_params import SamplingParams
 from tandem.scheduler import ScheduledRequest, Scheduler
-from tandem.spec_decode.config import SpeculativeConfig, validate_against_target
+from tandem.config.speculative import SpeculativeConfig, validate_against_target
 from tandem.spec_decode.gate import AcceptanceGate
 from tandem.spec_decode.proposers import build_proposer, shadow_drafter
 from tandem.worker.batch import SeqChunk
-from tandem.worker.model_runner import ModelRunner
+from tandem.config.runner import RunnerConfig, with_debug_overrides
+from tandem.worker.runner import ModelRunner, make_runner
 
 logger = logging.getLogger("tandem")
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    model: str
-    tokenizer: str | None = None
-    dtype: str | torch.dtype = "auto"
-    device: str = "auto"
-    seed: int = 0
-    load_format: str = "auto"
-    revision: str | None = None
-    max_model_len: int | None = None
 
 
 def _fmt_bytes(n: int) -> str:
@@ -82,9 +73,11 @@ class _Group:
 
 
 class LLMEngine:
-    def __init__(self, model: ModelSpec, cache: CacheConfig = CacheConfig(),
+    def __init__(self, model: ModelConfig, cache: CacheConfig = CacheConfig(),
                  scheduler: SchedulerConfig = SchedulerConfig(),
-                 speculative: SpeculativeConfig | None = None, log_stats: bool = False) -> None:
+                 speculative: SpeculativeConfig | None = None, log_stats: bool = False,
+                 runner: RunnerConfig = RunnerConfig()) -> None:
+        runner_cfg = with_debug_overrides(runner)
         self.device = resolve_device(model.device)
         ckpt = open_checkpoint(model.model, load_format=model.load_format, tokenizer=model.tokenizer,
                                revision=model.revision)
@@ -136,13 +129,13 @@ class LLMEngine:
         self.num_blocks = num_blocks
         self.pool = BlockPool(num_blocks, enable_caching=cache.enable_prefix_caching)
         kv = allocate_kv_cache(self.arch, num_blocks, self.block_size, self.dtype, self.device)
-        self.runner = ModelRunner(self.model, kv, self.block_size, self.device)
+        self.runner = make_runner(self.model, kv, self.block_size, self.device, runner_cfg)
         draft_runner = None
         if draft_arch is not None:
             draft_model = build_model(draft_arch, draft_weights, self.dtype, self.device,
                                       speculative.max_model_len or self.max_model_len)
             dkv = allocate_kv_cache(draft_arch, num_blocks, self.block_size, self.dtype, self.device)
-            draft_runner = ModelRunner(draft_model, dkv, self.block_size, self.device)
+            draft_runner = make_runner(draft_model, dkv, self.block_size, self.device, runner_cfg)
         self.proposer = build_proposer(speculative, draft_runner, self.generator)
         # Per-request drafting off while it does not pay (spec_decode/gate.py); n-gram only.
         self.gate: AcceptanceGate | None = None
@@ -183,9 +176,7 @@ class LLMEngine:
         buckets are captured lazily."""
         sizes = [b for b in (1, 2, 4, 8) if b <= max_num_seqs]
         for runner in runners:
-            if runner.gpu is not None:
-                runner.gpu.warm_up()
-                runner.gpu.capture(sizes, range(1, k + 2))
+            runner.warm_up(sizes, range(1, k + 2))
 
     def _eos_ids(self) -> tuple[int, ...]:
         ids = set(self.arch.eos_token_ids)

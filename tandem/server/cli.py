@@ -3,7 +3,7 @@
 ``tandem serve [MODEL] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME ...]
 [--uvicorn-log-level info]`` plus every engine flag of :func:`tandem.cli.add_engine_args` (including
 ``--speculative-config`` and vLLM's deprecated speculation flags, which warn through
-:mod:`tandem.spec_decode.config`). MODEL defaults to the built-in default model.
+:mod:`tandem.config.speculative`). MODEL defaults to the built-in default model.
 
 Startup errors a user can cause (bad flags, bad speculative config, missing model, too little KV
 memory) print one ``error: ...`` line and exit with status 2; nothing is served.

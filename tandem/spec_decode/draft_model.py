@@ -27,7 +27,7 @@ from tandem.sample.rows import SamplingRow
 from tandem.sample.sampler import sample
 from tandem.spec_decode.base import DraftProposal
 from tandem.worker.batch import SeqChunk
-from tandem.worker.model_runner import ModelRunner
+from tandem.worker.runner import ModelRunner
 
 
 class DraftModelProposer:

@@ -42,7 +42,7 @@ import numpy as np
 
 from tandem.errors import ConfigError
 from tandem.spec_decode.base import DraftProposal, ProposalInput
-from tandem.spec_decode.config import SpeculativeConfig
+from tandem.config.speculative import SpeculativeConfig
 
 MATCH_CHOICES: tuple[str, ...] = ("recent", "first")
 

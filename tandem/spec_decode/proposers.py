@@ -16,10 +16,10 @@ import torch
 
 from tandem.request import Request
 from tandem.spec_decode.base import DraftProposal, ProposalInput, Proposer
-from tandem.spec_decode.config import SpeculativeConfig
+from tandem.config.speculative import SpeculativeConfig
 from tandem.spec_decode.draft_model import DraftModelProposer
 from tandem.spec_decode.ngram import NgramProposer
-from tandem.worker.model_runner import ModelRunner
+from tandem.worker.runner import ModelRunner
 
 
 class EngineProposer(Protocol):

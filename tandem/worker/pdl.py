@@ -13,7 +13,7 @@ only reads of data no kernel in the step writes (step metadata uploaded before t
 kernel, constant tables) may come first. Every kernel in the chain waits, so "predecessor finished"
 is transitive; a kernel launched without PDL (cuBLAS, torch) waits for everything before it as usual.
 
-``TANDEM_PDL=0`` turns it off (A/B runs); it is on by default on CUDA devices of compute capability
+``RunnerConfig.pdl = False`` (or ``TANDEM_PDL=0``) turns it off (A/B runs); it is on by default on CUDA devices of compute capability
 9.0+ when the installed Triton supports it. Measured on an H200 (docs/gpu_notes.md): 8B-shape decode
 replay 4.43 -> 4.27 ms, 1B 0.91 -> 0.82 ms. Prefetching the matmuls' first weight tiles into L2
 before the wait, triggering the next launch halfway or at the end of the K loop, and an evict-first
@@ -22,7 +22,6 @@ hint on the streamed weights were all tried and lost.
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -55,18 +54,17 @@ def pdl_prologue():
 _CAPABLE: dict[int, bool] = {}
 
 
-def _switch(name: str) -> bool:
-    v = os.environ.get(name, "").strip().lower()
-    if v in ("", "1", "on", "true", "yes"):
-        return True
-    if v in ("0", "off", "false", "no"):
-        return False
-    raise ValueError(f"{name}={v!r}: expected 1/on/true/yes or 0/off/false/no")
+_SWITCH = [True]  # RunnerConfig.pdl of the last CUDA runner built (process-wide: kernels have no config)
+
+
+def set_pdl(enabled: bool) -> None:
+    """Turn programmatic dependent launch on or off for every kernel launched from now on."""
+    _SWITCH[0] = bool(enabled)
 
 
 def pdl_enabled(device: torch.device) -> bool:
     """Launch the fast path's kernels with programmatic dependent launch on this device?"""
-    if device.type != "cuda" or not _TRITON_HAS_PDL or not _switch("TANDEM_PDL"):
+    if device.type != "cuda" or not _TRITON_HAS_PDL or not _SWITCH[0]:
         return False
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _CAPABLE:
@@ -79,4 +77,4 @@ def launch_kwargs(pdl: bool) -> dict[str, bool]:
     return {"launch_pdl": True} if pdl else {}
 
 
-__all__ = ["pdl_prologue", "pdl_enabled", "launch_kwargs"]
+__all__ = ["pdl_prologue", "pdl_enabled", "launch_kwargs", "set_pdl"]

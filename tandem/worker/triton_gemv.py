@@ -29,8 +29,6 @@ CPU tensors work under ``TRITON_INTERPRET=1`` (tests).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -40,9 +38,8 @@ from tandem.worker.pdl import launch_kwargs, pdl_enabled, pdl_prologue
 MAX_ROWS = 16
 # Deferred reduction (element-wise partial sums, one cross-thread reduction after the K loop) pays for
 # narrow column blocks (BLOCK_N <= 4: 1B o/down 8-12 % faster, SmolLM2 down 22 %) and loses for wider
-# ones (8B: 4-12 % slower), measured on the H200 (docs/gpu_notes.md). ``TANDEM_GEMV_DEFER=0/1`` forces
-# it off/on for every shape. Both orders accumulate exactly in float32.
-_DEFER_ENV = os.environ.get("TANDEM_GEMV_DEFER", "")
+# ones (8B: 4-12 % slower), measured on the H200 (docs/gpu_notes.md). ``gemv(defer=...)``
+# (RunnerConfig.skinny_defer) forces it off/on for every shape. Both orders accumulate exactly in float32.
 
 
 @triton.jit
@@ -150,10 +147,8 @@ def gemv_config(m: int, n: int, k: int, dot: bool = False) -> tuple[int, int, in
     return block_n, block_k, 8 if block_k >= 1024 else 4
 
 
-def _defer(block_n: int) -> bool:
-    if _DEFER_ENV:
-        return _DEFER_ENV not in ("0", "false", "no", "off")
-    return block_n <= 4
+def _defer(block_n: int, forced: bool | None) -> bool:
+    return block_n <= 4 if forced is None else forced
 
 
 def gemv(
@@ -167,6 +162,7 @@ def gemv(
     residual: torch.Tensor | None = None,  # [M, N], updated in place and returned
     config: tuple[int, int, int] | None = None,
     dot: bool = False,  # 2..16 rows as 16-row tensor-core tiles (slower than cuBLAS on the H200)
+    defer: bool | None = None,  # deferred reduction: None = per shape (see _defer)
 ) -> torch.Tensor:  # [M, N] (gated: [M, I] = silu(x W_gate^T) * (x W_up^T))
     mrows, kin = x.shape
     nw_rows = weight.shape[0]
@@ -198,7 +194,7 @@ def gemv(
         mrows, nout, x.stride(0), weight.stride(0), out.stride(0), out.stride(0), nout if gated else 0,
         K=kin, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         HAS_BIAS=bias is not None, NORM=norm_weight is not None, GATED=gated,
-        HAS_RES=residual is not None, USE_DOT=use_dot, DEFER=not use_dot and _defer(block_n), PDL=pdl, num_warps=warps,
+        HAS_RES=residual is not None, USE_DOT=use_dot, DEFER=not use_dot and _defer(block_n, defer), PDL=pdl, num_warps=warps,
         **launch_kwargs(pdl),
     )
     return out

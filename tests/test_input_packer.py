@@ -1,4 +1,4 @@
-"""The GPU runner's host-side input packing, on CPU: the plain-Python path for small steps writes
+"""The input packer (worker/input_packer.py), on CPU: the plain-Python path for small steps writes
 exactly what the numpy path writes (every layout: padded buckets, eager, logits-row selection)."""
 
 from __future__ import annotations
@@ -9,20 +9,13 @@ import numpy as np
 import pytest
 
 from tandem.worker.batch import SeqChunk
-from tandem.worker.gpu_runner import GpuModelRunner
-
-
-def _runner(block_size: int) -> GpuModelRunner:
-    r = GpuModelRunner.__new__(GpuModelRunner)  # packing needs only the block size
-    r.block_size = block_size
-    return r
+from tandem.worker.input_packer import pack_numpy, pack_small
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_small_pack_equals_numpy_pack(seed: int) -> None:
     rng = random.Random(seed)
     bs = rng.choice([1, 4, 16])
-    runner = _runner(bs)
     n = rng.randint(1, 8)
     padded = rng.random() < 0.5
     chunks, qlens = [], []
@@ -41,14 +34,13 @@ def test_small_pack_equals_numpy_pack(seed: int) -> None:
             "subset": sorted(rng.sample(range(total), rng.randint(1, total)))}[kind]
     a = np.full(4096, 7, dtype=np.int64)
     c = a.copy()
-    got = runner._pack_small(a, chunks, qlens, b, q_pad, w, rows)
-    want = runner._pack_numpy(c, chunks, qlens, b, q_pad, w, rows)
+    got = pack_small(bs, a, chunks, qlens, b, q_pad, w, rows)
+    want = pack_numpy(bs, c, chunks, qlens, b, q_pad, w, rows)
     assert got == want
     assert np.array_equal(a[: got[0]], c[: want[0]])
 
 
 def test_small_pack_rejects_overflowing_block_table() -> None:
-    runner = _runner(16)
     buf = np.zeros(1024, dtype=np.int64)
     with pytest.raises(RuntimeError, match="exceeds its 1 KV blocks"):
-        runner._pack_small(buf, [SeqChunk([1, 2], 15, [3])], [2], 1, 2, 4, [1])
+        pack_small(16, buf, [SeqChunk([1, 2], 15, [3])], [2], 1, 2, 4, [1])

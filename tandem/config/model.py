@@ -1,0 +1,79 @@
+"""ModelConfig: which checkpoint, on which device, in which dtype; 'auto' values resolved once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tandem.config.validate import check_choice, check_int, check_str
+from tandem.errors import ConfigError
+
+DTYPES = {
+    "float32": torch.float32, "float": torch.float32,
+    "float16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+LOAD_FORMATS: tuple[str, ...] = ("auto", "safetensors", "gguf", "dummy")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str
+    tokenizer: str | None = None
+    dtype: str | torch.dtype = "auto"
+    device: str = "auto"
+    seed: int = 0
+    load_format: str = "auto"
+    revision: str | None = None
+    max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
+
+    def __post_init__(self) -> None:
+        check_str("model", self.model)
+        check_str("tokenizer", self.tokenizer, optional=True)
+        check_str("device", self.device)
+        check_int("seed", self.seed)
+        check_choice("load_format", self.load_format, LOAD_FORMATS)
+        check_str("revision", self.revision, optional=True)
+        check_int("max_model_len", self.max_model_len, minimum=2, optional=True)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        return torch.device("cpu")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError("device", f"{device!r} requested but no CUDA device is available", ["auto", "cpu"])
+        return torch.device(device)
+    raise ConfigError("device", f"unknown device {device!r}", ["auto", "cpu", "cuda", "cuda:N"])
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device, checkpoint_dtype: str | None) -> torch.dtype:
+    """'auto': float32 on CPU (exact reference numerics); on GPU the checkpoint's half type or bf16."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ConfigError("dtype", f"unsupported dtype {dtype}", ["auto", *DTYPES])
+        return dtype
+    if dtype == "auto":
+        if device.type == "cpu":
+            return torch.float32
+        if checkpoint_dtype in ("float16", "bfloat16"):
+            return DTYPES[checkpoint_dtype]
+        return torch.bfloat16
+    if dtype not in DTYPES:
+        raise ConfigError("dtype", f"unknown dtype {dtype!r}", ["auto", *DTYPES])
+    return DTYPES[dtype]
+
+
+def resolve_max_model_len(requested: int | None, checkpoint_max: int) -> int:
+    if requested is None:
+        return checkpoint_max
+    check_int("max_model_len", requested, minimum=2)
+    if requested > checkpoint_max:
+        raise ConfigError(
+            "max_model_len",
+            f"{requested} exceeds the model's max_position_embeddings ({checkpoint_max})",
+        )
+    return requested

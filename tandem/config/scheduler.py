@@ -1,0 +1,33 @@
+"""SchedulerConfig: batch limits and asynchronous scheduling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tandem.config.validate import check_int
+from tandem.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # None: 8192 (or max_model_len if larger is asked)
+    # Queue the next decode step before reading this one's tokens (engine/async_decode.py).
+    # None: on with CUDA (the host work then overlaps the GPU), off on CPU (nothing to overlap).
+    async_scheduling: bool | None = None
+
+    def __post_init__(self) -> None:
+        check_int("max_num_seqs", self.max_num_seqs, minimum=1)
+        check_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1, optional=True)
+        if self.async_scheduling not in (None, True, False):
+            raise ConfigError("async_scheduling", f"got {self.async_scheduling!r}; null means auto (on with CUDA)",
+                              allowed=(True, False, None))
+
+    def token_budget(self, num_speculative_tokens: int) -> int:
+        budget = self.max_num_batched_tokens or 8192
+        if budget < num_speculative_tokens + 1:
+            raise ConfigError(
+                "max_num_batched_tokens",
+                f"must be at least num_speculative_tokens + 1 = {num_speculative_tokens + 1}, got {budget}",
+            )
+        return budget

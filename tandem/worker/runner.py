@@ -1,0 +1,54 @@
+"""The model-runner protocol and the factory that picks an implementation once, from the config.
+
+A runner owns one model, its KV tensors and a device, and runs one forward over a step's
+``SeqChunk``s. Two implementations: the torch runner (any device; the CPU path and the reference)
+and the CUDA runner (pinned inputs, Triton attention, fused layers, CUDA graphs). The engine, the
+draft-model proposer and benchmarks see only this protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from tandem.config.runner import RunnerConfig
+from tandem.worker.batch import SeqChunk
+
+if TYPE_CHECKING:
+    from tandem.models.decoder import CausalLM, KVCache
+
+
+class ModelRunner(Protocol):
+    model: CausalLM
+    kv_caches: list[KVCache]
+    block_size: int
+    device: torch.device
+
+    def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
+                       token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Float32 logits [len(rows), V] for flat query rows ``rows`` of the chunks.
+
+        ``token_ids`` ([len(chunks)] int64 on the device), for chunks of one token each: run these
+        tokens instead of the chunks' own placeholders (tokens sampled on the device, never read on
+        the host). The result may be a view valid until this runner's next forward.
+        """
+        ...
+
+    def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:
+        """Compile kernels and capture graphs for these step shapes now, not mid-serving (no-op on
+        the torch runner)."""
+        ...
+
+
+def make_runner(model: CausalLM, kv_caches: list[KVCache], block_size: int, device: torch.device,
+                cfg: RunnerConfig) -> ModelRunner:
+    """The CUDA runner on CUDA devices unless ``cfg.backend == "torch"``; the torch runner otherwise."""
+    if device.type == "cuda" and cfg.backend != "torch":
+        from tandem.worker.gpu_runner import GpuModelRunner  # imports Triton: CUDA only
+
+        return GpuModelRunner(model, kv_caches, block_size, device, cfg)
+    from tandem.worker.model_runner import TorchRunner
+
+    return TorchRunner(model, kv_caches, block_size, device)
