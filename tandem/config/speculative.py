@@ -36,9 +36,10 @@ import json
 import math
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from tandem.config.runner import RunnerConfig
 from tandem.errors import ConfigError
 
 SUPPORTED_METHODS: tuple[str, ...] = ("draft_model", "ngram")
@@ -346,6 +347,12 @@ class SpeculativeConfig:
     def to_json(self) -> str:
         """The ``--speculative-config`` value that rebuilds this config."""
         return json.dumps(self.to_dict())
+
+    def draft_runner_config(self, target: RunnerConfig) -> RunnerConfig:
+        """The draft model's runner config: the target's, without CUDA graphs if ``enforce_eager``."""
+        if self.enforce_eager is None:
+            return target
+        return replace(target, cuda_graphs=not self.enforce_eager)
 
     @property
     def is_synthetic(self) -> bool:

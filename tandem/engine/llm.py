@@ -7,8 +7,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from tandem.config import CacheConfig, SchedulerConfig
-from tandem.config import ModelConfig
+from tandem.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tandem.engine.llm_engine import LLMEngine
 from tandem.errors import RequestError
 from tandem.loader.registry import DEFAULT_MODEL
@@ -51,7 +50,7 @@ class LLM:
             raise TypeError(f"LLM() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
         spec = resolve_speculative_config(
             speculative_config, {k: v for k, v in deprecated.items() if v is not None})
-        self.engine = LLMEngine(
+        self.engine = LLMEngine(EngineConfig(
             ModelConfig(model=model, tokenizer=tokenizer, dtype=dtype, device=device, seed=seed,
                       load_format=load_format, revision=revision, max_model_len=max_model_len),
             CacheConfig(block_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
@@ -61,7 +60,7 @@ class LLM:
                             async_scheduling=async_scheduling),
             spec,
             log_stats=log_stats,
-        )
+        ))
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from tandem.config import CacheConfig, ModelConfig, SchedulerConfig, resolve_device, resolve_dtype, resolve_max_model_len
+from tandem.config import EngineConfig, resolve_device, resolve_dtype, resolve_max_model_len
 from tandem.engine.async_decode import InflightDecode, chain_requests, launchable
 from tandem.engine.detokenizer import IncrementalDetokenizer, fast_decoder
 from tandem.engine.model_loader import build_model
@@ -44,7 +44,7 @@ from tandem.config.speculative import SpeculativeConfig, validate_against_target
 from tandem.spec_decode.gate import AcceptanceGate
 from tandem.spec_decode.proposers import build_proposer, shadow_drafter
 from tandem.worker.batch import SeqChunk
-from tandem.config.runner import RunnerConfig, with_debug_overrides
+from tandem.config.runner import with_debug_overrides
 from tandem.worker.runner import ModelRunner, make_runner
 
 logger = logging.getLogger("tandem")
@@ -73,11 +73,10 @@ class _Group:
 
 
 class LLMEngine:
-    def __init__(self, model: ModelConfig, cache: CacheConfig = CacheConfig(),
-                 scheduler: SchedulerConfig = SchedulerConfig(),
-                 speculative: SpeculativeConfig | None = None, log_stats: bool = False,
-                 runner: RunnerConfig = RunnerConfig()) -> None:
-        runner_cfg = with_debug_overrides(runner)
+    def __init__(self, config: EngineConfig) -> None:
+        model, cache, scheduler, speculative = config.model, config.cache, config.scheduler, config.speculative
+        log_stats = config.log_stats
+        runner_cfg = with_debug_overrides(config.runner)
         self.device = resolve_device(model.device)
         ckpt = open_checkpoint(model.model, load_format=model.load_format, tokenizer=model.tokenizer,
                                revision=model.revision)
@@ -135,7 +134,8 @@ class LLMEngine:
             draft_model = build_model(draft_arch, draft_weights, self.dtype, self.device,
                                       speculative.max_model_len or self.max_model_len)
             dkv = allocate_kv_cache(draft_arch, num_blocks, self.block_size, self.dtype, self.device)
-            draft_runner = make_runner(draft_model, dkv, self.block_size, self.device, runner_cfg)
+            draft_runner = make_runner(draft_model, dkv, self.block_size, self.device,
+                                       speculative.draft_runner_config(runner_cfg))
         self.proposer = build_proposer(speculative, draft_runner, self.generator)
         # Per-request drafting off while it does not pay (spec_decode/gate.py); n-gram only.
         self.gate: AcceptanceGate | None = None
