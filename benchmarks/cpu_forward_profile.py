@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""Where a CPU decode / verify forward goes: SmolLM2-135M fp32 through tandem's ModelRunner.
+"""Where a CPU decode / verify forward goes: SmolLM2-135M fp32 through tandem's torch runner.
 
 Prints, at a fixed context length:
 1. the median 1-token decode forward time and the time spent in ``paged_attention`` per forward
-   (wrapped where ``models/decoder.py`` calls it), next to ``F.scaled_dot_product_attention`` on
+   (wrapped where ``worker/attention.py::TorchAttention`` calls it), next to ``F.scaled_dot_product_attention`` on
    the same per-layer shapes (the attention math alone);
 2. torch-profiler tables (self CPU time) of 5 decode and 5 (k+1)-token verify forwards;
 3. the model's own linears + LM head called directly with 1, 2 and k+1 rows (twice, interleaved).
@@ -28,7 +28,7 @@ from _common import smollm2_decode_and_verify  # noqa: E402
 def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    from tandem.models import decoder
+    from tandem.worker import attention as decoder  # TorchAttention calls attention.paged_attention
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1)

@@ -4,7 +4,7 @@
 On this machine's torch build (MKL sgemm, AVX2) ``F.linear(x, W)`` with x of 2..8 rows (a k+1
 token verify at batch 1) reads the weights far slower than with 1 row, so verifying 5 tokens costs
 ~2× a 1-token decode although the model is memory-bound. Computing the same product as
-``(W @ x.T).T`` takes another MKL path. This script measures, through tandem's own ModelRunner on
+``(W @ x.T).T`` takes another MKL path. This script measures, through tandem's own torch runner on
 SmolLM2-135M fp32, the 1-token and (k+1)-token forward times with the model's linears as they are
 ("stock") and with every linear + the LM head routed through ``(W @ x.T).T`` when x has 2..8 rows
 ("wx"), interleaved repeat by repeat. It patches module instances in this process only; nothing in

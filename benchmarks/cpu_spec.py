@@ -19,7 +19,7 @@ accepted), draft coverage (share of decode steps that carried a draft), and engi
     S = (1 − α^{k+1}) / ((1 − α)(k·c + 1 + v))
 - α: solved from the per-position acceptance p_i as Σ_{i=1..k} α^i = Σ_i p_i (= τ − 1);
 - v: (time of one target forward over k + 1 query tokens / time of a 1-token decode forward) − 1,
-     both through the engine's ModelRunner directly at the run's mean context length (median of
+     both through the engine's runner directly at the run's mean context length (median of
      interleaved repeats);
 - c: draft_model: draft runner 1-token forward / target runner 1-token forward (same method);
      ngram: proposer wall time per propose call (timed inside the engine run) / (k × the target's
@@ -90,7 +90,7 @@ def build(name: str, k: int, lookup_max: int) -> Any:
 def runner_times(target_runner: Any, draft_runner: Any | None, ctx: int, k: int, block_size: int,
                  repeats: int) -> dict[str, float]:
     """Median times of target 1-token and (k+1)-token forwards (and the draft's 1-token forward) at
-    context ``ctx``, through ModelRunner.forward_logits, interleaved. Uses blocks 0.. directly: no
+    context ``ctx``, through the runner's forward_logits, interleaved. Uses blocks 0.. directly: no
     request holds any block between generate calls, so the writes land in free blocks."""
     from tandem.worker.batch import SeqChunk
 

@@ -6,7 +6,7 @@ One command (on a CUDA machine):
 
 What it does, per section:
 - ``ref``: a prefill, decode and verify steps of the fast path (Triton attention, fused layers, CUDA
-  graphs) against the plain-torch path (``TANDEM_GPU_RUNNER=0``: torch paged attention, the
+  graphs) against the torch runner (``RunnerConfig(backend="torch")``: torch paged attention, the
   ``CausalLM`` modules) on the same weights: relative error of the logits and argmax agreement.
 - ``decode``: batch-1 greedy decode of the 8B and 1B shapes. Three numbers each: the graph replay
   alone (GPU time), the runner step with its host work and a sync (what the engine pays per
@@ -171,8 +171,8 @@ def _sync() -> None:
 
 
 def fast(runner: Any) -> Any:
-    """The GPU runner behind an engine's ModelRunner (the ModelRunner itself on CPU)."""
-    return runner.gpu if getattr(runner, "gpu", None) is not None else runner
+    """The runner itself (the CUDA runner on CUDA, the torch runner on CPU)."""
+    return runner
 
 
 @torch.inference_mode()
@@ -212,22 +212,18 @@ def reference_check(llm: Any, name: str, fp32: bool = False) -> dict[str, Any]:
     from tandem.kv.kv_cache import allocate_kv_cache
     from tandem.worker.batch import SeqChunk
     from tandem.worker.gpu_runner import GpuModelRunner
-    from tandem.worker.model_runner import ModelRunner
+    from tandem.worker.model_runner import TorchRunner
 
     eng = llm.engine
     model, arch, bs = eng.model, eng.arch, eng.block_size
     nblocks = 16
     runners: dict[str, Any] = {}
-    os.environ["TANDEM_GPU_RUNNER"] = "0"
-    try:
-        runners["torch_bf16"] = ModelRunner(model, allocate_kv_cache(arch, nblocks, bs, eng.dtype, eng.device), bs,
-                                            eng.device)
-        if fp32:
-            m32 = copy.deepcopy(model).float()
-            runners["torch_fp32"] = ModelRunner(m32, allocate_kv_cache(arch, nblocks, bs, torch.float32, eng.device),
-                                                bs, eng.device)
-    finally:
-        del os.environ["TANDEM_GPU_RUNNER"]
+    runners["torch_bf16"] = TorchRunner(model, allocate_kv_cache(arch, nblocks, bs, eng.dtype, eng.device), bs,
+                                        eng.device)
+    if fp32:
+        m32 = copy.deepcopy(model).float()
+        runners["torch_fp32"] = TorchRunner(m32, allocate_kv_cache(arch, nblocks, bs, torch.float32, eng.device),
+                                            bs, eng.device)
     runners["fast_bf16"] = GpuModelRunner(model, allocate_kv_cache(arch, nblocks, bs, eng.dtype, eng.device), bs,
                                           eng.device)
     base = "torch_fp32" if fp32 else "torch_bf16"
@@ -266,10 +262,11 @@ def section_profile(llm: Any, batch: int = 1, ctx: int = 256) -> None:
     """Kernel time per step by kernel (eager fused forward under the profiler) vs the graph replay."""
     from torch.profiler import ProfilerActivity, profile
 
+    from tandem.config import RunnerConfig
     from tandem.worker.gpu_runner import GpuModelRunner
 
     eng = llm.engine
-    gpu = GpuModelRunner(eng.model, eng.runner.kv_caches, eng.block_size, eng.device, use_graphs=False)
+    gpu = GpuModelRunner(eng.model, eng.runner.kv_caches, eng.block_size, eng.device, RunnerConfig(cuda_graphs=False))
     chunks, rows = _chunks(gpu, batch, 1, ctx)
     for _ in range(3):
         gpu.forward_logits(chunks, rows)
@@ -407,20 +404,19 @@ def section_hostprof(llm: Any, out: Path, gen: int = 256) -> None:
         f"table in hostprof.txt")
 
 
-_VARIANTS = [("graphs+fused", dict()), ("graphs+fused, cuBLAS only (TANDEM_GEMV=0)", dict(gemv="0")),
-             ("graphs+fused, no split-KV", dict(splits="1")),
-             ("graphs+fused, no PDL (TANDEM_PDL=0)", dict(pdl="0")),
+# Runner variants as RunnerConfig fields (config/runner.py).
+_VARIANTS = [("graphs+fused", dict()), ("graphs+fused, cuBLAS only (skinny_rows=0)", dict(skinny_rows=0)),
+             ("graphs+fused, no split-KV", dict(kv_splits=1)),
+             ("graphs+fused, no PDL (pdl=False)", dict(pdl=False)),
              ("graphs+unfused", dict(fused=False)),
-             ("eager+fused", dict(use_graphs=False)), ("eager+unfused", dict(use_graphs=False, fused=False))]
+             ("eager+fused", dict(cuda_graphs=False)), ("eager+unfused", dict(cuda_graphs=False, fused=False))]
 # Programmatic dependent launch A/B (pdl.py), twice each, so drift over the run shows.
-_PDL_VARIANTS = [("PDL off", dict(pdl="0")), ("PDL on", dict()), ("PDL off (again)", dict(pdl="0")),
+_PDL_VARIANTS = [("PDL off", dict(pdl=False)), ("PDL on", dict()), ("PDL off (again)", dict(pdl=False)),
                  ("PDL on (again)", dict())]
-_VARIANT_ENV = {"splits": "TANDEM_KV_SPLITS", "gemv": "TANDEM_GEMV", "pdl": "TANDEM_PDL",
-                "gemv_rows": "TANDEM_GEMV_ROWS", "multirow": "TANDEM_GEMV_MULTIROW"}
 # Layer bodies for steps of a few rows (verify: k + 1 rows at batch 1).
-_ROWS_VARIANTS = [("cuBLAS body above 1 row", dict(gemv_rows="1")),
-                  ("skinny matmuls <= 8 rows, a program per row", dict(gemv_rows="8")),
-                  ("skinny matmuls <= 8 rows, tensor cores", dict(gemv_rows="8", multirow="dot"))]
+_ROWS_VARIANTS = [("cuBLAS body above 1 row", dict(skinny_rows=1)),
+                  ("skinny matmuls <= 8 rows, a program per row", dict(skinny_rows=8)),
+                  ("skinny matmuls <= 8 rows, tensor cores", dict(skinny_rows=8, skinny_multirow="dot"))]
 _ROWS_STEPS = ((1, 1), (1, 2), (1, 4), (1, 5), (1, 6), (2, 1), (4, 1), (8, 1))  # (batch, query rows)
 
 
@@ -428,18 +424,16 @@ _ROWS_STEPS = ((1, 1), (1, 2), (1, 4), (1, 5), (1, 6), (2, 1), (4, 1), (8, 1))  
 def section_variants(llm: Any, ctx: int = 256, name: str = "8B", variants: list[tuple[str, dict[str, Any]]] | None = None,
                      key: str = "variants", steps: tuple[tuple[int, int], ...] = ((1, 1),)) -> None:
     """Graph replay and runner step of decode (query 1) / verify (query k + 1) steps of the given
-    (batch, query) shapes under runner / kernel variants (env switches are read when the runner is
-    built)."""
+    (batch, query) shapes under runner / kernel variants (RunnerConfig fields)."""
+    from tandem.config import RunnerConfig
     from tandem.worker.gpu_runner import GpuModelRunner
+    from tandem.worker.pdl import set_pdl
 
     eng = llm.engine
     out = {}
     for label, kw in variants or _VARIANTS:
-        kw = dict(kw)
-        env = {var: kw.pop(opt, None) for opt, var in _VARIANT_ENV.items()}
-        os.environ.update({k: v for k, v in env.items() if v is not None})
         try:
-            gpu = GpuModelRunner(eng.model, eng.runner.kv_caches, eng.block_size, eng.device, **kw)
+            gpu = GpuModelRunner(eng.model, eng.runner.kv_caches, eng.block_size, eng.device, RunnerConfig(**kw))
             for b, q in steps:
                 r = time_runner(gpu, b, q, ctx, iters=20)
                 fl = floor_s(eng.model, eng.arch, b * ctx)  # KV of every request read
@@ -450,8 +444,7 @@ def section_variants(llm: Any, ctx: int = 256, name: str = "8B", variants: list[
                 say(f"[{key}] {name} b={b} q={q} ctx={ctx} {label}: step {r['step_ms']:.3f} ms ({r['frac_step']:.1%})"
                     + (f", graph replay {r['gpu_ms']:.3f} ms ({r['frac_gpu']:.1%})" if "gpu_ms" in r else ""))
         finally:
-            for k in env:
-                os.environ.pop(k, None)
+            set_pdl(True)  # the switch is process-wide; the engine's runner runs with PDL on
         del gpu
         torch.cuda.empty_cache()
     RESULTS[f"{key}_{name.lower()}_b1_ctx{ctx}"] = out

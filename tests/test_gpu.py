@@ -1,7 +1,7 @@
 """CUDA fast path: Triton paged attention, fused layers, CUDA-graph runner (skipped without CUDA).
 
 References: a float64 torch attention over the same paged metadata; ``CausalLM.forward`` with the
-torch attention path (``TANDEM_GPU_RUNNER=0``) for whole-model checks. bf16 comparisons use
+torch runner (``RunnerConfig(backend="torch")``) for whole-model checks. bf16 comparisons use
 relative error ‖out − ref‖ / ‖ref‖ (bf16 operands land between 1e-3 and 1e-2).
 """
 
@@ -217,32 +217,28 @@ class _Seqs:
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-def test_runner_matches_torch_path(family, monkeypatch):
+def test_runner_matches_torch_path(family):
+    from tandem.config import RunnerConfig
     from tandem.kv.kv_cache import allocate_kv_cache
-    from tandem.worker.gpu_runner import GpuModelRunner
-    from tandem.worker.model_runner import ModelRunner
+    from tandem.worker.runner import make_runner
 
     model = _tiny_model(family)
     arch, dev, bs = model.arch, torch.device("cuda"), 16
-    monkeypatch.setenv("TANDEM_GPU_RUNNER", "0")
-    ref = ModelRunner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev)
-    monkeypatch.delenv("TANDEM_GPU_RUNNER")
+
+    def runner(**cfg):
+        return make_runner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev, RunnerConfig(**cfg))
+
+    ref = runner(backend="torch")
+    assert type(ref).__name__ == "TorchRunner"
     runners = {
-        "graphs": GpuModelRunner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev),
-        "eager": GpuModelRunner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev,
-                                use_graphs=False),
-        "unfused": GpuModelRunner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev,
-                                  fused=False),
+        "graphs": runner(),
+        "eager": runner(cuda_graphs=False),
+        "unfused": runner(fused=False),
+        "cublas": runner(skinny_rows=0),  # fused layers with cuBLAS matmuls for every row count
+        "gemv16": runner(skinny_rows=16),  # skinny Triton matmuls for every step of <= 16 rows
+        "gemv16_dot": runner(skinny_rows=16, skinny_multirow="dot"),  # ... on 16-row tensor-core tiles
     }
-    monkeypatch.setenv("TANDEM_GEMV", "0")  # fused layers with cuBLAS matmuls for every row count
-    runners["cublas"] = GpuModelRunner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev)
-    monkeypatch.delenv("TANDEM_GEMV")
-    monkeypatch.setenv("TANDEM_GEMV_ROWS", "16")  # skinny Triton matmuls for every step of <= 16 rows
-    runners["gemv16"] = GpuModelRunner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev)
-    monkeypatch.setenv("TANDEM_GEMV_MULTIROW", "dot")  # ... on 16-row tensor-core tiles
-    runners["gemv16_dot"] = GpuModelRunner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev)
-    monkeypatch.delenv("TANDEM_GEMV_MULTIROW")
-    monkeypatch.delenv("TANDEM_GEMV_ROWS")
+    assert type(runners["graphs"]).__name__ == "GpuModelRunner"
     seqs = _Seqs(0, (40, 17, 3))
 
     def step(plan: list[tuple[int, int]]) -> None:
@@ -270,6 +266,7 @@ def test_warm_up_compiles_every_step_variant():
     from tandem.kv.kv_cache import allocate_kv_cache
     from tandem.sample.argmax import greedy_ids
     from tandem.worker import triton_argmax, triton_attention, triton_gemv, triton_ops
+    from tandem.config import RunnerConfig
     from tandem.worker.batch import SeqChunk
     from tandem.worker.gpu_runner import GpuModelRunner
 
@@ -285,8 +282,8 @@ def test_warm_up_compiles_every_step_variant():
     model = _tiny_model("llama", num_attention_heads=8, num_key_value_heads=2)  # G = 4
     dev, bs = torch.device("cuda"), 16
     r = GpuModelRunner(model, allocate_kv_cache(model.arch, 64, bs, torch.bfloat16, dev), bs, dev,
-                       use_graphs=False)
-    r.warm_up()
+                       RunnerConfig(cuda_graphs=False))
+    r.compile_kernels()
     before = compiled()
     rng = random.Random(3)
     blocks = [list(range(i * 20, i * 20 + 20)) for i in range(3)]
@@ -317,13 +314,14 @@ def test_greedy_argmax_kernel_matches_torch(rows):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_programmatic_dependent_launch_changes_no_bit(family, monkeypatch):
+def test_programmatic_dependent_launch_changes_no_bit(family):
     """PDL lets each kernel start before its predecessor ends; a kernel that touched activations before
     its ``griddepcontrol.wait`` would race. Logits with PDL must equal the ones without, bit for bit, across prefill, 1-row decodes (skinny matmuls), a batched
     decode and a verify, in CUDA graphs and eagerly."""
     from tandem.kv.kv_cache import allocate_kv_cache
+    from tandem.config import RunnerConfig
     from tandem.worker.gpu_runner import GpuModelRunner
-    from tandem.worker.pdl import pdl_enabled
+    from tandem.worker.pdl import pdl_enabled, set_pdl
 
     dev = torch.device("cuda")
     if torch.cuda.get_device_capability() >= (9, 0):
@@ -331,15 +329,16 @@ def test_programmatic_dependent_launch_changes_no_bit(family, monkeypatch):
     model = _tiny_model(family, hidden_size=1024, intermediate_size=3584, num_hidden_layers=8,
                         num_attention_heads=16, num_key_value_heads=4, head_dim=64)
     arch, bs = model.arch, 16
-    envs = {"off": {"TANDEM_PDL": "0"}, "on": {}, "eager": {}}
+    envs = {"off": False, "on": True, "eager": True}  # PDL on?
     runners = {name: GpuModelRunner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev,
-                                    use_graphs=name != "eager") for name in envs}
+                                    RunnerConfig(cuda_graphs=name != "eager", pdl=envs[name])) for name in envs}
 
-    def run(name: str, fn):  # the switches are read when kernels are launched or captured
-        with monkeypatch.context() as mp:
-            for k, v in envs[name].items():
-                mp.setenv(k, v)
+    def run(name: str, fn):  # the switch is read when kernels are launched or captured (process-wide)
+        set_pdl(envs[name])
+        try:
             return fn(runners[name])
+        finally:
+            set_pdl(True)
 
     for name in envs:
         if name != "eager":
@@ -359,13 +358,14 @@ def test_runner_token_ids_feed(mode):
     """Device-side tokens (the draft loop's feed) give the same logits as host tokens, whichever
     buffer layout the step uses (exact bucket, a larger captured q bucket, eager)."""
     from tandem.kv.kv_cache import allocate_kv_cache
+    from tandem.config import RunnerConfig
     from tandem.worker.batch import SeqChunk
     from tandem.worker.gpu_runner import GpuModelRunner
 
     model = _tiny_model("llama")
     arch, dev, bs = model.arch, torch.device("cuda"), 16
     r = GpuModelRunner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev,
-                       use_graphs=mode != "eager")
+                       RunnerConfig(cuda_graphs=mode != "eager"))
     if mode == "graph_fit":
         r.capture([2], [4])  # a q=1 step then runs padded in the (2, 4) graph
     blocks = [list(range(0, 4)), list(range(4, 8))]
@@ -408,7 +408,7 @@ def test_async_decode_on_cuda_matches_sync(tmp_path, monkeypatch):
 
     The one step already queued when a request finishes still carries it (batch 5, bucket 8 here)
     where the synchronous engine runs without it (batch 4). On a small model those take different
-    layer bodies (cuBLAS above 6 rows, skinny matmuls up to 6: fused_forward.default_gemv_rows),
+    layer bodies (cuBLAS above 6 rows, skinny matmuls up to 6: cuda_kernels.default_skinny_rows),
     which round differently in bf16, so the body is pinned to cuBLAS above 1 row for this check."""
     from engine_utils import greedy, tokens_of
     from tiny_models import write_tiny_hf_checkpoint

@@ -4,10 +4,12 @@ Differences are flags, not copies: qkv bias (Qwen2), per-head q/k RMSNorm (Qwen3
 embeddings, Gemma's (1 + w) norms, sandwich norms around attention and MLP, scaled embeddings,
 sliding-window layers with their own rope base, and final logit soft-capping.
 
-``forward(input_ids [T], positions [T], meta, kv_caches)`` runs over a flat batch of query tokens
-(prefill chunks, decodes and k+1-token verifies alike); ``compute_logits`` is applied only to the
-rows that are sampled. ``aux_layers`` lets a caller collect the hidden states entering chosen layers
-(for EAGLE-style heads) without a second copy of this code.
+``forward(input_ids [T], positions [T], ctx)`` runs over a flat batch of query tokens (prefill
+chunks, decodes and k+1-token verifies alike); ``compute_logits`` is applied only to the rows that
+are sampled. This is the one forward of every device: the runner picks per step which layer kernels
+(torch reference, skinny Triton matmuls, cuBLAS with fused norms) and which attention backend run it,
+through ``ctx`` (``models/forward_context.py``). ``aux_layers`` returns the hidden states entering
+chosen layers (residual stream included: what EAGLE-3 heads read) without a second copy of this code.
 """
 
 from __future__ import annotations
@@ -20,11 +22,10 @@ from torch import nn
 
 from tandem.errors import ModelLoadError
 from tandem.loader.arch import ModelArch
+from tandem.models.forward_context import ForwardContext, KVCache, ResidualStream
 from tandem.models.layers import GatedMLP, Linear, PackedLinear, RMSNorm, Rotary, linear
-from tandem.worker.attention import paged_attention, write_kv
-from tandem.worker.attn_metadata import AttentionMetadata
 
-KVCache = tuple[torch.Tensor, torch.Tensor]
+__all__ = ["Attention", "CausalLM", "DecoderLayer", "DecoderModel", "KVCache"]
 
 
 class Attention(nn.Module):
@@ -47,19 +48,10 @@ class Attention(nn.Module):
         self.sliding_window = arch.sliding_window if arch.is_sliding(layer) else None
         self.q_size, self.kv_size = q, kv
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_cache: KVCache) -> torch.Tensor:
-        t = x.shape[0]
-        qkv = self.qkv_proj(x)
-        q = qkv[:, : self.q_size].reshape(t, self.num_heads, self.head_dim)
-        k = qkv[:, self.q_size: self.q_size + self.kv_size].reshape(t, self.num_kv_heads, self.head_dim)
-        v = qkv[:, self.q_size + self.kv_size:].reshape(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
-        o = paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale, self.sliding_window)
-        return self.o_proj(o.reshape(t, self.q_size))
+    def attend(self, qkv: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
+               kv_cache: KVCache) -> torch.Tensor:  # [T, H * D], before o_proj
+        """Rope, KV write and attention over the packed projection ``qkv``, by the step's backend."""
+        return ctx.attention.forward(self, qkv, positions, ctx.meta, kv_cache)
 
 
 class DecoderLayer(nn.Module):
@@ -75,15 +67,20 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, offset=True)
             self.post_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, offset=True)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_cache: KVCache) -> torch.Tensor:
-        if self.sandwich:
-            h = self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), positions, meta, kv_cache))
-            x = x + h
-            h = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
-            return x + h
-        x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, stream: ResidualStream, positions: torch.Tensor, ctx: ForwardContext,
+                kv_cache: KVCache) -> ResidualStream:
+        k = ctx.kernels
+        attn, mlp = self.self_attn, self.mlp
+        if self.sandwich:  # Gemma 3: norms around attention and MLP outputs too (torch kernels only)
+            x = k.hidden(stream)
+            h = attn.attend(k.linear(self.input_layernorm(x), attn.qkv_proj), positions, ctx, kv_cache)
+            x = x + self.post_attention_layernorm(k.linear(h, attn.o_proj))
+            h = mlp.act_mul(k.linear(self.pre_feedforward_layernorm(x), mlp.gate_up_proj))
+            return ResidualStream(x + self.post_feedforward_layernorm(k.linear(h, mlp.down_proj)))
+        # x = x + o_proj(attn(norm(x))); x = x + down(act(gate) * up)(norm(x)), with fusions per backend
+        qkv = k.norm_linear(stream, self.input_layernorm, attn.qkv_proj)
+        stream = k.linear_add(attn.attend(qkv, positions, ctx, kv_cache), attn.o_proj, stream)
+        return k.linear_add(k.norm_gated_mlp_in(stream, self.post_attention_layernorm, mlp), mlp.down_proj, stream)
 
 
 class DecoderModel(nn.Module):
@@ -127,20 +124,20 @@ class CausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,  # [T]
         positions: torch.Tensor,  # [T]
-        meta: AttentionMetadata,
-        kv_caches: list[KVCache],
+        ctx: ForwardContext,
         aux_layers: tuple[int, ...] = (),
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:  # hidden [T, H], aux hidden states
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:  # final-normed hidden [T, H], aux hidden states
         m = self.model
         x = m.embed_tokens(input_ids)
         if m.embed_scale is not None:
             x = x * torch.tensor(m.embed_scale, dtype=x.dtype)
+        stream = ResidualStream(x)
         aux: list[torch.Tensor] = []
         for i, layer in enumerate(m.layers):
             if i in aux_layers:
-                aux.append(x)
-            x = layer(x, positions, meta, kv_caches[i])
-        return m.norm(x), aux
+                aux.append(ctx.kernels.hidden(stream))
+            stream = layer(stream, positions, ctx, ctx.kv_caches[i])
+        return ctx.kernels.final_norm(stream, m.norm), aux
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] → [N, V] float32
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

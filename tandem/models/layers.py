@@ -172,7 +172,6 @@ class GatedMLP(nn.Module):
         self.act = activation(act)
         self.intermediate = intermediate
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gu = self.gate_up_proj(x)
-        g, u = gu[..., : self.intermediate], gu[..., self.intermediate:]
-        return self.down_proj(self.act(g) * u)
+    def act_mul(self, gu: torch.Tensor) -> torch.Tensor:  # [T, 2I] packed gate | up → [T, I]
+        """``act(gate) * up``; the layer kernels run the projections around it."""
+        return self.act(gu[..., : self.intermediate]) * gu[..., self.intermediate:]

@@ -10,17 +10,23 @@ matmul-softmax-matmul: per-call overhead dominates there, and CPU SDPA's thread 
 Masking: causal with offset (query row r of a request with context L and q new tokens sits at
 position L - q + r), optionally a sliding window (key j visible iff j > pos - window, as HF Gemma3).
 
-On CUDA, metadata built by the GPU runner carries device tensors (``meta.seq_lens_d``) and both
-functions dispatch to the Triton kernels in ``triton_attention.py`` (imported lazily: CPU installs
-need no Triton). The torch code below stays the CPU path and the reference.
+``TorchAttention`` is the backend object the torch runner hands the model (rope, q/k norm, KV write
+and attention in torch ops); the CUDA runner hands it ``TritonAttention`` instead
+(``triton_attention_backend.py``). The torch code stays the CPU path and the reference.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
+from tandem.models.forward_context import KVCache
 from tandem.worker.attn_metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from tandem.models.decoder import Attention
 
 # Requests whose query is at most this long go through the padded batched path.
 _BATCHED_MAX_QUERY = 8
@@ -33,11 +39,6 @@ def write_kv(
     v: torch.Tensor,
     slot_mapping: torch.Tensor,  # [num_tokens]
 ) -> None:
-    if k_cache.is_cuda:  # Triton: one launch for K and V; slot < 0 (graph padding) is skipped
-        from tandem.worker.triton_attention import write_kv_triton
-
-        write_kv_triton(k_cache, v_cache, k, v, slot_mapping)
-        return
     k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
@@ -62,22 +63,15 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, heads, head_dim]
-    if meta.seq_lens_d is not None:
-        from tandem.worker.triton_attention import paged_attention_triton
-
-        return paged_attention_triton(
-            q, k_cache, v_cache, meta.block_tables, meta.seq_lens_d, meta.query_start_d,
-            meta.query_lens_d, meta.block_size, scale, meta.max_query_len, meta.num_kv_splits,
-            sliding_window,
-        )
     plan = meta.plans.get(sliding_window)
     if plan is None:
-        plan = meta.plans[sliding_window] = _Plan(meta, sliding_window, q.device)
+        plan = meta.plans[sliding_window] = _Plan(_host(meta), sliding_window, q.device)
+    host = plan.host
     out = torch.empty_like(q)
     gqa = q.shape[1] != k_cache.shape[1]
     for i, mask in zip(plan.long, plan.long_masks):
-        s, e = meta.query_start[i], meta.query_start[i + 1]
-        slots = meta.context_slots[i]
+        s, e = host.query_start[i], host.query_start[i + 1]
+        slots = host.context_slots[i]
         k = k_cache.index_select(0, slots).transpose(0, 1)  # [kvh, ctx, d]
         v = v_cache.index_select(0, slots).transpose(0, 1)
         o = F.scaled_dot_product_attention(
@@ -87,8 +81,8 @@ def paged_attention(
         out[s:e] = o.transpose(0, 1)
     if plan.single is not None:
         i, neg_mask = plan.single
-        s, e = meta.query_start[i], meta.query_start[i + 1]
-        out[s:e] = _single_short(q[s:e], k_cache, v_cache, meta.context_slots[i], neg_mask, scale)
+        s, e = host.query_start[i], host.query_start[i + 1]
+        out[s:e] = _single_short(q[s:e], k_cache, v_cache, host.context_slots[i], neg_mask, scale)
     elif plan.short:
         _batched_short(q, k_cache, v_cache, plan, scale, out)
     return out
@@ -111,10 +105,38 @@ def _single_short(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return o.view(kvh, g, q_len, d).permute(2, 0, 1, 3).reshape(q_len, h, d)
 
 
+class _HostMeta:
+    """Host-side lists of one step's metadata, read once per step (the torch backend loops on the host)."""
+
+    def __init__(self, meta: AttentionMetadata) -> None:
+        self.num_reqs = meta.num_reqs
+        self.query_start: list[int] = meta.query_start.tolist()
+        self.query_lens: list[int] = meta.query_lens.tolist()
+        self.seq_lens: list[int] = meta.seq_lens.tolist()
+        bs = meta.block_size
+        offsets = torch.arange(bs, device=meta.block_tables.device)
+        # per request, the flat slots of positions 0 .. seq_len - 1
+        self.context_slots = [
+            (meta.block_tables[i, : -(-n // bs)][:, None] * bs + offsets[None, :]).flatten()[:n]
+            for i, n in enumerate(self.seq_lens)
+        ]
+
+    def query_len(self, i: int) -> int:
+        return self.query_lens[i]
+
+
+def _host(meta: AttentionMetadata) -> _HostMeta:
+    host = meta.plans.get("host")
+    if host is None:
+        host = meta.plans["host"] = _HostMeta(meta)
+    return host
+
+
 class _Plan:
     """Per-step, per-window gather indices and masks, built once and shared by all layers."""
 
-    def __init__(self, meta: AttentionMetadata, window: int | None, dev: torch.device) -> None:
+    def __init__(self, meta: _HostMeta, window: int | None, dev: torch.device) -> None:
+        self.host = meta
         self.short = [i for i in range(meta.num_reqs) if meta.query_len(i) <= _BATCHED_MAX_QUERY]
         self.long = [i for i in range(meta.num_reqs) if meta.query_len(i) > _BATCHED_MAX_QUERY]
         self.long_masks = [_mask(meta.query_len(i), meta.seq_lens[i], window, dev) for i in self.long]
@@ -176,3 +198,28 @@ def _batched_short(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         out.index_copy_(0, plan.out_rows, o.reshape(n * max_q, kvh * g, d))
     else:
         out[plan.out_rows] = o[plan.q_valid]
+
+
+class TorchAttention:
+    """The torch attention backend: q/k norm and rope in torch, ``index_copy_`` KV write, paged
+    attention above. Reference numerics (HF's order of operations)."""
+
+    def forward(self, attn: Attention, qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_cache: KVCache) -> torch.Tensor:  # [T, H * D]
+        q, k, v = split_qkv(attn, qkv, positions)
+        write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
+        o = paged_attention(q, kv_cache[0], kv_cache[1], meta, attn.scale, attn.sliding_window)
+        return o.reshape(qkv.shape[0], attn.q_size)
+
+
+def split_qkv(attn: Attention, qkv: torch.Tensor, positions: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k (per-head normed if the model has q/k norms, rotated) and v of a packed projection."""
+    t = qkv.shape[0]
+    q = qkv[:, : attn.q_size].reshape(t, attn.num_heads, attn.head_dim)
+    k = qkv[:, attn.q_size: attn.q_size + attn.kv_size].reshape(t, attn.num_kv_heads, attn.head_dim)
+    v = qkv[:, attn.q_size + attn.kv_size:].reshape(t, attn.num_kv_heads, attn.head_dim)
+    if attn.q_norm is not None:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = attn.rotary(positions, q, k)
+    return q, k, v

@@ -18,7 +18,7 @@ Padding tokens: id 0, position 0, slot -1 (no KV write); padding requests: query
 never overwrites bytes an in-flight copy still reads.
 
 Knobs (``RunnerConfig``, config/runner.py; debug overrides through ``TANDEM_*`` variables, config/env.py):
-``cuda_graphs`` (off: eager only), ``fused`` (off: ``CausalLM.forward`` with Triton attention),
+``cuda_graphs`` (off: eager only), ``fused`` (off: the torch layer kernels with Triton attention),
 ``skinny_rows`` (steps of at most this many rows use the skinny matmuls; default 1, 6 for small
 models; 0: cuBLAS only), ``skinny_multirow="dot"`` (2+ row steps on 16-row tensor-core tiles),
 ``max_graph_batch``, ``kv_splits``.
@@ -32,13 +32,16 @@ import torch
 
 from tandem.config.runner import RunnerConfig
 from tandem.models.decoder import CausalLM, KVCache
+from tandem.models.forward_context import ForwardContext, LayerKernels
+from tandem.models.torch_kernels import TORCH_KERNELS
 from tandem.worker.attn_metadata import AttentionMetadata
 from tandem.worker.batch import SeqChunk
-from tandem.worker.input_packer import HostStaging, layout, pack
+from tandem.worker.input_packer import HostStaging, layout, pack, step_tensors
 from tandem.worker.cuda_graphs import CapturedStep, GraphCache, batch_bucket
-from tandem.worker.fused_forward import default_gemv_rows, fused_forward, fused_supported
+from tandem.worker.cuda_kernels import MAX_ROWS, CublasKernels, SkinnyKernels, default_skinny_rows, fused_supported
 from tandem.worker.pdl import set_pdl
 from tandem.worker.triton_argmax import argmax_rows
+from tandem.worker.triton_attention_backend import TritonAttention
 from tandem.worker.triton_attention import MAX_SPLITS, num_sms, pick_num_splits, tile_shape
 
 MAX_GRAPH_Q = 8
@@ -59,9 +62,11 @@ class GpuModelRunner:
         set_pdl(cfg.pdl)
         arch = model.arch
         self.fused = cfg.fused and fused_supported(arch)
-        # Steps of at most this many rows take the skinny Triton matmuls (fused_forward.default_gemv_rows).
-        self.gemv_rows = default_gemv_rows(arch) if cfg.skinny_rows is None else cfg.skinny_rows
-        self.gemv_dot = cfg.skinny_multirow == "dot"  # 2+ rows on tensor cores
+        # Steps of at most this many rows take the skinny Triton matmuls (cuda_kernels.default_skinny_rows).
+        self.gemv_rows = default_skinny_rows(arch) if cfg.skinny_rows is None else cfg.skinny_rows
+        self._skinny = SkinnyKernels(dot=cfg.skinny_multirow == "dot", defer=cfg.skinny_defer)
+        self._cublas = CublasKernels()
+        self._attention = TritonAttention(fused_rope=self.fused)
         self.use_graphs = cfg.cuda_graphs and device.type == "cuda"
         self.pad = self.use_graphs if pad_to_buckets is None else pad_to_buckets
         self.max_graph_batch = cfg.max_graph_batch
@@ -105,14 +110,7 @@ class GpuModelRunner:
 
     def _meta(self, dev: torch.Tensor, t: int, b: int, w: int, qmax: int, splits: int
               ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        o_ids, o_pos, o_slot, o_seq, o_qs, o_ql, o_bt, end = layout(t, b, w)
-        meta = AttentionMetadata(
-            num_tokens=t, query_start=[], seq_lens=[], slot_mapping=dev[o_slot:o_seq],
-            block_tables=dev[o_bt:end].view(b, w), block_size=self.block_size, context_slots=[],
-            seq_lens_d=dev[o_seq:o_qs], query_start_d=dev[o_qs:o_ql], query_lens_d=dev[o_ql:o_bt],
-            max_query_len=qmax, num_kv_splits=splits,
-        )
-        return dev[o_ids:o_pos], dev[o_pos:o_slot], meta
+        return step_tensors(dev, t, b, w, self.block_size, qmax, splits)
 
     def _splits(self, b: int, qmax: int, max_seq: int | None) -> int:
         if self.cfg.kv_splits is not None:
@@ -121,9 +119,15 @@ class GpuModelRunner:
         return pick_num_splits(b, self.kv_heads, q_tiles, max_seq, self.sms)
 
     def _hidden(self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        if self.fused:
-            return fused_forward(self.model, ids, pos, meta, self.kv_caches, self.gemv_rows, self.gemv_dot)
-        hidden, _ = self.model(ids, pos, meta, self.kv_caches)
+        """The one model forward, with this step's kernels: skinny matmuls for few rows, else cuBLAS
+        (fused models), else the torch kernels; Triton attention always."""
+        if not self.fused:
+            kernels: LayerKernels = TORCH_KERNELS
+        elif ids.shape[0] <= min(self.gemv_rows, MAX_ROWS):
+            kernels = self._skinny
+        else:
+            kernels = self._cublas
+        hidden, _ = self.model(ids, pos, ForwardContext(meta, self.kv_caches, kernels, self._attention))
         return hidden
 
     # ---- eager -------------------------------------------------------------------------------

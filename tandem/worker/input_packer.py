@@ -18,6 +18,7 @@ from itertools import chain
 import numpy as np
 import torch
 
+from tandem.worker.attn_metadata import AttentionMetadata
 from tandem.worker.batch import SeqChunk
 
 # Steps of at most this many requests and tokens are packed by plain Python loops (pack_small).
@@ -177,3 +178,16 @@ def pack_small(block_size: int, buf: np.ndarray, chunks: Sequence[SeqChunk], qle
         return end, t, end, True
     buf[end:end + len(prow)] = prow
     return end + len(prow), t, end, False
+
+
+def step_tensors(buf: torch.Tensor, t: int, b: int, w: int, block_size: int, max_query_len: int,
+                 num_kv_splits: int = 1) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """Token ids [T], positions [T] and the attention metadata, as views of a packed buffer (host or
+    device) laid out by ``layout(t, b, w)``."""
+    o_ids, o_pos, o_slot, o_seq, o_qs, o_ql, o_bt, end = layout(t, b, w)
+    meta = AttentionMetadata(
+        num_tokens=t, block_size=block_size, slot_mapping=buf[o_slot:o_seq],
+        block_tables=buf[o_bt:end].view(b, w), seq_lens=buf[o_seq:o_qs], query_start=buf[o_qs:o_ql],
+        query_lens=buf[o_ql:o_bt], max_query_len=max_query_len, num_kv_splits=num_kv_splits,
+    )
+    return buf[o_ids:o_pos], buf[o_pos:o_slot], meta

@@ -13,10 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from tandem.models.decoder import CausalLM, KVCache
-from tandem.worker.batch import SeqChunk, build_inputs
+from tandem.models.forward_context import ForwardContext
+from tandem.models.torch_kernels import TORCH_KERNELS
+from tandem.worker.attention import TorchAttention
+from tandem.worker.batch import SeqChunk
+from tandem.worker.input_packer import layout, pack, step_tensors
+from tandem.worker.step_output import StepOutput
 
 
 class TorchRunner:
@@ -26,11 +32,17 @@ class TorchRunner:
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
+        self.attention = TorchAttention()
 
-    @torch.inference_mode()
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
                        token_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the chunks; return logits [len(rows), V] for flat query rows ``rows``.
+        return self.forward(chunks, rows, token_ids).logits
+
+    @torch.inference_mode()
+    def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
+                aux_layers: tuple[int, ...] = ()) -> StepOutput:
+        """Run the chunks; return logits [len(rows), V] for flat query rows ``rows``, and for the same
+        rows the hidden states entering each layer of ``aux_layers`` (the EAGLE-3 hook).
 
         ``token_ids`` ([len(chunks)] int64 on the model's device), for chunks of one token each:
         the tokens to run instead of the chunks' own (placeholders), so a caller can feed tokens it
@@ -39,12 +51,24 @@ class TorchRunner:
         if token_ids is not None:
             if any(len(c.token_ids) != 1 for c in chunks) or token_ids.shape != (len(chunks),):
                 raise ValueError("token_ids needs one token per single-token chunk")
-        if token_ids is not None:
+            # a host read: fine on this path, where nothing runs ahead of the host
             chunks = [SeqChunk([t], c.start, c.block_ids) for c, t in zip(chunks, token_ids.tolist())]
-        inputs = build_inputs(chunks, self.block_size, self.device)
-        hidden, _ = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
-        idx = torch.tensor(list(rows), dtype=torch.long, device=self.device)
-        return self.model.compute_logits(hidden.index_select(0, idx))
+        vocab = self.model.arch.vocab_size
+        if not chunks:
+            return StepOutput(torch.empty((0, vocab), dtype=torch.float32, device=self.device), [])
+        qlens = [len(c.token_ids) for c in chunks]
+        n, w = len(chunks), max(1, max(len(c.block_ids) for c in chunks))
+        buf = np.empty(layout(sum(qlens), n, w)[-1] + len(rows), dtype=np.int64)
+        length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, n, None, w, rows)
+        inputs = torch.from_numpy(buf[:length]).to(self.device)  # no copy on CPU
+        ids, pos, meta = step_tensors(inputs, t, n, w, self.block_size, max(qlens))
+        ctx = ForwardContext(meta, self.kv_caches, TORCH_KERNELS, self.attention)
+        hidden, aux = self.model(ids, pos, ctx, aux_layers)
+        if not identity:
+            sel = inputs[r_off:r_off + len(rows)]
+            hidden = hidden.index_select(0, sel)
+            aux = [a.index_select(0, sel) for a in aux]
+        return StepOutput(self.model.compute_logits(hidden), aux)
 
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:
         """Nothing to compile or capture on the torch path."""

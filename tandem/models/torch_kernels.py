@@ -1,0 +1,36 @@
+"""The reference layer kernels: plain torch ops, exactly Hugging Face's order of operations.
+
+This is the CPU path and the numerics every fused backend is tested against (float32 greedy output
+equals HF transformers token for token). Nothing is deferred: ``stream.x`` always holds the sum.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.models.forward_context import ResidualStream
+from tandem.models.layers import GatedMLP, Linear, PackedLinear, RMSNorm, linear
+
+
+class TorchKernels:
+    def linear(self, x: torch.Tensor, layer: Linear | PackedLinear) -> torch.Tensor:
+        return linear(x, layer.weight, layer.bias)
+
+    def norm_linear(self, stream: ResidualStream, norm: RMSNorm, layer: Linear | PackedLinear) -> torch.Tensor:
+        return linear(norm(stream.x), layer.weight, layer.bias)
+
+    def linear_add(self, x: torch.Tensor, layer: Linear | PackedLinear, stream: ResidualStream) -> ResidualStream:
+        stream.x = stream.x + linear(x, layer.weight, layer.bias)
+        return stream
+
+    def norm_gated_mlp_in(self, stream: ResidualStream, norm: RMSNorm, mlp: GatedMLP) -> torch.Tensor:
+        return mlp.act_mul(linear(norm(stream.x), mlp.gate_up_proj.weight, mlp.gate_up_proj.bias))
+
+    def final_norm(self, stream: ResidualStream, norm: RMSNorm) -> torch.Tensor:
+        return norm(stream.x)
+
+    def hidden(self, stream: ResidualStream) -> torch.Tensor:
+        return stream.x  # never modified in place by these kernels
+
+
+TORCH_KERNELS = TorchKernels()
