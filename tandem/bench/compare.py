@@ -483,7 +483,7 @@ def parse_concurrencies(text: str) -> list[int]:
 
 def run_compare(args: Any) -> int:
     """Entry for ``tandem bench compare`` (args from ``cli.add_bench_subparsers``)."""
-    from tandem.bench.cli import load_tokenizer, sample_from_args
+    from tandem.bench.workload import load_tokenizer, sample_from_args
     from tandem.bench.serve import ClientConfig, DEFAULT_ENDPOINTS, get_default_model, result_to_json, run_benchmark
 
     configs = [load_config(p) for p in args.config]
