@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import inspect
 from dataclasses import MISSING, fields
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -203,3 +204,10 @@ def test_every_engine_command_has_the_engine_flags(argv: list[str]) -> None:
 
     ns = build_parser().parse_args([*argv, "--enforce-eager", "--max-num-seqs", "7", "--no-pdl"])
     assert engine_kwargs(ns) == {"max_num_seqs": 7, "runner_config": {"pdl": False}, "enforce_eager": True}
+
+
+def test_readme_lists_every_engine_flag() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    names = [engine_args.flag_name(f.name) for cls in FLAG_CONFIGS for f in flag_fields(cls)]
+    missing = [n for n in [*names, "--enforce-eager", "--speculative-config"] if n.removeprefix("--") not in readme]
+    assert not missing, f"README.md's engine flags section lacks {missing}"
