@@ -32,7 +32,7 @@ from tandem.config.cache import BLOCK_SIZES, CacheConfig
 from tandem.config.engine import EngineConfig
 from tandem.config.model import DTYPES, LOAD_FORMATS, ModelConfig
 from tandem.config.runner import MULTIROW_MODES, RUNNER_BACKENDS, RunnerConfig
-from tandem.config.scheduler import SchedulerConfig
+from tandem.config.scheduler import DEFAULT_TOKEN_BUDGET, SchedulerConfig
 from tandem.config.speculative import (
     DEPRECATED_KWARGS,
     EXAMPLE_JSON,
@@ -50,6 +50,7 @@ POSITIONAL = frozenset({"model"})  # ModelConfig.model: the positional MODEL of 
 # vLLM's `bench throughput --backend` picks the inference library; the runner's backend must not look like it.
 _FLAG_NAMES = {"backend": "--runner-backend"}
 
+# Help per field (a field may instead carry metadata={"help": ...}); tests/test_config.py checks every field has one.
 _HELP: dict[str, str] = {
     # ModelConfig
     "tokenizer": "tokenizer directory or alias (default: the model's)",
@@ -64,11 +65,12 @@ _HELP: dict[str, str] = {
     "block_size": "KV cache block size in tokens: " + " | ".join(map(str, BLOCK_SIZES)),
     "gpu_memory_utilization": "fraction of GPU memory the engine may use (weights + KV cache)",
     "kv_cache_memory_bytes": "KV cache size in bytes; overrides --gpu-memory-utilization "
-                             "(default on CPU: min(4 GiB, 20%% of available RAM))",
+                             "(default: sized from the free device memory, or on CPU from the free RAM)",
     "enable_prefix_caching": "reuse the KV of cached full blocks of shared prefixes (as vLLM)",
     # SchedulerConfig
     "max_num_seqs": "most sequences in one step",
-    "max_num_batched_tokens": "most tokens in one step (default: 8192, or more if the prompt needs it)",
+    "max_num_batched_tokens": f"most tokens in one step; longer prompts are prefilled in chunks "
+                              f"(default: {DEFAULT_TOKEN_BUDGET})",
     "async_scheduling": "queue the next decode step before reading this one's tokens "
                         "(default: on with CUDA, off on CPU)",
     # RunnerConfig (debugging and A/B benchmarks; every one is a no-op on CPU)
@@ -179,7 +181,12 @@ def _unknown_key_message(what: str, key: object, known: tuple[str, ...]) -> str:
 # ---- command line ----------------------------------------------------------------------------------------
 
 
-def cli_type(annotation: Any) -> type:
+def field_help(f: Field[Any]) -> str:
+    """A flag's help: the field's ``metadata["help"]`` if it has one, else this module's table."""
+    return str(f.metadata.get("help") or _HELP.get(f.name, ""))
+
+
+def cli_type(annotation: Any, where: str = "") -> type:
     """The value type of a field's flag: ``bool`` (a --x/--no-x switch), ``int``, ``float`` or ``str``.
 
     ``X | None`` is X; a union with ``str`` (``dtype: str | torch.dtype``) is ``str``.
@@ -190,7 +197,8 @@ def cli_type(annotation: Any) -> type:
     for t in (bool, str, float, int):  # bool before int (a subclass); str wins in mixed unions
         if t in members:
             return t
-    raise TypeError(f"no command-line type for {annotation!r}")
+    raise TypeError(f"{where or 'a config field'}: no command-line type for {annotation!r}; engine flags take "
+                    "bool, int, float or str fields (tandem/engine/args.py)")
 
 
 def _default_text(value: Any) -> str:
@@ -212,8 +220,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         hints = typing.get_type_hints(cls)
         for f in flag_fields(cls):
             default = f.default if f.default is not MISSING else None
-            kind = cli_type(hints[f.name])
-            help_text = _HELP[f.name] + _default_text(default)
+            kind = cli_type(hints[f.name], f"{cls.__name__}.{f.name}")
+            help_text = field_help(f) + _default_text(default)
             if kind is bool:
                 group.add_argument(flag_name(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
                                    default=default, help=help_text)
