@@ -128,7 +128,7 @@ def runner_times(target_runner: Any, draft_runner: Any | None, ctx: int, k: int,
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from tandem import SamplingParams
-    from tandem.bench.compare import estimate_alpha
+    from tandem.bench.compare_table import estimate_alpha
     from tandem.bench.datasets import sample_requests
     from tandem.sample.cost_model import cost_model_speedup
 

@@ -1,9 +1,12 @@
-"""The ``tandem`` command: ``generate``, ``serve``, ``bench``."""
+"""The ``tandem`` command: ``generate``, ``serve``, ``bench``.
+
+The engine flags of ``generate`` (and of ``serve`` and the offline benchmarks) come from
+:mod:`tandem.engine.args`; ``serve`` and ``bench`` register their own subcommands.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -11,48 +14,12 @@ from collections.abc import Sequence
 from tandem.errors import TandemError
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Engine flags shared by generate, serve and offline benchmarks (vLLM spellings)."""
-    from tandem.config.speculative import add_speculative_cli_args
-
-    p.add_argument("--tokenizer", default=None)
-    p.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--load-format", default="auto", help="auto | safetensors | gguf | dummy")
-    p.add_argument("--revision", default=None)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.92)
-    p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="queue the next decode step before reading this one's tokens "
-                        "(default: on with CUDA, off on CPU)")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                   help="reuse the KV of cached full blocks of shared prefixes (default: on, as in vLLM)")
-    add_speculative_cli_args(p)
-
-
-def engine_kwargs(ns: argparse.Namespace) -> dict[str, object]:
-    from tandem.config.speculative import speculative_config_from_args
-
-    return dict(
-        tokenizer=ns.tokenizer, dtype=ns.dtype, device=ns.device, seed=ns.seed, load_format=ns.load_format,
-        revision=ns.revision, max_model_len=ns.max_model_len, gpu_memory_utilization=ns.gpu_memory_utilization,
-        kv_cache_memory_bytes=ns.kv_cache_memory_bytes, max_num_seqs=ns.max_num_seqs,
-        max_num_batched_tokens=ns.max_num_batched_tokens, async_scheduling=ns.async_scheduling,
-        block_size=ns.block_size,
-        enable_prefix_caching=ns.enable_prefix_caching,
-        speculative_config=speculative_config_from_args(ns),
-    )
-
-
 def _generate(ns: argparse.Namespace) -> int:
-    from tandem import LLM, SamplingParams
+    from tandem.engine.args import engine_kwargs
+    from tandem.engine.llm import LLM
+    from tandem.sampling_params import SamplingParams
 
-    llm = LLM(ns.model, **engine_kwargs(ns))  # type: ignore[arg-type]
+    llm = LLM(ns.model, **engine_kwargs(ns))
     params = SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p,
                             top_k=ns.top_k, seed=ns.sampling_seed, stop=ns.stop or None)
     if ns.chat:
@@ -71,6 +38,7 @@ def _generate(ns: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tandem.engine.args import add_engine_args
     from tandem.loader.registry import DEFAULT_MODEL
 
     parser = argparse.ArgumentParser(prog="tandem", description="LLM inference with lossless speculative decoding")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tandem.bench import datasets as ds
+from tandem.bench import synthetic, tokens
 from tandem.bench.datasets import DatasetError, SampleRequest
 
 CORPUS = [
@@ -138,7 +139,7 @@ def test_humaneval_has_164_prompts(bpe):
     assert prompts[0].lstrip().startswith("from typing import List")
     reqs = ds.sample_humaneval(bpe, 10, seed=0)
     assert len(reqs) == 10 and {r.expected_output_len for r in reqs} == {128}
-    assert all(r.prompt_len == len(ds.encode(bpe, r.prompt)) for r in reqs)
+    assert all(r.prompt_len == len(tokens.encode(bpe, r.prompt)) for r in reqs)
     over = ds.sample_humaneval(bpe, 200, seed=0, output_len=64)  # oversampled beyond 164
     assert len(over) == 200 and {r.expected_output_len for r in over} == {64}
 
@@ -147,28 +148,28 @@ def test_humaneval_has_164_prompts(bpe):
 
 
 def _check_random_exact(tok, num=60):
-    reqs = ds.sample_random(tok, num, seed=7, input_len=48, output_len=16, range_ratio=0.5)
+    reqs = synthetic.sample_random(tok, num, seed=7, input_len=48, output_len=16, range_ratio=0.5)
     assert len(reqs) == num
     for r in reqs:
-        assert len(ds.encode(tok, r.prompt)) == r.prompt_len  # always, by construction
+        assert len(tokens.encode(tok, r.prompt)) == r.prompt_len  # always, by construction
         assert 24 <= r.prompt_len <= 72  # target drawn in [48·0.5, 48·1.5] and hit exactly
         assert 8 <= r.expected_output_len <= 24
     assert len({r.prompt_len for r in reqs}) > 5
-    fixed = ds.sample_random(tok, 30, seed=1, input_len=40, output_len=5)
-    assert {r.prompt_len for r in fixed} == {40 - ds.num_special_tokens_to_add(tok)}
+    fixed = synthetic.sample_random(tok, 30, seed=1, input_len=40, output_len=5)
+    assert {r.prompt_len for r in fixed} == {40 - tokens.num_special_tokens_to_add(tok)}
     assert {r.expected_output_len for r in fixed} == {5}
     return reqs
 
 
 def test_random_exact_lengths_bpe(bpe):
     a = _check_random_exact(bpe)
-    assert a == ds.sample_random(bpe, 60, seed=7, input_len=48, output_len=16, range_ratio=0.5)
+    assert a == synthetic.sample_random(bpe, 60, seed=7, input_len=48, output_len=16, range_ratio=0.5)
 
 
 def test_random_exact_lengths_with_shared_prefix(bpe):
-    reqs = ds.sample_random(bpe, 20, seed=3, input_len=30, output_len=4, prefix_len=12)
+    reqs = synthetic.sample_random(bpe, 20, seed=3, input_len=30, output_len=4, prefix_len=12)
     assert {r.prompt_len for r in reqs} == {42}
-    head = ds.decode(bpe, ds.encode(bpe, reqs[0].prompt)[:6])
+    head = tokens.decode(bpe, tokens.encode(bpe, reqs[0].prompt)[:6])
     assert all(r.prompt.startswith(head) for r in reqs)
 
 
@@ -180,15 +181,16 @@ def test_random_exact_lengths_smollm2():
 
 def test_random_rejects_bad_ratio(bpe):
     with pytest.raises(DatasetError, match="range-ratio"):
-        ds.sample_random(bpe, 2, range_ratio=1.0)
+        synthetic.sample_random(bpe, 2, range_ratio=1.0)
 
 
 def test_prefix_repetition(bpe):
-    reqs = ds.sample_prefix_repetition(bpe, 13, seed=0, prefix_len=20, suffix_len=10, num_prefixes=3, output_len=7)
+    reqs = synthetic.sample_prefix_repetition(bpe, 13, seed=0, prefix_len=20, suffix_len=10, num_prefixes=3,
+                                              output_len=7)
     assert len(reqs) == 13
     assert {r.prompt_len for r in reqs} == {30}
     assert {r.expected_output_len for r in reqs} == {7}
-    prefixes = {ds.decode(bpe, ds.encode(bpe, r.prompt)[:15]) for r in reqs}
+    prefixes = {tokens.decode(bpe, tokens.encode(bpe, r.prompt)[:15]) for r in reqs}
     assert len(prefixes) == 3  # 3 shared prefixes
     assert len({r.prompt for r in reqs}) == 13  # distinct suffixes
 
@@ -206,7 +208,7 @@ def test_custom_jsonl(tmp_path, bpe):
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     reqs = ds.sample_custom(bpe, 3, path, output_len=9)
     assert [r.expected_output_len for r in reqs] == [5, 9, 3]
-    assert reqs[0].prompt_len == len(ds.encode(bpe, "hello world"))
+    assert reqs[0].prompt_len == len(tokens.encode(bpe, "hello world"))
     assert isinstance(reqs[2].prompt, list) and reqs[2].prompt_len > 0
     assert len(ds.sample_requests("custom", bpe, 7, path=path)) == 7  # oversampled
     path.write_text('{"text": "no prompt key"}\n')
@@ -221,7 +223,7 @@ def test_chat_prompt_length_uses_the_chat_template():
     tok.chat_template = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
     messages = [{"role": "user", "content": "hello world"}]
     rendered = "<s>user: hello world\nassistant:"
-    assert ds.prompt_token_len(tok, messages) == len(tok.encode(rendered, add_special_tokens=False))
+    assert tokens.prompt_token_len(tok, messages) == len(tok.encode(rendered, add_special_tokens=False))
 
 
 def test_dataset_name_aliases(bpe):

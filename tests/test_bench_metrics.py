@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from tandem.bench import arrivals, compare, report
+from tandem.bench import arrivals, compare, compare_config, compare_output, compare_table, report
 from tandem.bench.metrics import RequestResult, compute_metrics
 from tandem.bench.serve import SpecDecodeCounters, parse_spec_decode_counters, spec_decode_delta
 from tandem.errors import ConfigError
@@ -196,15 +196,15 @@ def test_report_table_format():
 
 def _configs():
     return [
-        compare.CompareConfig.from_dict({"name": "base", "max_model_len": 2048}, "a"),
-        compare.CompareConfig.from_dict(
+        compare_config.CompareConfig.from_dict({"name": "base", "max_model_len": 2048}, "a"),
+        compare_config.CompareConfig.from_dict(
             {"name": "ngram", "speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
                                                      "prompt_lookup_max": 4}}, "b"),
-        compare.CompareConfig.from_dict(
+        compare_config.CompareConfig.from_dict(
             {"name": "draft", "speculative_config": {"method": "draft_model", "model": "d",
                                                      "num_speculative_tokens": 2},
              "draft_cost_ratio": 0.1, "cost_v": 0.05}, "c"),
-        compare.CompareConfig.from_dict(
+        compare_config.CompareConfig.from_dict(
             {"speculative_config": {"method": "draft_model", "num_speculative_tokens": 2}}, "nocost"),
     ]
 
@@ -220,12 +220,12 @@ def _spec(per_pos_frac, drafts=100):
 def _runs():
     runs = {}
     for conc, base_tpot in ((1, 20.0), (8, 30.0)):
-        runs[("base", conc)] = compare.RunSummary("base", conc, base_tpot, 50.0, 100.0 * conc, 10, 0)
-        runs[("ngram", conc)] = compare.RunSummary("ngram", conc, base_tpot / 2, 55.0, 180.0 * conc, 10, 0,
+        runs[("base", conc)] = compare_table.RunSummary("base", conc, base_tpot, 50.0, 100.0 * conc, 10, 0)
+        runs[("ngram", conc)] = compare_table.RunSummary("ngram", conc, base_tpot / 2, 55.0, 180.0 * conc, 10, 0,
                                                    _spec([0.8, 0.64, 0.512, 0.4096]))
-        runs[("draft", conc)] = compare.RunSummary("draft", conc, base_tpot / 1.5, 60.0, 140.0 * conc, 10, 0,
+        runs[("draft", conc)] = compare_table.RunSummary("draft", conc, base_tpot / 1.5, 60.0, 140.0 * conc, 10, 0,
                                                    _spec([0.5, 0.25]))
-        runs[("nocost", conc)] = compare.RunSummary("nocost", conc, base_tpot, 60.0, 100.0 * conc, 9, 1,
+        runs[("nocost", conc)] = compare_table.RunSummary("nocost", conc, base_tpot, 60.0, 100.0 * conc, 9, 1,
                                                     _spec([0.5, 0.25]))
     return runs
 
@@ -235,12 +235,12 @@ def test_config_to_server_command():
     assert cfgs[1].k == 4 and cfgs[1].cost_c == 0.0 and cfgs[1].method == "ngram"
     assert cfgs[2].cost_c == 0.1 and cfgs[2].cost_v == 0.05
     assert cfgs[3].name == "nocost" and cfgs[3].cost_c is None
-    cmd = compare.server_command("smollm2-135m-instruct", 8123, cfgs[1].options)
+    cmd = compare_config.server_command("smollm2-135m-instruct", 8123, cfgs[1].options)
     assert cmd[1:6] == ["-m", "tandem.serve", "smollm2-135m-instruct", "--port", "8123"]
     i = cmd.index("--speculative-config")
     assert json.loads(cmd[i + 1]) == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
     assert "--no-enable-prefix-caching" in cmd and "name" not in " ".join(cmd)
-    cmd = compare.server_command("m", 1, {"enable_prefix_caching": True, "max_model_len": 2048,
+    cmd = compare_config.server_command("m", 1, {"enable_prefix_caching": True, "max_model_len": 2048,
                                           "enforce_eager": True, "x_list": [1, 2]})
     assert "--enable-prefix-caching" in cmd and "--no-enable-prefix-caching" not in cmd
     assert cmd[cmd.index("--max-model-len") + 1] == "2048" and "--enforce-eager" in cmd
@@ -248,16 +248,16 @@ def test_config_to_server_command():
 
 
 def test_alpha_and_cost_model():
-    assert compare.estimate_alpha(0.8 + 0.64 + 0.512 + 0.4096, 4) == pytest.approx(0.8, abs=1e-9)
-    assert compare.estimate_alpha(0.0, 4) == 0.0 and compare.estimate_alpha(5.0, 4) == 1.0
-    assert compare.cost_model_speedup(0.8, 4, 0.0) == pytest.approx((1 - 0.8**5) / 0.2)
-    assert compare.cost_model_speedup(1.0, 4, 0.0) == pytest.approx(5.0)
-    assert compare.cost_model_speedup(0.5, 2, 0.1, 0.05) == pytest.approx(1.75 / 1.25)
+    assert compare_table.estimate_alpha(0.8 + 0.64 + 0.512 + 0.4096, 4) == pytest.approx(0.8, abs=1e-9)
+    assert compare_table.estimate_alpha(0.0, 4) == 0.0 and compare_table.estimate_alpha(5.0, 4) == 1.0
+    assert compare_table.cost_model_speedup(0.8, 4, 0.0) == pytest.approx((1 - 0.8**5) / 0.2)
+    assert compare_table.cost_model_speedup(1.0, 4, 0.0) == pytest.approx(5.0)
+    assert compare_table.cost_model_speedup(0.5, 2, 0.1, 0.05) == pytest.approx(1.75 / 1.25)
 
 
 def test_compare_rows_table_and_eta():
     cfgs, runs = _configs(), _runs()
-    rows = compare.compute_rows(cfgs, runs, [1, 8])
+    rows = compare_table.compute_rows(cfgs, runs, [1, 8])
     assert [(r.concurrency, r.config) for r in rows][:4] == [(1, "base"), (1, "ngram"), (1, "draft"), (1, "nocost")]
     by = {(r.config, r.concurrency): r for r in rows}
     base = by[("base", 1)]
@@ -272,7 +272,7 @@ def test_compare_rows_table_and_eta():
     assert dr.efficiency == pytest.approx(1.5 / (1.75 / (2 * 0.1 + 1 + 0.05)))
     nc = by[("nocost", 1)]
     assert nc.model_speedup is None and nc.efficiency is None and nc.failed == 1
-    table = compare.format_table(rows, cfgs)
+    table = compare_table.format_table(rows, cfgs)
     assert "baseline: base" in table and "ngram: k=4, c=0" in table
     assert "nocost: k=2, c=unknown" in table and "S = (1 − α^(k+1))" in table
     assert f"{2.0 / s:.2f}" in table
@@ -280,17 +280,17 @@ def test_compare_rows_table_and_eta():
 
 def test_compare_plots_and_json(tmp_path):
     cfgs, runs = _configs(), _runs()
-    paths = compare.write_plots(cfgs, runs, [1, 8], tmp_path)
+    paths = compare_output.write_plots(cfgs, runs, [1, 8], tmp_path)
     names = sorted(p.name for p in paths)
     assert names == ["per_position_acceptance.png", "throughput_vs_concurrency.png", "tpot_vs_concurrency.png"]
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
-    assert compare.aggregate_per_position([runs[("ngram", 1)], runs[("ngram", 8)]]) == pytest.approx(
+    assert compare_output.aggregate_per_position([runs[("ngram", 1)], runs[("ngram", 8)]]) == pytest.approx(
         [80.0, 64.0, 51.2, 40.96])
-    data = compare.results_json(cfgs, runs, compare.compute_rows(cfgs, runs, [1, 8]), {"model": "m"})
+    data = compare_output.results_json(cfgs, runs, compare_table.compute_rows(cfgs, runs, [1, 8]), {"model": "m"})
     text = json.dumps(data)
     assert json.loads(text)["rows"][1]["config"] == "ngram"
-    with pytest.raises(compare.CompareError):
+    with pytest.raises(compare_config.CompareError):
         compare.parse_concurrencies("1,0")
     assert compare.parse_concurrencies("1, 4,16") == [1, 4, 16]
 

@@ -19,7 +19,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from tandem.bench import cli, compare
+from tandem.bench import cli, compare, compare_server
 from tandem.bench.datasets import SampleRequest
 from tandem.bench.serve import BenchmarkError, ClientConfig, run_benchmark
 
@@ -308,7 +308,7 @@ def _free_port_pair() -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if compare._port_free(port + 1):
+        if compare_server.port_free(port + 1):
             return port
     raise RuntimeError("no free port pair")
 

@@ -478,8 +478,8 @@ def test_tokenizer_override(tmp_path: Path, tiny_dirs: dict[str, Path]) -> None:
 # ---- registry --------------------------------------------------------------------------------------
 
 
-def _fake_spec(tmp_path: Path, payloads: list[bytes], sha: str | None = None) -> tuple[registry.ModelSpec, Path]:
-    """A ModelSpec over locally built wheels, one payload chunk per wheel."""
+def _fake_spec(tmp_path: Path, payloads: list[bytes], sha: str | None = None) -> tuple[registry.BuiltinModel, Path]:
+    """A BuiltinModel over locally built wheels, one payload chunk per wheel."""
     import hashlib
 
     wheels = tmp_path / "wheels"
@@ -491,7 +491,7 @@ def _fake_spec(tmp_path: Path, payloads: list[bytes], sha: str | None = None) ->
             zf.writestr(f"{dist}/data/blob.part{i}", payload)
         parts.append(registry.WheelMember(f"tandem-fake-part{i}==1.0", f"{dist}/data/blob.part{i}"))
     whole = b"".join(payloads)
-    spec = registry.ModelSpec(alias="fake-model", filename="fake.gguf", size=len(whole),
+    spec = registry.BuiltinModel(alias="fake-model", filename="fake.gguf", size=len(whole),
                               sha256=sha or hashlib.sha256(whole).hexdigest(), parts=tuple(parts),
                               description="test", synonyms=("Org/Fake-Model",))
     return spec, wheels
@@ -502,10 +502,10 @@ def fake_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Install a fake spec; pip is replaced by a copy from a local wheel folder (no network)."""
     import shutil
 
-    monkeypatch.setenv(registry.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path / "cache"))
     calls: list[list[str]] = []
 
-    def install(payloads: list[bytes], sha: str | None = None) -> registry.ModelSpec:
+    def install(payloads: list[bytes], sha: str | None = None) -> registry.BuiltinModel:
         spec, wheels = _fake_spec(tmp_path, payloads, sha)
         monkeypatch.setitem(registry.BUILTIN_MODELS, spec.alias, spec)
 
@@ -560,7 +560,7 @@ def test_registry_concurrent_resolves_fetch_once(fake_registry) -> None:
 def test_registry_pip_failure_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec, _ = _fake_spec(tmp_path, [b"x"])
     monkeypatch.setitem(registry.BUILTIN_MODELS, spec.alias, spec)
-    monkeypatch.setenv(registry.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(registry, "_pip_download_command", lambda reqs, dest: [
         sys.executable, "-c", "import sys; print('ERROR: network is unreachable', file=sys.stderr); sys.exit(1)"])
     with pytest.raises(ModelLoadError) as exc:

@@ -17,11 +17,10 @@ from tandem.config.speculative import (
     NOT_YET_SUPPORTED_METHODS,
     SUPPORTED_METHODS,
     SpeculativeConfig,
-    add_speculative_cli_args,
     resolve_speculative_config,
-    speculative_config_from_args,
     validate_against_target,
 )
+from tandem.engine.args import add_speculative_args, speculative_config_from_args
 
 
 def cfg(**kw: Any) -> SpeculativeConfig:
@@ -481,7 +480,7 @@ def test_resolve_bad_type() -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tandem")
-    add_speculative_cli_args(p)
+    add_speculative_args(p)
     return p
 
 

@@ -47,7 +47,7 @@ _DUMMY_VOCAB = 10000
 
 
 def _add_common_args(p: argparse.ArgumentParser) -> None:
-    from tandem.cli import add_engine_args
+    from tandem.engine.args import add_engine_args
     from tandem.loader.registry import DEFAULT_MODEL
 
     p.add_argument("--model", default=DEFAULT_MODEL, help="HF directory, .gguf file or tandem alias")
@@ -68,14 +68,14 @@ def _check_positive(flag: str, value: int, minimum: int = 1) -> None:
 
 
 def _make_llm(args: argparse.Namespace) -> Any:
-    from tandem import LLM
-    from tandem.cli import engine_kwargs
+    from tandem.engine.args import engine_kwargs
+    from tandem.engine.llm import LLM
 
-    return LLM(args.model, **engine_kwargs(args))  # type: ignore[arg-type]
+    return LLM(args.model, **engine_kwargs(args))
 
 
 def _sampling_params(args: argparse.Namespace, max_tokens: int | None) -> Any:
-    from tandem import SamplingParams
+    from tandem.sampling_params import SamplingParams
 
     return SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, ignore_eos=True,
                           max_tokens=max_tokens)

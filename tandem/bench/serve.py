@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -38,6 +37,7 @@ from tqdm import tqdm
 from tandem.bench.arrivals import iter_arrivals
 from tandem.bench.datasets import SampleRequest
 from tandem.bench.metrics import BenchmarkMetrics, RequestResult, compute_metrics
+from tandem.config.env import openai_api_key
 from tandem.errors import TandemError
 
 BACKENDS = ("openai", "openai-chat", "vllm")  # "vllm" is vLLM's alias of the completions client
@@ -100,7 +100,7 @@ def build_payload(cfg: ClientConfig, req: SampleRequest) -> dict[str, Any]:
 
 
 def _headers() -> dict[str, str]:
-    key = os.environ.get("OPENAI_API_KEY")
+    key = openai_api_key()
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 

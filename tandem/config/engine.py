@@ -9,6 +9,7 @@ from tandem.config.model import ModelConfig
 from tandem.config.runner import RunnerConfig
 from tandem.config.scheduler import SchedulerConfig
 from tandem.config.speculative import SpeculativeConfig
+from tandem.config.validate import check_bool
 
 
 @dataclass(frozen=True)
@@ -19,3 +20,6 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     log_stats: bool = False
+
+    def __post_init__(self) -> None:
+        check_bool("log_stats", self.log_stats)

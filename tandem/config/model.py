@@ -31,11 +31,21 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_str("model", self.model)
         check_str("tokenizer", self.tokenizer, optional=True)
+        check_dtype(self.dtype)
         check_str("device", self.device)
         check_int("seed", self.seed)
         check_choice("load_format", self.load_format, LOAD_FORMATS)
         check_str("revision", self.revision, optional=True)
         check_int("max_model_len", self.max_model_len, minimum=2, optional=True)
+
+
+def check_dtype(dtype: object) -> None:
+    """'auto', a name in DTYPES or one of their torch dtypes."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ConfigError("dtype", f"unsupported dtype {dtype}", ["auto", *DTYPES])
+    elif not (isinstance(dtype, str) and (dtype == "auto" or dtype in DTYPES)):
+        raise ConfigError("dtype", f"unknown dtype {dtype!r}", ["auto", *DTYPES])
 
 
 def resolve_device(device: str) -> torch.device:
@@ -52,9 +62,8 @@ def resolve_device(device: str) -> torch.device:
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device, checkpoint_dtype: str | None) -> torch.dtype:
     """'auto': float32 on CPU (exact reference numerics); on GPU the checkpoint's half type or bf16."""
+    check_dtype(dtype)
     if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values():
-            raise ConfigError("dtype", f"unsupported dtype {dtype}", ["auto", *DTYPES])
         return dtype
     if dtype == "auto":
         if device.type == "cpu":
@@ -62,8 +71,6 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device, checkpoint_dty
         if checkpoint_dtype in ("float16", "bfloat16"):
             return DTYPES[checkpoint_dtype]
         return torch.bfloat16
-    if dtype not in DTYPES:
-        raise ConfigError("dtype", f"unknown dtype {dtype!r}", ["auto", *DTYPES])
     return DTYPES[dtype]
 
 

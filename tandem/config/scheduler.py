@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from tandem.config.validate import check_int
 from tandem.errors import ConfigError
 
+DEFAULT_TOKEN_BUDGET = 8192  # max_num_batched_tokens when unset
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None  # None: 8192 (or max_model_len if larger is asked)
+    max_num_batched_tokens: int | None = None  # None: DEFAULT_TOKEN_BUDGET
     # Queue the next decode step before reading this one's tokens (engine/async_decode.py).
     # None: on with CUDA (the host work then overlaps the GPU), off on CPU (nothing to overlap).
     async_scheduling: bool | None = None
@@ -24,7 +26,7 @@ class SchedulerConfig:
                               allowed=(True, False, None))
 
     def token_budget(self, num_speculative_tokens: int) -> int:
-        budget = self.max_num_batched_tokens or 8192
+        budget = self.max_num_batched_tokens or DEFAULT_TOKEN_BUDGET
         if budget < num_speculative_tokens + 1:
             raise ConfigError(
                 "max_num_batched_tokens",

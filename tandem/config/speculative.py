@@ -30,7 +30,6 @@ Defaults that differ from vLLM, on purpose:
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import json
 import math
@@ -40,6 +39,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from tandem.config.runner import RunnerConfig
+from tandem.config.validate import check_bool, check_choice, check_int, check_str, cli_flag, type_name
 from tandem.errors import ConfigError
 
 SUPPORTED_METHODS: tuple[str, ...] = ("draft_model", "ngram")
@@ -71,45 +71,7 @@ DEPRECATED_KWARGS: dict[str, str] = {
     "speculative_draft_tensor_parallel_size": "draft_tensor_parallel_size",
     "speculative_max_model_len": "max_model_len",
 }
-_DEPRECATED_CLI_TYPES: dict[str, type] = {
-    "speculative_model": str,
-    "num_speculative_tokens": int,
-    "ngram_prompt_lookup_max": int,
-    "ngram_prompt_lookup_min": int,
-    "speculative_draft_tensor_parallel_size": int,
-    "speculative_max_model_len": int,
-}
-
-_EXAMPLE_JSON = '{"method": "ngram", "num_speculative_tokens": 4}'
-
-
-def _type_name(value: object) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _check_int(
-    key: str, value: object, *, optional: bool = False, minimum: int | None = None
-) -> None:
-    if value is None and optional:
-        return
-    # bool is a subclass of int; `"num_speculative_tokens": true` is a mistake, not 1.
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(key, f"expected an integer, got {_type_name(value)} {value!r}")
-    if minimum is not None and value < minimum:
-        raise ConfigError(key, f"must be >= {minimum}, got {value}")
-
-
-def _check_str(key: str, value: object, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if not isinstance(value, str):
-        raise ConfigError(key, f"expected a string, got {_type_name(value)} {value!r}")
-
-
-def _check_choice(key: str, value: object, allowed: tuple[str, ...]) -> None:
-    _check_str(key, value)
-    if value not in allowed:
-        raise ConfigError(key, f"unknown value {value!r}", allowed=allowed)
+EXAMPLE_JSON = '{"method": "ngram", "num_speculative_tokens": 4}'
 
 
 @dataclass(frozen=True)
@@ -135,28 +97,26 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         # --- types -------------------------------------------------------------------------------
-        _check_str("method", self.method)
+        check_str("method", self.method)
         if self.num_speculative_tokens is None:
             raise ConfigError(
                 "num_speculative_tokens",
                 "is required: the number of draft tokens proposed per step (k), e.g. 4",
             )
-        _check_int("num_speculative_tokens", self.num_speculative_tokens)
-        _check_str("model", self.model, optional=True)
-        _check_int("prompt_lookup_min", self.prompt_lookup_min, optional=True)
-        _check_int("prompt_lookup_max", self.prompt_lookup_max, optional=True)
-        _check_int("draft_tensor_parallel_size", self.draft_tensor_parallel_size)
-        _check_int("max_model_len", self.max_model_len, optional=True, minimum=1)
-        _check_str("quantization", self.quantization, optional=True)
-        _check_str("revision", self.revision, optional=True)
+        check_int("num_speculative_tokens", self.num_speculative_tokens)
+        check_str("model", self.model, optional=True)
+        check_int("prompt_lookup_min", self.prompt_lookup_min, optional=True)
+        check_int("prompt_lookup_max", self.prompt_lookup_max, optional=True)
+        check_int("draft_tensor_parallel_size", self.draft_tensor_parallel_size)
+        check_int("max_model_len", self.max_model_len, optional=True, minimum=1)
+        check_str("quantization", self.quantization, optional=True)
+        check_str("revision", self.revision, optional=True)
         for key in ("enforce_eager", "disable_by_acceptance"):
-            value = getattr(self, key)
-            if value is not None and not isinstance(value, bool):
-                raise ConfigError(key, f"expected true, false or null, got {_type_name(value)} {value!r}")
+            check_bool(key, getattr(self, key), optional=True)
         rate = self.synthetic_acceptance_rate
         if rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool)):
             raise ConfigError(
-                "synthetic_acceptance_rate", f"expected a number, got {_type_name(rate)} {rate!r}"
+                "synthetic_acceptance_rate", f"expected a number, got {type_name(rate)} {rate!r}"
             )
 
         # --- method ------------------------------------------------------------------------------
@@ -209,16 +169,16 @@ class SpeculativeConfig:
             )
 
         # --- sampling ----------------------------------------------------------------------------
-        _check_choice("draft_sample_method", self.draft_sample_method, DRAFT_SAMPLE_METHODS)
+        check_str("draft_sample_method", self.draft_sample_method)
+        check_choice("draft_sample_method", self.draft_sample_method, DRAFT_SAMPLE_METHODS)
         if method == "ngram" and self.draft_sample_method != "greedy":
             raise ConfigError(
                 "draft_sample_method",
                 "n-gram drafts carry no probabilities, so only 'greedy' applies to method 'ngram'",
                 allowed=["greedy"],
             )
-        _check_choice(
-            "rejection_sample_method", self.rejection_sample_method, REJECTION_SAMPLE_METHODS
-        )
+        check_str("rejection_sample_method", self.rejection_sample_method)
+        check_choice("rejection_sample_method", self.rejection_sample_method, REJECTION_SAMPLE_METHODS)
         if self.rejection_sample_method == "synthetic":
             if rate is None:
                 raise ConfigError(
@@ -294,7 +254,7 @@ class SpeculativeConfig:
         if not isinstance(d, Mapping):
             raise ConfigError(
                 "speculative_config",
-                f"expected an object / dict such as {_EXAMPLE_JSON}, got {_type_name(d)}",
+                f"expected an object / dict such as {EXAMPLE_JSON}, got {type_name(d)}",
             )
         known = _field_names()
         for key in d:
@@ -312,7 +272,7 @@ class SpeculativeConfig:
             if model is None:
                 raise ConfigError(
                     "method",
-                    "is required when no draft model is given, e.g. " + _EXAMPLE_JSON,
+                    "is required when no draft model is given, e.g. " + EXAMPLE_JSON,
                     allowed=SUPPORTED_METHODS,
                 )
             values["method"] = "ngram" if model in NGRAM_MODEL_ALIASES else "draft_model"
@@ -323,7 +283,7 @@ class SpeculativeConfig:
         """Parse ``--speculative-config '<json>'``."""
         if not isinstance(s, str):
             raise ConfigError(
-                "speculative_config", f"expected a JSON string, got {_type_name(s)}"
+                "speculative_config", f"expected a JSON string, got {type_name(s)}"
             )
         try:
             d = json.loads(s)
@@ -331,12 +291,12 @@ class SpeculativeConfig:
             raise ConfigError(
                 "speculative_config",
                 f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); expected an "
-                f"object such as '{_EXAMPLE_JSON}' (keys and strings in double quotes)",
+                f"object such as '{EXAMPLE_JSON}' (keys and strings in double quotes)",
             ) from None
         if not isinstance(d, dict):
             raise ConfigError(
                 "speculative_config",
-                f"expected a JSON object such as '{_EXAMPLE_JSON}', got {_type_name(d)}",
+                f"expected a JSON object such as '{EXAMPLE_JSON}', got {type_name(d)}",
             )
         return SpeculativeConfig.from_dict(d)
 
@@ -418,14 +378,10 @@ def validate_against_target(
 # --- vLLM's deprecated spellings -----------------------------------------------------------------
 
 
-def _cli_flag(kwarg: str) -> str:
-    return "--" + kwarg.replace("_", "-")
-
-
 def _deprecation_message(old: str, value: Any) -> str:
     new = DEPRECATED_KWARGS[old]
     return (
-        f"`{old}` ({_cli_flag(old)}) is deprecated; use speculative_config={{{new!r}: {value!r}}} "
+        f"`{old}` ({cli_flag(old)}) is deprecated; use speculative_config={{{new!r}: {value!r}}} "
         f"(--speculative-config '{json.dumps({new: value})}')"
     )
 
@@ -451,7 +407,7 @@ def resolve_speculative_config(
             raise ConfigError(
                 "speculative_config",
                 "cannot be combined with deprecated "
-                + ", ".join(f"{k} ({_cli_flag(k)})" for k in given)
+                + ", ".join(f"{k} ({cli_flag(k)})" for k in given)
                 + "; move them into speculative_config",
             )
         for old, value in given.items():
@@ -475,37 +431,5 @@ def resolve_speculative_config(
     raise ConfigError(
         "speculative_config",
         "expected a JSON string, a dict or a SpeculativeConfig, got "
-        f"{_type_name(speculative_config)}",
+        f"{type_name(speculative_config)}",
     )
-
-
-def add_speculative_cli_args(parser: argparse.ArgumentParser) -> None:
-    """Add ``--speculative-config`` and vLLM's deprecated speculative flags to ``parser``."""
-    group = parser.add_argument_group(
-        "speculative decoding",
-        "Speculative decoding, configured as vLLM's speculative_config, e.g. "
-        f"--speculative-config '{_EXAMPLE_JSON}'.",
-    )
-    group.add_argument(
-        "--speculative-config",
-        dest="speculative_config",
-        type=str,
-        default=None,
-        metavar="JSON",
-        help="JSON object: method (draft_model | ngram), num_speculative_tokens, model, "
-        "prompt_lookup_min/max, draft_sample_method, rejection_sample_method, …",
-    )
-    for old, new in DEPRECATED_KWARGS.items():
-        group.add_argument(
-            _cli_flag(old),
-            dest=old,
-            type=_DEPRECATED_CLI_TYPES[old],
-            default=None,
-            help=f"[deprecated] use --speculative-config '{{\"{new}\": ...}}'",
-        )
-
-
-def speculative_config_from_args(ns: argparse.Namespace) -> SpeculativeConfig | None:
-    """The SpeculativeConfig the parsed CLI flags describe (None: no speculation)."""
-    deprecated = {k: getattr(ns, k, None) for k in DEPRECATED_KWARGS}
-    return resolve_speculative_config(getattr(ns, "speculative_config", None), deprecated)

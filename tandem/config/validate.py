@@ -7,6 +7,11 @@ from collections.abc import Sequence
 from tandem.errors import ConfigError
 
 
+def cli_flag(key: str) -> str:
+    """A config key's command-line spelling (vLLM's): ``max_num_seqs`` -> ``--max-num-seqs``."""
+    return "--" + key.replace("_", "-")
+
+
 def type_name(value: object) -> str:
     return "null" if value is None else type(value).__name__
 

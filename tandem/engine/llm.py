@@ -7,60 +7,32 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from tandem.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from tandem.engine.args import engine_config
 from tandem.engine.llm_engine import LLMEngine
 from tandem.errors import RequestError
 from tandem.loader.registry import DEFAULT_MODEL
 from tandem.loader.tokenizer import apply_chat_template
 from tandem.outputs import CompletionOutput, RequestOutput
 from tandem.sampling_params import SamplingParams
-from tandem.config.speculative import SpeculativeConfig, resolve_speculative_config
 
 PromptType = str | Sequence[int] | Mapping[str, Any]
 Message = Mapping[str, str]
 
 
 class LLM:
-    def __init__(
-        self,
-        model: str = DEFAULT_MODEL,
-        *,
-        tokenizer: str | None = None,
-        dtype: str = "auto",
-        device: str = "auto",
-        seed: int = 0,
-        load_format: str = "auto",
-        revision: str | None = None,
-        max_model_len: int | None = None,
-        gpu_memory_utilization: float = 0.92,
-        kv_cache_memory_bytes: int | None = None,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int | None = None,
-        async_scheduling: bool | None = None,
-        block_size: int = 16,
-        enable_prefix_caching: bool = True,
-        speculative_config: str | Mapping[str, Any] | SpeculativeConfig | None = None,
-        log_stats: bool = False,
-        **deprecated: Any,
-    ) -> None:
-        from tandem.config.speculative import DEPRECATED_KWARGS
+    """The offline engine: ``LLM(model, **engine_args)``, then ``generate`` / ``chat``.
 
-        unknown = set(deprecated) - set(DEPRECATED_KWARGS)
-        if unknown:
-            raise TypeError(f"LLM() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
-        spec = resolve_speculative_config(
-            speculative_config, {k: v for k, v in deprecated.items() if v is not None})
-        self.engine = LLMEngine(EngineConfig(
-            ModelConfig(model=model, tokenizer=tokenizer, dtype=dtype, device=device, seed=seed,
-                      load_format=load_format, revision=revision, max_model_len=max_model_len),
-            CacheConfig(block_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
-                        kv_cache_memory_bytes=kv_cache_memory_bytes,
-                        enable_prefix_caching=enable_prefix_caching),
-            SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                            async_scheduling=async_scheduling),
-            spec,
-            log_stats=log_stats,
-        ))
+    ``model``: a local Hugging Face directory, a ``.gguf`` file or a built-in alias. The keyword
+    arguments are vLLM's (``tokenizer``, ``dtype``, ``device``, ``seed``, ``load_format``,
+    ``revision``, ``max_model_len``, ``gpu_memory_utilization``, ``kv_cache_memory_bytes``,
+    ``max_num_seqs``, ``max_num_batched_tokens``, ``async_scheduling``, ``block_size``,
+    ``enable_prefix_caching``, ``speculative_config``, ``enforce_eager``, ``log_stats`` and the
+    deprecated speculative keywords) plus ``runner_config``; see :mod:`tandem.engine.args`. Each is
+    optional and defaults to its config field's default, which is written only there.
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, **kwargs: Any) -> None:
+        self.engine = LLMEngine(engine_config(model, **kwargs))
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer

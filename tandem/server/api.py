@@ -20,233 +20,43 @@ Invariants:
   held back until the request finishes (a stop string may still cut them), so the streamed text
   always concatenates to exactly the non-streamed text.
 - A client that disconnects (streaming or not) has its requests aborted, freeing their KV blocks.
+
+This module holds the routes; the pieces they use: ``api_errors.py`` (the error envelope),
+``auth.py`` (the API key), ``serving.py`` (prompt checks, submission, disconnects, SSE) and
+``responses.py`` (response bodies and stream events).
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
-import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tandem.errors import RequestError, SamplingParamsError, TandemError
+from tandem.errors import TandemError
 from tandem.loader.tokenizer import apply_chat_template
-from tandem.outputs import RequestOutput
-from tandem.sampling_params import SamplingParams
-from tandem.server.async_engine import (
-    AsyncEngine,
-    EngineDeadError,
-    EngineStepError,
-    RequestStream,
-    final_outputs,
-    merge_streams,
-)
+from tandem.server.api_errors import ApiError, api_error, validation_api_error
+from tandem.server.async_engine import AsyncEngine
+from tandem.server.auth import ApiKeyMiddleware
 from tandem.server.protocol import (
-    ChatChoice,
     ChatCompletionRequest,
-    ChatCompletionResponse,
-    ChatCompletionStreamResponse,
-    ChatResponseMessage,
-    ChatStreamChoice,
-    CompletionChoice,
     CompletionRequest,
-    CompletionResponse,
-    CompletionStreamResponse,
-    DeltaMessage,
     DetokenizeRequest,
-    ProtocolError,
-    StreamState,
     TokenizeRequest,
     TokenText,
-    chat_logprobs,
-    completion_logprobs,
     error_body,
-    now_s,
     random_id,
-    stop_holdback,
-    usage_of,
 )
-
-logger = logging.getLogger("tandem.server")
+from tandem.server.responses import chat_events, chat_response, completion_events, completion_response
+from tandem.server.serving import Prompt, ServerState, event_stream, submit, unless_disconnected
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-OPEN_ROUTES = frozenset({"/health"})
 
 
-class ApiError(Exception):
-    """An HTTP error with OpenAI's error body."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(error_body(self.message, self.type, self.param, self.code), status_code=self.status)
-
-
-def api_error(exc: BaseException) -> ApiError:
-    """Map an exception raised while serving a request to its HTTP error."""
-    if isinstance(exc, ApiError):
-        return exc
-    if isinstance(exc, SamplingParamsError):
-        return ApiError(400, str(exc), param=exc.field)
-    if isinstance(exc, RequestError):
-        return ApiError(400, str(exc), param=exc.param, code=exc.code)
-    if isinstance(exc, EngineStepError):
-        return ApiError(500, str(exc), type_="server_error")
-    if isinstance(exc, EngineDeadError):
-        return ApiError(503, str(exc), type_="server_error", code="engine_unavailable")
-    if isinstance(exc, TandemError):
-        return ApiError(400, str(exc))
-    logger.error("unexpected error while serving a request", exc_info=exc)
-    return ApiError(500, f"internal server error: {type(exc).__name__}", type_="server_error")
-
-
-class _ApiKeyMiddleware:
-    """Pure ASGI middleware (does not interfere with streaming or disconnect detection)."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_ROUTES:
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope.get("headers") or []).get(b"authorization", b"")
-        if secrets.compare_digest(given, self.expected):
-            await self.app(scope, receive, send)
-            return
-        body = error_body("invalid or missing API key: send 'Authorization: Bearer <key>'",
-                          "invalid_request_error", code="invalid_api_key")
-        await JSONResponse(body, status_code=401)(scope, receive, send)
-
-
-@dataclass
-class _Prompt:
-    """One prompt, tokenized and checked, with its sampling params."""
-
-    text: str | None
-    ids: list[int]
-    params: SamplingParams
-
-
-@dataclass
-class _Server:
-    engine: AsyncEngine
-    served: list[str]
-    accepted: set[str]
-    token_text: TokenText
-    created: int = field(default_factory=now_s)
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.engine.engine.tokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return int(self.engine.engine.max_model_len)
-
-    @property
-    def vocab_size(self) -> int:
-        arch = getattr(self.engine.engine, "arch", None)
-        return int(getattr(arch, "vocab_size", 0) or len(self.tokenizer))
-
-    def model_name(self, requested: str | None) -> str:
-        """The name to report; 404 if ``requested`` names no model served here."""
-        if requested is None or requested in self.accepted:
-            return requested if requested in self.served else self.served[0]
-        raise ApiError(404, f"The model `{requested}` does not exist. Served: {', '.join(self.served)}.",
-                       param="model", code="model_not_found")
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
-
-    def check_ids(self, ids: Sequence[int], param: str) -> list[int]:
-        vocab = self.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise ApiError(400, f"token ids out of range [0, {vocab}): {bad[:5]}", param=param)
-        return list(ids)
-
-    def fit(self, ids: list[int], requested: int | None, default: int | None) -> int:
-        """max_tokens for a prompt of ``ids``; 400 context_length_exceeded if it cannot fit."""
-        n, limit = len(ids), self.max_model_len
-        if n >= limit:
-            raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, your prompt "
-                                f"has {n} tokens, which leaves no room to generate. Please reduce the length "
-                                "of the prompt.", param="prompt", code="context_length_exceeded")
-        if requested is not None:
-            if requested >= 1 and n + requested > limit:
-                raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, you "
-                                    f"requested {n + requested} tokens ({n} in the prompt, {requested} in the "
-                                    "completion). Please reduce the length of the prompt or completion.",
-                               param="max_tokens", code="context_length_exceeded")
-            return requested
-        room = limit - n
-        return room if default is None else min(default, room)
-
-
-# ---- engine plumbing --------------------------------------------------------------------------------
-async def _submit(server: _Server, base_id: str, prompts: list[_Prompt], arrival: float) -> list[RequestStream]:
-    """Add every prompt to the engine (one batch of commands); if any is rejected, abort the others
-    and raise the first rejection."""
-    ids = [base_id if len(prompts) == 1 else f"{base_id}-{i}" for i in range(len(prompts))]
-    results = await asyncio.gather(
-        *(server.engine.add_request(rid, p.text, p.params, prompt_token_ids=p.ids, arrival_time=arrival)
-          for rid, p in zip(ids, prompts, strict=True)),
-        return_exceptions=True)
-    errors = [r for r in results if isinstance(r, BaseException)]
-    if errors:
-        for r in results:
-            if isinstance(r, RequestStream):
-                r.abort()
-        raise errors[0]
-    return [r for r in results if isinstance(r, RequestStream)]
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _unless_disconnected(request: Request, streams: list[RequestStream]) -> list[RequestOutput] | None:
-    """Final outputs, or None if the client went away first (its requests are then aborted)."""
-    work = asyncio.ensure_future(final_outputs(streams))
-    watch = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if work.done():
-            return work.result()
-        return None
-    finally:
-        for t in (work, watch):
-            t.cancel()
-        for s in streams:
-            s.abort()
-
-
-def _sse(obj: Any) -> str:
-    data = obj.model_dump() if hasattr(obj, "model_dump") else dict(obj)
-    if data.get("usage", 0) is None:
-        del data["usage"]  # OpenAI: usage appears only on the usage chunk (or all, with continuous stats)
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-# ---- the app ------------------------------------------------------------------------------------------
 def build_app(async_engine: AsyncEngine, served_model_names: list[str], api_key: str | None = None, *,
               model_aliases: Sequence[str] = ()) -> FastAPI:
     """The FastAPI app serving ``async_engine``.
@@ -258,12 +68,12 @@ def build_app(async_engine: AsyncEngine, served_model_names: list[str], api_key:
 
     if not served_model_names:
         raise ValueError("served_model_names must name at least one model")
-    server = _Server(async_engine, list(served_model_names), set(served_model_names) | set(model_aliases),
-                     TokenText(async_engine.engine.tokenizer))
+    server = ServerState(async_engine, list(served_model_names), set(served_model_names) | set(model_aliases),
+                         TokenText(async_engine.engine.tokenizer))
     app = FastAPI(title="tandem", version=__version__)
     app.state.server = server
     if api_key:
-        app.add_middleware(_ApiKeyMiddleware, api_key=api_key)
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
 
     # ---- errors ----------------------------------------------------------------------------------
     @app.exception_handler(ApiError)
@@ -276,7 +86,7 @@ def build_app(async_engine: AsyncEngine, served_model_names: list[str], api_key:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation_api_error(exc).response()
+        return validation_api_error(exc).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -345,20 +155,20 @@ def build_app(async_engine: AsyncEngine, served_model_names: list[str], api_key:
     async def completions(req: CompletionRequest, raw: Request) -> Response:
         arrival = time.monotonic()
         model = server.model_name(req.model)
-        prompts: list[_Prompt] = []
+        prompts: list[Prompt] = []
         for item in req.prompts():
             text, ids = (item, server.encode(item)) if isinstance(item, str) else (
                 None, server.check_ids(item, "prompt"))
             max_tokens = server.fit(ids, req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)
-            prompts.append(_Prompt(text, ids, req.to_sampling_params(max_tokens)))
+            prompts.append(Prompt(text, ids, req.to_sampling_params(max_tokens)))
         base_id = random_id("cmpl")
-        streams = await _submit(server, base_id, prompts, arrival)
+        streams = await submit(server, base_id, prompts, arrival)
         if req.stream:
-            return _event_stream(_completion_events(server, req, model, base_id, prompts, streams))
-        outs = await _unless_disconnected(raw, streams)
+            return event_stream(completion_events(server, req, model, base_id, prompts, streams))
+        outs = await unless_disconnected(raw, streams)
         if outs is None:
             return Response(status_code=499)
-        return JSONResponse(_completion_response(server, req, model, base_id, prompts, outs).model_dump())
+        return JSONResponse(completion_response(server, req, model, base_id, prompts, outs).model_dump())
 
     # ---- chat --------------------------------------------------------------------------------------
     @app.post("/v1/chat/completions")
@@ -368,183 +178,17 @@ def build_app(async_engine: AsyncEngine, served_model_names: list[str], api_key:
         ids = apply_chat_template(server.tokenizer, req.template_messages(),
                                   add_generation_prompt=req.add_generation_prompt)
         max_tokens = server.fit(ids, req.requested_max_tokens, None)
-        prompt = _Prompt(None, ids, req.to_sampling_params(max_tokens))
+        prompt = Prompt(None, ids, req.to_sampling_params(max_tokens))
         base_id = random_id("chatcmpl")
-        streams = await _submit(server, base_id, [prompt], arrival)
+        streams = await submit(server, base_id, [prompt], arrival)
         if req.stream:
-            return _event_stream(_chat_events(server, req, model, base_id, prompt, streams[0]))
-        outs = await _unless_disconnected(raw, streams)
+            return event_stream(chat_events(server, req, model, base_id, prompt, streams[0]))
+        outs = await unless_disconnected(raw, streams)
         if outs is None:
             return Response(status_code=499)
-        return JSONResponse(_chat_response(server, req, model, base_id, outs[0]).model_dump())
+        return JSONResponse(chat_response(server, req, model, base_id, outs[0]).model_dump())
 
     return app
 
 
-def _validation_api_error(exc: RequestValidationError) -> ApiError:
-    """FastAPI/pydantic validation errors → one 400 naming the first offending field."""
-    errors = exc.errors()
-    if not errors:
-        return ApiError(400, "invalid request")
-    first = errors[0]
-    if first.get("type") == "json_invalid":
-        detail = first.get("ctx", {}).get("error", first.get("msg"))
-        return ApiError(400, f"the request body is not valid JSON: {detail}")
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = loc[0] if loc else None
-    where = ".".join(loc)
-    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    more = f" (and {len(errors) - 1} more error(s))" if len(errors) > 1 else ""
-    return ApiError(400, f"{where + ': ' if where else ''}{msg}{more}", param=param)
-
-
-def _event_stream(events: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-def _stream_error(exc: BaseException) -> str:
-    err = api_error(exc)
-    if err.status >= 500:
-        logger.error("request failed mid-stream: %s", err.message)
-    return f"data: {json.dumps(error_body(err.message, err.type, err.param, err.code))}\n\n"
-
-
-# ---- completions: responses ---------------------------------------------------------------------------
-def _completion_response(server: _Server, req: CompletionRequest, model: str, rid: str,
-                         prompts: list[_Prompt], outs: list[RequestOutput]) -> CompletionResponse:
-    choices = []
-    n = prompts[0].params.n
-    for i, (p, out) in enumerate(zip(prompts, outs, strict=True)):
-        prefix = _echo_text(server, p) if req.echo else ""
-        for c in out.outputs:
-            lp = None
-            if req.logprobs is not None:
-                lp = completion_logprobs(c.token_ids, c.logprobs or [], req.logprobs, server.token_text,
-                                         initial_offset=len(prefix))
-                if req.echo:
-                    pl = completion_logprobs(p.ids, out.prompt_logprobs or [None] * len(p.ids), req.logprobs,
-                                             server.token_text)
-                    lp = type(lp)(text_offset=pl.text_offset + lp.text_offset,
-                                  token_logprobs=pl.token_logprobs + lp.token_logprobs,
-                                  tokens=pl.tokens + lp.tokens, top_logprobs=pl.top_logprobs + lp.top_logprobs)
-            choices.append(CompletionChoice(index=i * n + c.index, text=prefix + c.text, logprobs=lp,
-                                            finish_reason=c.finish_reason, stop_reason=c.stop_reason))
-    return CompletionResponse(id=rid, created=now_s(), model=model, choices=choices, usage=usage_of(outs))
-
-
-def _echo_text(server: _Server, p: _Prompt) -> str:
-    return p.text if p.text is not None else server.tokenizer.decode(p.ids)
-
-
-async def _completion_events(server: _Server, req: CompletionRequest, model: str, rid: str,
-                             prompts: list[_Prompt], streams: list[RequestStream]) -> AsyncIterator[str]:
-    created = now_s()
-    n = prompts[0].params.n
-    states = {(i, j): StreamState() for i in range(len(prompts)) for j in range(n)}
-    latest: dict[int, RequestOutput] = {}
-    try:
-        async for i, out in merge_streams(streams):
-            latest[i] = out
-            p = prompts[i]
-            hold = stop_holdback(p.params)
-            for c in out.outputs:
-                st = states[(i, c.index)]
-                if st.done:
-                    continue
-                finished = c.finish_reason is not None
-                prefix = ""
-                if req.echo and not st.echoed:
-                    prefix = _echo_text(server, p)
-                    st.echoed, st.echo_len = True, len(prefix)
-                offset = st.sent_text + (st.echo_len if req.echo else 0)
-                delta = st.advance(c.text, finished, hold)
-                if not delta and not prefix and not finished:
-                    continue
-                lp = None
-                if req.logprobs is not None:
-                    new = c.token_ids[st.sent_tokens:]
-                    lp = completion_logprobs(new, (c.logprobs or [])[st.sent_tokens:], req.logprobs,
-                                             server.token_text, initial_offset=offset + len(prefix))
-                st.sent_tokens = len(c.token_ids)
-                st.done = finished
-                chunk = CompletionStreamResponse(id=rid, created=created, model=model, choices=[CompletionChoice(
-                    index=i * n + c.index, text=prefix + delta, logprobs=lp,
-                    finish_reason=c.finish_reason, stop_reason=c.stop_reason)])
-                if req.continuous_usage:
-                    chunk.usage = usage_of(list(latest.values()))
-                yield _sse(chunk)
-        if req.include_usage:
-            yield _sse(CompletionStreamResponse(id=rid, created=created, model=model, choices=[],
-                                                usage=usage_of(list(latest.values()))))
-    except Exception as e:  # headers are sent: report in-band, as OpenAI does
-        yield _stream_error(e)
-    finally:
-        for s in streams:
-            s.abort()
-    yield "data: [DONE]\n\n"
-
-
-# ---- chat: responses --------------------------------------------------------------------------------
-def _chat_response(server: _Server, req: ChatCompletionRequest, model: str, rid: str,
-                   out: RequestOutput) -> ChatCompletionResponse:
-    num_top = req.top_logprobs or 0
-    choices = [
-        ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
-                   logprobs=chat_logprobs(c.token_ids, c.logprobs or [], num_top, server.token_text)
-                   if req.logprobs else None,
-                   finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-        for c in out.outputs
-    ]
-    return ChatCompletionResponse(id=rid, created=now_s(), model=model, choices=choices, usage=usage_of([out]))
-
-
-async def _chat_events(server: _Server, req: ChatCompletionRequest, model: str, rid: str, prompt: _Prompt,
-                       stream: RequestStream) -> AsyncIterator[str]:
-    created = now_s()
-    n = prompt.params.n
-    num_top = req.top_logprobs or 0
-    hold = stop_holdback(prompt.params)
-    states = [StreamState() for _ in range(n)]
-    last: RequestOutput | None = None
-
-    def chunk(index: int, delta: DeltaMessage, **kw: Any) -> ChatCompletionStreamResponse:
-        out = ChatCompletionStreamResponse(id=rid, created=created, model=model, choices=[
-            ChatStreamChoice(index=index, delta=delta, logprobs=kw.get("logprobs"),
-                             finish_reason=kw.get("finish_reason"), stop_reason=kw.get("stop_reason"))])
-        if req.continuous_usage and last is not None:
-            out.usage = usage_of([last])
-        return out
-
-    try:
-        for j in range(n):  # OpenAI: the first chunk of each choice carries the role
-            yield _sse(chunk(j, DeltaMessage(role="assistant", content="")))
-        async for _, out in merge_streams([stream]):
-            last = out
-            for c in out.outputs:
-                st = states[c.index]
-                if st.done:
-                    continue
-                finished = c.finish_reason is not None
-                delta = st.advance(c.text, finished, hold)
-                if not delta and not finished:
-                    continue
-                lp = None
-                if req.logprobs:
-                    lp = chat_logprobs(c.token_ids[st.sent_tokens:], (c.logprobs or [])[st.sent_tokens:], num_top,
-                                       server.token_text)
-                st.sent_tokens = len(c.token_ids)
-                st.done = finished
-                yield _sse(chunk(c.index, DeltaMessage(content=delta if delta or not finished else None),
-                                 logprobs=lp, finish_reason=c.finish_reason, stop_reason=c.stop_reason))
-        if req.include_usage and last is not None:
-            yield _sse(ChatCompletionStreamResponse(id=rid, created=created, model=model, choices=[],
-                                                    usage=usage_of([last])))
-    except Exception as e:  # headers are sent: report in-band, as OpenAI does
-        yield _stream_error(e)
-    finally:
-        stream.abort()
-    yield "data: [DONE]\n\n"
-
-
-__all__ = ["ApiError", "ProtocolError", "api_error", "build_app"]
+__all__ = ["build_app"]

@@ -1,9 +1,10 @@
 """``tandem serve`` / ``python -m tandem.serve``: start the OpenAI-compatible server.
 
 ``tandem serve [MODEL] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME ...]
-[--uvicorn-log-level info]`` plus every engine flag of :func:`tandem.cli.add_engine_args` (including
-``--speculative-config`` and vLLM's deprecated speculation flags, which warn through
-:mod:`tandem.config.speculative`). MODEL defaults to the built-in default model.
+[--uvicorn-log-level info]`` plus every engine flag of :func:`tandem.engine.args.add_engine_args`
+(including ``--speculative-config`` and vLLM's deprecated speculation flags, which warn through
+:mod:`tandem.config.speculative`). MODEL defaults to the built-in default model; ``--api-key``
+defaults to ``$TANDEM_API_KEY`` (read by :mod:`tandem.config.env`).
 
 Startup errors a user can cause (bad flags, bad speculative config, missing model, too little KV
 memory) print one ``error: ...`` line and exit with status 2; nothing is served.
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from typing import Any
 
@@ -21,13 +21,12 @@ from tandem.errors import TandemError
 
 logger = logging.getLogger("tandem.server")
 
-API_KEY_ENV = "TANDEM_API_KEY"
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     """Server flags + the shared engine flags."""
-    from tandem.cli import add_engine_args
+    from tandem.engine.args import add_engine_args
     from tandem.loader.registry import DEFAULT_MODEL
 
     p.add_argument("model", nargs="?", default=None,
@@ -36,7 +35,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None,
-                   help=f"require 'Authorization: Bearer KEY' on every route but /health (env: {API_KEY_ENV})")
+                   help="require 'Authorization: Bearer KEY' on every route but /health (default: $TANDEM_API_KEY)")
     p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="name(s) the API reports and accepts in 'model' (default: MODEL)")
     p.add_argument("--uvicorn-log-level", default="info", choices=UVICORN_LOG_LEVELS)
@@ -64,19 +63,17 @@ def resolve_model_arg(ns: argparse.Namespace) -> str:
 
 def build_server(ns: argparse.Namespace) -> tuple[Any, Any]:
     """(FastAPI app, AsyncEngine) for parsed ``serve`` flags. Raises TandemError on bad config."""
-    from tandem.cli import engine_kwargs
-    from tandem.engine.llm import LLM
+    from tandem.config.env import api_key
+    from tandem.engine.args import engine_config, engine_kwargs
+    from tandem.engine.llm_engine import LLMEngine
     from tandem.server.api import build_app
     from tandem.server.async_engine import AsyncEngine
 
     model = resolve_model_arg(ns)
     names = list(ns.served_model_name) if ns.served_model_name else [model]
-    kwargs = engine_kwargs(ns)
-    kwargs.setdefault("log_stats", not getattr(ns, "disable_log_stats", False))
-    engine = LLM(model, **kwargs).engine  # type: ignore[arg-type]
+    engine = LLMEngine(engine_config(model, **engine_kwargs(ns), log_stats=not ns.disable_log_stats))
     async_engine = AsyncEngine(engine, model_name=names[0])
-    api_key = ns.api_key or os.environ.get(API_KEY_ENV) or None
-    app = build_app(async_engine, names, api_key, model_aliases=[model])
+    app = build_app(async_engine, names, ns.api_key or api_key(), model_aliases=[model])
     return app, async_engine
 
 
