@@ -52,8 +52,8 @@ CAPTURE_AFTER_MISSES = 8
 
 class GpuModelRunner:
     def __init__(self, model: CausalLM, kv_caches: list[KVCache], block_size: int, device: torch.device,
-                 cfg: RunnerConfig = RunnerConfig(), *, pad_to_buckets: bool | None = None,
-                 max_graph_q: int = MAX_GRAPH_Q) -> None:
+                 cfg: RunnerConfig = RunnerConfig(), *, max_model_len: int | None = None, lookahead: int = 0,
+                 pad_to_buckets: bool | None = None, max_graph_q: int = MAX_GRAPH_Q) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -71,10 +71,12 @@ class GpuModelRunner:
         self.pad = self.use_graphs if pad_to_buckets is None else pad_to_buckets
         self.max_graph_batch = cfg.max_graph_batch
         self.max_graph_q = max_graph_q
-        layers = model.model.layers
-        max_pos = layers[0].self_attn.rotary.cos.shape[0] if len(layers) else 1
-        # Lookahead (draft) slots may run past max_model_len by up to k: leave room for 64.
-        self.table_width = -(-(max_pos + 64) // block_size)
+        if max_model_len is None:  # the model's rope table covers exactly the positions it was built for
+            layers = model.model.layers
+            max_model_len = layers[0].self_attn.rotary.cos.shape[0] if len(layers) else 1
+        # A request holds blocks for up to max_model_len + lookahead (draft) tokens (scheduler.py);
+        # steps with wider tables (none, by that rule) run eagerly.
+        self.table_width = -(-(max_model_len + lookahead) // block_size)
         self.kv_heads = arch.num_kv_heads
         self.group = arch.num_heads // arch.num_kv_heads
         self.sms = num_sms(device)

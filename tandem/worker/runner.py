@@ -43,12 +43,16 @@ class ModelRunner(Protocol):
 
 
 def make_runner(model: CausalLM, kv_caches: list[KVCache], block_size: int, device: torch.device,
-                cfg: RunnerConfig) -> ModelRunner:
-    """The CUDA runner on CUDA devices unless ``cfg.backend == "torch"``; the torch runner otherwise."""
+                cfg: RunnerConfig, *, max_model_len: int | None = None, lookahead: int = 0) -> ModelRunner:
+    """The CUDA runner on CUDA devices unless ``cfg.backend == "torch"``; the torch runner otherwise.
+
+    ``max_model_len`` + ``lookahead`` (draft slots past it) bound a request's KV blocks: the CUDA
+    runner sizes its graphs' block tables from them (None: the model's rope table length)."""
     if device.type == "cuda" and cfg.backend != "torch":
         from tandem.worker.gpu_runner import GpuModelRunner  # imports Triton: CUDA only
 
-        return GpuModelRunner(model, kv_caches, block_size, device, cfg)
+        return GpuModelRunner(model, kv_caches, block_size, device, cfg, max_model_len=max_model_len,
+                              lookahead=lookahead)
     from tandem.worker.model_runner import TorchRunner
 
     return TorchRunner(model, kv_caches, block_size, device)
