@@ -112,7 +112,7 @@ def write_dummy_dir(root: Path, name: str) -> Path:
 
 def _dummy_draft_workaround(root: Path) -> None:
     """The engine opens the draft without load_format: force "dummy" for our directories."""
-    import tandem.engine.llm_engine as E
+    import tandem.engine.builder as E
 
     orig = E.open_checkpoint
     if getattr(orig, "_gpu_suite", False):
