@@ -15,7 +15,7 @@ Reported per config: tokens/s (total tokens / total generate time, prefill inclu
 the baseline (ratio of total times; the median of per-prompt paired ratios is also given), τ (mean
 tokens per verify step), per-position acceptance (fraction of drafts whose position i was
 accepted), draft coverage (share of decode steps that carried a draft), and engine efficiency
-η = measured speedup / cost-model speedup S, where (tandem.sample.cost_model)
+η = measured speedup / cost-model speedup S, where (tandem.spec_decode.cost_model)
     S = (1 − α^{k+1}) / ((1 − α)(k·c + 1 + v))
 - α: solved from the per-position acceptance p_i as Σ_{i=1..k} α^i = Σ_i p_i (= τ − 1);
 - v: (time of one target forward over k + 1 query tokens / time of a 1-token decode forward) − 1,
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tandem import SamplingParams
     from tandem.bench.compare_table import estimate_alpha
     from tandem.bench.datasets import sample_requests
-    from tandem.sample.cost_model import cost_model_speedup
+    from tandem.spec_decode.cost_model import cost_model_speedup
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -43,7 +43,7 @@ def main() -> None:
         llm = LLM(str(d), device="cpu", dtype="float32", kv_cache_memory_bytes=256 << 20, block_size=16,
                   max_num_seqs=max(256, args.batch))
         if name.startswith("transformers"):
-            llm.engine._decoder = llm.engine.tokenizer
+            llm.engine.output_processor.decoder = llm.engine.tokenizer
         llms[name] = llm
     res: dict[str, list[float]] = {k: [] for k in llms}
     for rep in range(args.rounds):

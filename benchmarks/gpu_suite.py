@@ -51,7 +51,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tandem.sample.cost_model import cost_model_speedup  # noqa: E402
+from tandem.spec_decode.cost_model import cost_model_speedup  # noqa: E402
 
 COPY_BW = 4.26e12  # bytes/s, H200 device-to-device copy (read + write), measured 2026-11-30
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -112,7 +112,7 @@ def write_dummy_dir(root: Path, name: str) -> Path:
 
 def _dummy_draft_workaround(root: Path) -> None:
     """The engine opens the draft without load_format: force "dummy" for our directories."""
-    import tandem.engine.llm_engine as E
+    import tandem.engine.builder as E
 
     orig = E.open_checkpoint
     if getattr(orig, "_gpu_suite", False):

@@ -1,4 +1,5 @@
-"""What the engine hands back to callers: vLLM-shaped RequestOutput / CompletionOutput."""
+"""What a step produces: ``ModelRunnerOutput`` (executor → scheduler and output processor) and what
+the engine hands back to callers, vLLM-shaped ``RequestOutput`` / ``CompletionOutput``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,25 @@ from tandem.sample.logprobs import Logprob
 
 SampleLogprobs = list[dict[int, Logprob]]
 PromptLogprobs = list[dict[int, Logprob] | None]
+
+
+@dataclass(frozen=True)
+class ModelRunnerOutput:
+    """One executed step's results on the host, per scheduled request, in the order of
+    ``SchedulerOutput.scheduled``.
+
+    A request that sampled gets its accepted drafts followed by exactly one sampled token (the
+    recovered or bonus token; a plain decode is the k = 0 case); a prefill chunk that does not reach
+    the end of the prompt gets none. Tokens past a stop are still here: the output processor drops
+    them. Rejected drafts are ``len(spec_token_ids) - num_accepted``.
+    """
+
+    sampled_token_ids: tuple[tuple[int, ...], ...]  # per request; () when it did not sample
+    num_accepted: tuple[int, ...]  # per request: accepted drafts (0 without drafts)
+    logprobs: tuple[SampleLogprobs | None, ...]  # per request: one entry per sampled token, if asked
+    # per request: entries for the prompt positions scored in this step (a chunked prefill gets a
+    # slice per chunk), if asked; the position-0 ``None`` is not included
+    prompt_logprobs: tuple[PromptLogprobs | None, ...]
 
 
 @dataclass

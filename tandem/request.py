@@ -1,11 +1,17 @@
 """Request: the engine's mutable record of one sequence being generated.
 
 Invariants:
-- ``token_ids`` = prompt + output; ``num_computed_tokens`` of them have KV in the cache.
-- In the decode phase ``num_computed_tokens == num_tokens - 1`` (the last sampled token is fed next).
+- ``token_ids`` = prompt + the output tokens the host knows. ``num_output_placeholders`` more output
+  tokens were sampled by steps still running on the device (asynchronous decode,
+  engine/async_decode.py); they trail ``token_ids`` and are read into it in order.
+- ``num_tokens`` = ``len(token_ids) + num_output_placeholders``: the sequence's length, placeholders
+  included, so the scheduler schedules a placeholder's decode like any other token. The first
+  ``num_computed_tokens`` positions have KV in the cache (or being written by a launched step);
+  they never exceed the known tokens by more than the placeholders.
+- In the decode phase ``num_computed_tokens == num_tokens - 1`` (the last token is fed next).
 - ``spec_token_ids`` are drafts proposed for the next step; they are query tokens only and never part
   of ``token_ids`` until accepted. Rejected drafts roll back by count: their KV slots are simply
-  overwritten later.
+  overwritten later. A request never has drafts and placeholders at once.
 - ``draft_num_computed`` is the same counter for a draft model's own KV cache (shares block_ids).
 """
 
@@ -31,7 +37,10 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self.name.startswith("FINISHED")
+        return self._value_ in _FINISHED  # (hot: checked per token; ``.name`` is a slower descriptor)
+
+
+_FINISHED = frozenset(s.value for s in RequestStatus if s.name.startswith("FINISHED"))
 
 
 @dataclass(eq=False)
@@ -48,6 +57,7 @@ class Request:
     num_computed_tokens: int = 0
     spec_token_ids: list[int] = field(default_factory=list)
     spec_probs: torch.Tensor | None = None  # [k, V] draft q when the draft samples
+    num_output_placeholders: int = 0  # sampled tokens still on the device (not in token_ids yet)
     block_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
@@ -75,24 +85,33 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
+        """Known tokens + placeholders (sampled on the device, not read yet)."""
+        return len(self.token_ids) + self.num_output_placeholders
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - len(self.prompt_token_ids)
+        """Output tokens, placeholders included."""
+        return self.num_tokens - len(self.prompt_token_ids)
 
     @property
     def output_token_ids(self) -> list[int]:
+        """The output tokens the host knows."""
         return self.token_ids[len(self.prompt_token_ids):]
 
     @property
     def num_tokens_with_spec(self) -> int:
-        return len(self.token_ids) + len(self.spec_token_ids)
+        return self.num_tokens + len(self.spec_token_ids)
 
     @property
     def is_decoding(self) -> bool:
         """Caught up with its tokens: the next step feeds the last token (plus drafts)."""
         return self.num_computed_tokens == self.num_tokens - 1
+
+    def append_token(self, token_id: int) -> None:
+        """Append the next output token; it takes the place of the oldest placeholder, if any."""
+        self.token_ids.append(token_id)
+        if self.num_output_placeholders:
+            self.num_output_placeholders -= 1
 
     @property
     def max_output_tokens(self) -> int:

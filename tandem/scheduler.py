@@ -11,6 +11,14 @@ the most recently admitted running request is preempted (blocks freed, recompute
 the front of the waiting queue — nothing is lost, nothing crashes. ``lookahead`` extra slots per
 request are reserved for a draft model's KV writes of the next proposal.
 
+Results come back through ``update_from_output`` (a step whose tokens are on the host:
+``num_computed_tokens = start + num_new - rejected``, drafts consumed) or, for a step launched with
+its tokens left on the device (asynchronous decode), ``add_output_placeholders``: its query tokens
+count as computed and each sampling request carries one output placeholder — a token of
+``num_tokens`` whose id the host does not know yet. The next ``schedule()`` then schedules that
+placeholder's decode like any other token (same budget, KV allocation and preemption rules); the
+executor feeds its id on the device. A preempted request keeps its placeholder until it is read.
+
 Prefix caching (``kv/prefix_cache.py`` has the rules): at the start of every ``schedule()`` — and
 before any request's blocks are released — the blocks that the last step filled with computed KV
 are registered in the cache. A waiting request (new or preempted) is admitted with the longest
@@ -29,6 +37,7 @@ from dataclasses import dataclass
 
 from tandem.kv.block_pool import BlockPool
 from tandem.kv.prefix_cache import PrefixCache
+from tandem.outputs import ModelRunnerOutput
 from tandem.request import Request, RequestStatus
 
 
@@ -38,12 +47,7 @@ class ScheduledRequest:
     num_new_tokens: int  # query tokens this step (includes scheduled drafts)
     start: int  # num_computed_tokens before the step = position of the first query token
     spec_token_ids: tuple[int, ...]  # drafts included among the query tokens (trailing)
-
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the end of the request's tokens, so it samples."""
-        r = self.request
-        return self.start + self.num_new_tokens == r.num_tokens + len(self.spec_token_ids)
+    samples: bool  # the step reaches the end of the request's tokens (+ drafts), so it samples
 
 
 @dataclass(frozen=True)
@@ -115,12 +119,9 @@ class Scheduler:
         req.block_ids.extend(self.pool.allocate(need))
         return True
 
-    def reserve(self, req: Request, num_tokens: int) -> bool:
-        """Give a running request KV blocks for ``num_tokens`` tokens without preempting anyone
-        (asynchronous decode: the next step is launched outside ``schedule``); False if none are free."""
-        return self._try_allocate(req, num_tokens)
-
     def _preempt(self, req: Request) -> None:
+        # A placeholder stays: its token is valid (computed from this request's KV before the
+        # blocks were freed) and is appended when read; the recompute then covers it.
         self.running.remove(req)
         self._free(req, finished=False)
         req.num_computed_tokens = 0
@@ -192,12 +193,42 @@ class Scheduler:
 
     def _make(self, req: Request, num_new: int) -> ScheduledRequest:
         # Drafts are the trailing query tokens; a budget cut drops the tail drafts.
-        num_spec = max(0, req.num_computed_tokens + num_new - req.num_tokens)
+        end = req.num_computed_tokens + num_new
+        num_spec = max(0, end - req.num_tokens)
         if num_spec < len(req.spec_token_ids):
             req.spec_token_ids = req.spec_token_ids[:num_spec]
             if req.spec_probs is not None:
                 req.spec_probs = req.spec_probs[:num_spec]
-        return ScheduledRequest(req, num_new, req.num_computed_tokens, tuple(req.spec_token_ids))
+        return ScheduledRequest(req, num_new, req.num_computed_tokens, tuple(req.spec_token_ids),
+                                samples=end == req.num_tokens_with_spec)
+
+    # ---- results -------------------------------------------------------------------------------
+    def update_from_output(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> None:
+        """A step's tokens are on the host: each request's query tokens are computed, except its
+        rejected drafts, which roll back by count (their KV slots are overwritten later); drafts are
+        consumed. Appending the sampled tokens (with stop checks) is the output processor's job."""
+        for s, accepted in zip(sched.scheduled, out.num_accepted):
+            r = s.request
+            num_spec = len(s.spec_token_ids)
+            r.num_computed_tokens = s.start + s.num_new_tokens - (num_spec - accepted)
+            if s.samples:
+                r.spec_token_ids = []
+                r.spec_probs = None
+            if num_spec:
+                r.num_drafts += 1
+                r.num_draft_tokens += num_spec
+                r.num_accepted_tokens += accepted
+
+    def add_output_placeholders(self, sched: SchedulerOutput) -> None:
+        """A step was launched with its sampled tokens left on the device: its query tokens count
+        as computed now, and each request that samples carries one output placeholder until its
+        token is read (``Request.append_token``), so the next step can be scheduled before that."""
+        for s in sched.scheduled:
+            if s.spec_token_ids:
+                raise RuntimeError("a step with drafts is verified on the host, never left on the device")
+            s.request.num_computed_tokens = s.start + s.num_new_tokens
+            if s.samples:
+                s.request.num_output_placeholders += 1
 
     def running_requests(self) -> Iterable[Request]:
         return iter(self.running)

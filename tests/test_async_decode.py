@@ -115,3 +115,32 @@ def test_speculation_runs_synchronously(llama_dir):
     prompts = [{"prompt_token_ids": p * 3} for p in random_prompts(2, 100, lo=3, hi=6, seed=4)]
     llm.generate(prompts, greedy(12), use_tqdm=False)
     assert llm.engine.num_chained_steps == 0 and llm.engine.stats.spec.num_drafts > 0
+
+
+def test_placeholder_decodes_go_through_the_scheduler_under_kv_pressure(llama_dir):
+    """Steps launched before the previous one is read are scheduled by ``Scheduler.schedule`` like
+    any other (placeholders counted as tokens): KV allocation and preemption apply, and a request
+    preempted while its token is in flight keeps that token. Same outputs as the synchronous engine."""
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(6, 100, lo=20, hi=40, seed=21)]
+    kw = dict(kv_cache_memory_bytes=70 * 2048, max_model_len=128)  # 2 KiB per block: 70 blocks
+    want = tokens_of(make_llm(llama_dir, async_scheduling=False, **kw).generate(prompts, greedy(40), use_tqdm=False))
+    llm = make_llm(llama_dir, async_scheduling=True, **kw)
+    eng = llm.engine
+    ahead = {"steps": 0, "preempted": 0}
+    inner = eng.scheduler.schedule
+
+    def schedule():
+        with_placeholders = [r for r in eng.scheduler.running if r.num_output_placeholders]
+        out = inner()
+        if with_placeholders:  # scheduled while a step is in flight
+            ahead["steps"] += 1
+            ahead["preempted"] += len(out.preempted)
+            for s in out.scheduled:  # one placeholder decode each, at the first unknown position
+                assert s.num_new_tokens == 1 and s.start == len(s.request.token_ids) and s.samples
+        return out
+
+    eng.scheduler.schedule = schedule
+    assert tokens_of(llm.generate(prompts, greedy(40), use_tqdm=False)) == want
+    assert ahead["steps"] == eng.num_chained_steps > 20
+    assert ahead["preempted"] > 0 and eng.scheduler.num_preemptions >= ahead["preempted"]
+    assert eng.pool.all_free() and all(r.num_output_placeholders == 0 for r in eng.scheduler.waiting)

@@ -11,7 +11,7 @@ import torch
 from scipy.stats import chisquare
 
 from tandem.sample import rejection
-from tandem.sample.cost_model import (
+from tandem.spec_decode.cost_model import (
     cost_model_speedup,
     expected_tokens_from_position_rates,
     expected_tokens_per_step,

@@ -119,3 +119,55 @@ def test_max_num_seqs_limits_admission():
         s.add(make_req(str(i), 2))
     out = s.schedule()
     assert len(out.scheduled) == 2 and len(s.waiting) == 1
+
+
+def test_update_from_output_rolls_back_rejected_drafts_by_count():
+    from tandem.outputs import ModelRunnerOutput
+
+    pool = BlockPool(64)
+    s = Scheduler(pool, block_size=4, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=1024)
+    a, b = make_req("a", 5), make_req("b", 9)
+    s.add(a)
+    s.add(b)
+    first = s.schedule()
+    assert a.num_computed_tokens == b.num_computed_tokens == 0  # counters move with the results only
+    s.update_from_output(first, ModelRunnerOutput(((7,), (8,)), (0, 0), (None, None), (None, None)))
+    assert (a.num_computed_tokens, b.num_computed_tokens) == (5, 9)
+    a.token_ids.append(7)
+    b.token_ids.append(8)
+    a.spec_token_ids = [1, 2, 3]
+    out = s.schedule()
+    assert [(x.start, x.num_new_tokens, x.spec_token_ids) for x in out.scheduled] == [(5, 4, (1, 2, 3)), (9, 1, ())]
+    s.update_from_output(out, ModelRunnerOutput(((1, 9), (4,)), (1, 0), (None, None), (None, None)))
+    assert a.num_computed_tokens == 9 - 2 and a.spec_token_ids == [] and b.num_computed_tokens == 10
+    assert (a.num_drafts, a.num_draft_tokens, a.num_accepted_tokens) == (1, 3, 1) and b.num_drafts == 0
+
+
+def test_output_placeholders_are_scheduled_like_tokens():
+    """A step left on the device: its requests carry a placeholder each, counted in num_tokens, so the
+    next schedule() decodes it (at the first position whose id the host does not know) under the usual
+    allocation and preemption rules; the read token takes the placeholder's place."""
+    pool = BlockPool(4)  # 16 slots of block 4
+    s = Scheduler(pool, block_size=4, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=64)
+    a, b = make_req("a", 7), make_req("b", 7)
+    s.add(a)
+    s.add(b)
+    run_model(s.schedule())  # 8 tokens each, 7 computed: 2 blocks each, pool full
+    launched = s.schedule()  # decodes of token 8, left on the device
+    assert [(x.start, x.num_new_tokens, x.samples) for x in launched.scheduled] == [(7, 1, True), (7, 1, True)]
+    s.add_output_placeholders(launched)
+    assert a.num_output_placeholders == 1 and a.num_tokens == 9 and len(a.token_ids) == 8
+    assert a.num_computed_tokens == 8 and a.is_decoding
+    ahead = s.schedule()  # a's placeholder needs a 3rd block: b (placeholder and all) is preempted
+    assert ahead.preempted == ("b",)
+    assert [(x.request.request_id, x.start, x.num_new_tokens) for x in ahead.scheduled] == [("a", 8, 1)]
+    assert b.num_output_placeholders == 1 and b.num_computed_tokens == 0 and s.waiting[0] is b
+    s.add_output_placeholders(ahead)
+    assert a.num_output_placeholders == 2 and a.num_computed_tokens == 9
+    for r, tok in ((a, 11), (b, 12)):  # the launched step is read
+        r.append_token(tok)
+    assert a.token_ids[-1] == 11 and a.num_output_placeholders == 1 and a.num_tokens == 10
+    assert b.num_output_placeholders == 0 and b.num_tokens == 9
+    with pytest.raises(RuntimeError, match="drafts"):
+        a.spec_token_ids = [3]
+        s.add_output_placeholders(s.schedule())

@@ -98,7 +98,7 @@ def test_soak_1000_mixed_requests(tmp_path):
     assert pool.all_free() and not any(pool.ref_counts) and pool.num_free_blocks == pool.num_blocks
     assert pool.num_cached_blocks == pool.num_evictable_blocks > 0
     pool.check_invariants()
-    assert not eng.scheduler.running and not eng.scheduler.waiting and not eng._groups
+    assert not eng.scheduler.running and not eng.scheduler.waiting and not eng.output_processor.groups
     assert not eng.scheduler.prefix_cache._state
     print(f"soak: {step} steps, {eng.scheduler.num_preemptions} preemptions, {len(aborted)} aborted, "
           f"prefix cache {st.prefix_cache_hits}/{st.prefix_cache_queries} tokens, "

@@ -1,22 +1,29 @@
-"""Asynchronous decode steps: the next forward is queued before this step's tokens are read.
+"""Asynchronous decode: the next step is scheduled and launched before this step's tokens are read.
 
 In a steady decode step every running request decodes one token greedily and nothing has to happen
-on the host between the forward and the argmax. Such a step keeps its sampled tokens on the device;
-the engine launches the next step with those tokens fed on the device
-(``ModelRunner.forward_logits(token_ids=...)``) and only then reads the previous step's tokens (the one
-host sync), so the host's work per step — reading tokens, detokenizing, stop checks, packing the next
-inputs and launching its CUDA graph — overlaps the GPU's forward instead of following it (vLLM's
-async scheduling). Outputs are the same tokens in the same order: a request that stops (EOS, stop
-string) at step n has had step n + 1 computed for it already; that token is discarded, and its KV
-write landed in a slot no computed token owns (stream order puts any reuse of the block after it).
-That step still has the finished request's row, so the other requests' tokens of that one step come
-from a batch one larger than the synchronous engine's; in bf16 that can round differently where the
-batch size changes the layer body (fused_forward.default_gemv_rows), as any change of batch does.
+on the host between the forward and the argmax. Such a step is *launched*: its argmax stays on the
+device (with a pinned host copy and an event, ``InflightStep``) and each request carries an output
+placeholder (``Scheduler.add_output_placeholders``) — a token counted in ``num_tokens`` whose id the
+host does not know yet. The next ``scheduler.schedule()`` then schedules each placeholder's decode
+like any other token (same budget, KV allocation and preemption rules) and the executor feeds the
+ids on the device (``ModelRunner.forward_logits(token_ids=...)``). Only then does the engine read
+the previous step's tokens (the one host sync), so reading tokens, detokenizing, stop checks,
+packing the next inputs and launching its CUDA graph overlap the GPU's forward instead of following
+it (vLLM's async scheduling).
 
-Chaining stops — the step in flight is read and the engine takes the ordinary path — whenever the
-next step is not a steady decode: a request waiting for admission, a request that finishes by
-length, sampling that needs the host (temperature, penalties, logit bias, logprobs, ``min_tokens``
-not yet reached), speculation (drafts are proposed from read tokens), or no free KV block.
+Outputs are the same tokens in the same order as the synchronous engine's. A request that stops
+(EOS, stop string) at step n has had step n + 1 computed for it already: that token is discarded
+(the KV it wrote is the stop token's, correct and never read by the finished request). That step
+still has the finished request's row, so the other requests' tokens of that one step come from a
+batch one larger than the synchronous engine's; in bf16 that can round differently where the batch
+size changes the layer body (fused_forward.default_gemv_rows), as any change of batch does.
+
+When (``can_schedule_ahead``): the step in flight holds every running request, none is waiting, and
+each continues with a steady decode — no length finish at its pending token, a greedy token with no
+host-side logits processing (temperature, penalties, logit bias, logprobs, ``min_tokens`` not yet
+reached) and no drafts (the speculator's ``will_draft``). Otherwise the step in flight is read first
+and the engine takes the ordinary path. A step is launched at all (``launchable``) only when it is
+itself such a decode, after the request's first token.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.outputs import ModelRunnerOutput
 from tandem.request import Request
 from tandem.sample.argmax import greedy_ids
 from tandem.sample.logits import processes_logits
@@ -33,33 +41,52 @@ from tandem.scheduler import SchedulerOutput
 
 
 @dataclass(frozen=True)
-class InflightDecode:
-    """A launched decode step whose tokens have not been read."""
+class InflightStep:
+    """A launched step whose sampled tokens have not been read: one token per scheduled request."""
 
-    requests: tuple[Request, ...]
-    starts: tuple[int, ...]  # position of each request's query token
-    token_ids: torch.Tensor  # [len(requests)] int64 on the model's device: the argmax of each row
+    sched: SchedulerOutput
+    token_ids: torch.Tensor  # [len(sched.scheduled)] int64 on the model's device: each row's argmax
     host_ids: torch.Tensor  # the same tokens on the host (pinned; valid once ``ready`` has passed)
     ready: torch.cuda.Event | None  # recorded after the device → host copy (None on CPU)
 
     @staticmethod
-    def launch(requests: Sequence[Request], starts: Sequence[int], logits: torch.Tensor) -> InflightDecode:
+    def launch(sched: SchedulerOutput, logits: torch.Tensor) -> InflightStep:
         """Argmax of each row and its copy to the host, queued now and read later. The copy is queued
         before any later step, so reading it waits for this step only (a plain ``.tolist()`` would
         wait for everything queued after it, the next step included)."""
         ids = greedy_ids(logits)
         if ids.device.type != "cuda":
-            return InflightDecode(tuple(requests), tuple(starts), ids, ids, None)
+            return InflightStep(sched, ids, ids, None)
         host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
         host.copy_(ids, non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
-        return InflightDecode(tuple(requests), tuple(starts), ids, host, ready)
+        return InflightStep(sched, ids, host, ready)
 
-    def read(self) -> list[int]:
+    @property
+    def requests(self) -> list[Request]:
+        return [s.request for s in self.sched.scheduled]
+
+    @property
+    def finished(self) -> bool:
+        """Every request of the step finished (or was aborted) meanwhile: nothing left to read."""
+        return all(s.request.status.finished for s in self.sched.scheduled)
+
+    def device_ids(self, requests: Sequence[Request]) -> torch.Tensor:
+        """[len(requests)] device tokens this step sampled for ``requests`` (each one of its own)."""
+        mine = self.requests
+        if len(requests) == len(mine) and all(a is b for a, b in zip(requests, mine)):
+            return self.token_ids
+        row = {id(r): i for i, r in enumerate(mine)}
+        keep = torch.tensor([row[id(r)] for r in requests], device=self.token_ids.device)
+        return self.token_ids.index_select(0, keep)
+
+    def read(self) -> ModelRunnerOutput:
+        """The host sync: the step's tokens as an ordinary output (no drafts, no logprobs)."""
         if self.ready is not None:
             self.ready.synchronize()
-        return self.host_ids.tolist()
+        n = len(self.sched.scheduled)
+        return ModelRunnerOutput(tuple((t,) for t in self.host_ids.tolist()), (0,) * n, (None,) * n, (None,) * n)
 
 
 def device_greedy(r: Request, num_prior_outputs: int) -> bool:
@@ -71,7 +98,8 @@ def device_greedy(r: Request, num_prior_outputs: int) -> bool:
 
 
 def launchable(sched: SchedulerOutput) -> bool:
-    """A scheduled step that can run asynchronously: one-token greedy decodes only."""
+    """A scheduled step that may leave its tokens on the device: one-token greedy decodes only, each
+    after the request's first token (placeholders count as outputs)."""
     for s in sched.scheduled:
         r = s.request
         if (s.num_new_tokens != 1 or s.spec_token_ids or not s.samples or r.num_output_tokens < 1
@@ -80,15 +108,15 @@ def launchable(sched: SchedulerOutput) -> bool:
     return bool(sched.scheduled)
 
 
-def chain_requests(pending: InflightDecode, running: Sequence[Request], num_waiting: int,
-                   max_model_len: int) -> list[Request] | None:
-    """The requests of the step after ``pending`` if it can be launched before ``pending`` is read
-    (every running request continues with a steady decode), else None."""
-    live = [r for r in pending.requests if not r.status.finished]
-    if not live or num_waiting or len(running) != len(live) or {id(r) for r in running} != {id(r) for r in live}:
-        return None
-    for r in live:
-        n_out = r.num_output_tokens + 1  # the pending token included
-        if n_out >= r.max_output_tokens or r.num_tokens + 1 >= max_model_len or not device_greedy(r, n_out):
-            return None
-    return live
+def can_schedule_ahead(running: Sequence[Request], num_waiting: int) -> bool:
+    """The next step may be scheduled before the step in flight is read: every running request
+    carries a placeholder from it, none is waiting, and each one's placeholder decode is steady (no
+    length finish at the pending token, a plain greedy token next). Drafting is the speculator's
+    question (``will_draft``)."""
+    if num_waiting or not running:
+        return False
+    for r in running:
+        if (not r.num_output_placeholders or r.num_output_tokens >= r.max_output_tokens
+                or r.num_tokens >= r.max_model_len or not device_greedy(r, r.num_output_tokens)):
+            return False
+    return True

@@ -5,11 +5,14 @@ The policy half of automatic prefix caching (the BlockPool holds the hash → bl
 Rules (each one protects correctness, not just speed):
 
 - **Only full blocks of computed tokens are registered.** Block i of a request is registered once
-  ``min(num_computed_tokens, num_tokens) >= (i + 1) * block_size``, i.e. after the step that wrote
-  its last KV slot, output tokens included. ``num_computed_tokens`` counts accepted tokens only
-  (rejected drafts were rolled back by count), so the slots of rejected drafts — garbage KV — are
-  never registered. ``min(…, num_tokens)`` covers a stop inside an accepted run, where tokens past
-  the end were dropped.
+  ``min(num_computed_tokens, len(token_ids)) >= (i + 1) * block_size``, i.e. after the step that
+  wrote its last KV slot was scheduled, output tokens included. ``num_computed_tokens`` counts
+  accepted tokens only (rejected drafts were rolled back by count), so the slots of rejected drafts —
+  garbage KV — are never registered. ``min(…, len(token_ids))`` covers a stop inside an accepted
+  run, where tokens past the end were dropped, and a token sampled on the device but not read yet
+  (a placeholder: its id is not known, so it cannot be hashed). A block whose last KV is still being
+  written by a launched step (asynchronous decode) may be registered: any later step that reads it
+  runs after that write on the device.
 - **Lookup happens at admission** (new or preempted request, nothing computed): the longest chain of
   cached blocks over the request's tokens, capped at ``num_tokens - 1`` rounded down to a block
   boundary, so at least one token is computed and the request samples. Requests that want prompt
@@ -82,7 +85,7 @@ class PrefixCache:
         """Cached blocks for a waiting request's leading tokens (no references taken)."""
         if not self.enabled or req.num_computed_tokens or req.params.prompt_logprobs is not None:
             return []
-        return self.pool.lookup(self._hashes(req, (req.num_tokens - 1) // self.block_size))
+        return self.pool.lookup(self._hashes(req, (len(req.token_ids) - 1) // self.block_size))
 
     def admitted(self, req: Request, hits: list[int]) -> None:
         """Record an admission that took ``hits`` (the first blocks of ``req.block_ids``)."""
@@ -103,7 +106,7 @@ class PrefixCache:
         if not self.enabled:
             return
         st = self._state.setdefault(req, _ReqState())
-        num_full = min(req.num_computed_tokens, req.num_tokens) // self.block_size
+        num_full = min(req.num_computed_tokens, len(req.token_ids)) // self.block_size
         num_full = min(num_full, len(req.block_ids))
         if num_full <= st.num_registered:
             return

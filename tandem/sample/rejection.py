@@ -17,7 +17,7 @@ Glossary (see docs/architecture.md):
 - **greedy** requests: accept while d_j == argmax p_j; the first mismatch emits argmax p_j; if all
   are accepted the bonus is argmax p_k. No randomness is consumed.
 - τ = mean tokens emitted per verify step = 1 + accepted / verify steps; per-position acceptance
-  rate = accepted at position i / drafts reaching position i (see ``cost_model``).
+  rate = accepted at position i / drafts reaching position i (see ``spec_decode/cost_model.py``).
 
 Randomness and reproducibility: per request, from its generator, we draw k uniforms (acceptance)
 then k + 1 rows of Exp(1) noise (the recovered/bonus sample by exponential race, ``sampler``),

@@ -10,6 +10,11 @@ requests; it answers with a :class:`DraftProposal`. Invariants:
 - ``probs`` carries the draft distributions q only when the proposer sampled from one (a draft model
   with ``draft_sample_method="probabilistic"``). Proposers without probabilities (n-gram, suffix,
   greedy drafts) leave it ``None`` and the rejection sampler treats each draft token as one-hot q.
+
+Capabilities are declared, never inferred from the class: ``drafts_on_host_for_free`` is true for a
+proposer whose drafts cost a host-side lookup and no forward (n-gram, suffix). The speculator's
+acceptance policy drafts with such a proposer in the shadow for requests that are not speculating
+(``spec_decode/gate.py``).
 """
 
 from __future__ import annotations
@@ -57,5 +62,7 @@ class DraftProposal:
 @runtime_checkable
 class Proposer(Protocol):
     """Anything that turns accepted tokens into draft tokens."""
+
+    drafts_on_host_for_free: bool  # a draft costs a host-side lookup, no forward
 
     def propose(self, requests: Sequence[ProposalInput]) -> DraftProposal: ...

@@ -31,6 +31,8 @@ from tandem.worker.runner import ModelRunner
 
 
 class DraftModelProposer:
+    drafts_on_host_for_free = False  # every draft costs forwards of the draft model
+
     def __init__(self, runner: ModelRunner, probabilistic: bool, default_generator: torch.Generator) -> None:
         self.runner = runner
         self.probabilistic = probabilistic

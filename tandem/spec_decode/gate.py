@@ -7,15 +7,16 @@ verify* (1 + accepted drafts) and per engine the wall time of verify steps and o
 a request drafts while ``tokens_per_verify >= verify_time / decode_time``.
 
 While a request does not draft — and every request starts that way — its proposer still drafts in
-the *shadow*: from the accepted tokens,
-exactly where a speculating request would have, and once the target's real tokens are known the draft
-is scored the way greedy verification would have scored it (its longest prefix equal to the real
-continuation). That costs one host-side lookup per shadow draft and nothing on the device, so a
-request whose text turns repetitive (code that re-states a signature, a list being rewritten) starts
-drafting again, and one whose text never repeats never pays for a verify. For sampled requests the score is the same in expectation: a one-hot draft token is
-accepted with probability p(token), the probability that the target samples it.
+the *shadow*: from the accepted tokens, exactly where a speculating request would have, and once the
+target's real tokens are known the draft is scored the way greedy verification would have scored it
+(its longest prefix equal to the real continuation). That costs one host-side lookup per shadow draft
+and nothing on the device, so a request whose text turns repetitive (code that re-states a
+signature, a list being rewritten) starts drafting again, and one whose text never repeats never
+pays for a verify. For sampled requests the score is the same in expectation: a one-hot draft token
+is accepted with probability p(token), the probability that the target samples it.
 
-Only for token proposers (n-gram): a draft model's shadow draft would cost forwards. Speculation
+Only for proposers that declare ``drafts_on_host_for_free`` (n-gram): a draft model's shadow draft
+would cost forwards. The speculator (``speculator.py``) owns the gate and feeds it. Speculation
 stays lossless whatever the gate decides (it only chooses between two exact ways to decode), but in
 bf16 a verify row and a decode row may round differently, so gated bf16 outputs can differ from
 ungated ones where the top-2 logits nearly tie.

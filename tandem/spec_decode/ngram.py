@@ -91,6 +91,8 @@ def _as_array(token_ids: Sequence[int]) -> np.ndarray:
 class NgramProposer:
     """Prompt-lookup drafts; implements :class:`tandem.spec_decode.base.Proposer`. Stateless."""
 
+    drafts_on_host_for_free = True  # a vectorised lookup over the request's tokens
+
     def __init__(
         self,
         prompt_lookup_min: int,

@@ -1,28 +1,34 @@
 """Build the engine's proposer from a SpeculativeConfig.
 
-The engine asks every proposer the same question, ``propose_requests(requests, ks)``: for each
-running request in the decode phase, up to ``ks[i]`` draft tokens. Token-only proposers (n-gram,
-later suffix) implement the weight-free ``Proposer`` protocol over ``ProposalInput``; the adapter
-here hands them just the accepted tokens. Model-based proposers (draft model, later EAGLE) need the
+The speculator asks every proposer the same question, ``propose_requests(requests, ks)``: for each
+request in the decode phase, up to ``ks[i]`` draft tokens. Token-only proposers (n-gram, later
+suffix) implement the weight-free ``Proposer`` protocol over ``ProposalInput``; the adapter here
+hands them just the accepted tokens. Model-based proposers (draft model, later EAGLE) need the
 requests' block tables and counters, so they take Request objects directly.
+
+Every engine proposer declares ``drafts_on_host_for_free`` (see ``base.py``); those that do also
+answer ``propose_one(tokens, k)``, the single-sequence question the acceptance gate's shadow drafts
+ask.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 
+from tandem.config.speculative import SpeculativeConfig
 from tandem.request import Request
 from tandem.spec_decode.base import DraftProposal, ProposalInput, Proposer
-from tandem.config.speculative import SpeculativeConfig
 from tandem.spec_decode.draft_model import DraftModelProposer
 from tandem.spec_decode.ngram import NgramProposer
 from tandem.worker.runner import ModelRunner
 
 
 class EngineProposer(Protocol):
+    drafts_on_host_for_free: bool
+
     def propose_requests(self, reqs: Sequence[Request], ks: Sequence[int]) -> DraftProposal: ...
 
 
@@ -31,11 +37,16 @@ class TokenProposerAdapter:
 
     def __init__(self, proposer: Proposer) -> None:
         self.proposer = proposer
+        self.drafts_on_host_for_free = proposer.drafts_on_host_for_free
 
     def propose_requests(self, reqs: Sequence[Request], ks: Sequence[int]) -> DraftProposal:
         return self.proposer.propose(
             [ProposalInput(r.request_id, r.token_ids, k) for r, k in zip(reqs, ks)]
         )
+
+    def propose_one(self, token_ids: Sequence[int], num_tokens: int) -> list[int]:
+        """Drafts of at most ``num_tokens`` tokens for one sequence of accepted tokens."""
+        return self.proposer.propose([ProposalInput("", token_ids, num_tokens)]).token_ids[0]
 
 
 def build_proposer(cfg: SpeculativeConfig | None, draft_runner: ModelRunner | None,
@@ -49,11 +60,3 @@ def build_proposer(cfg: SpeculativeConfig | None, draft_runner: ModelRunner | No
             raise RuntimeError("draft_model speculation needs a loaded draft model")
         return DraftModelProposer(draft_runner, cfg.draft_sample_method == "probabilistic", generator)
     raise NotImplementedError(f"speculative method {cfg.method!r}")
-
-
-def shadow_drafter(proposer: EngineProposer | None) -> Callable[[Sequence[int], int], list[int]] | None:
-    """``(accepted tokens, at most k) -> drafts`` for proposers whose drafts cost no forward (n-gram):
-    what the acceptance gate drafts with while a request is not drafting (spec_decode/gate.py); else None."""
-    if isinstance(proposer, TokenProposerAdapter) and isinstance(proposer.proposer, NgramProposer):
-        return proposer.proposer.propose_one
-    return None

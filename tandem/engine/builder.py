@@ -1,0 +1,146 @@
+"""Engine construction: everything an LLMEngine needs, built once from its EngineConfig.
+
+Order: open the target checkpoint (architecture, tokenizer) → resolve device, dtype and
+``max_model_len`` → build the target model → open and validate the draft model if any → size the KV
+cache (target + draft share one block table, so one block costs both) → allocate the KV tensors and
+the runners (``make_runner``: the CUDA runner on CUDA, the torch runner elsewhere) → the proposer and
+the speculator → compile kernels and capture the small decode / verify graphs (``warm_up``) → the
+scheduler. Every configuration mistake found here raises a ConfigError naming the key.
+
+Invariants: the KV cache holds at least one request of ``max_model_len`` tokens plus the draft's
+``k`` lookahead slots; the scheduler reserves those slots only when a draft model writes KV.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tandem.config import EngineConfig, resolve_device, resolve_dtype, resolve_max_model_len
+from tandem.config.runner import with_debug_overrides
+from tandem.config.speculative import validate_against_target
+from tandem.engine.detokenizer import fast_decoder
+from tandem.engine.model_loader import build_model
+from tandem.engine.stats import EngineStats
+from tandem.errors import ConfigError
+from tandem.kv.block_pool import BlockPool
+from tandem.kv.kv_cache import allocate_kv_cache, bytes_per_block, kv_budget_bytes
+from tandem.loader.arch import ModelArch
+from tandem.loader.checkpoint import open_checkpoint
+from tandem.models.decoder import CausalLM
+from tandem.scheduler import Scheduler
+from tandem.spec_decode.proposers import EngineProposer, build_proposer
+from tandem.spec_decode.speculator import AnySpeculator, build_speculator
+from tandem.worker.runner import ModelRunner, make_runner
+
+logger = logging.getLogger("tandem")
+
+
+@dataclass(frozen=True)
+class EngineParts:
+    device: torch.device
+    dtype: torch.dtype
+    arch: ModelArch
+    tokenizer: Any
+    decoder: Any  # what detokenizers decode with (detokenizer.fast_decoder)
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]
+    generator: torch.Generator  # sampling of requests without a seed
+    model: CausalLM
+    runner: ModelRunner
+    num_blocks: int
+    pool: BlockPool
+    scheduler: Scheduler
+    stats: EngineStats
+    proposer: EngineProposer | None
+    speculator: AnySpeculator
+    async_scheduling: bool
+
+
+def _fmt_bytes(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+
+
+def build_engine(config: EngineConfig) -> EngineParts:
+    model_cfg, cache, sched_cfg, spec = config.model, config.cache, config.scheduler, config.speculative
+    runner_cfg = with_debug_overrides(config.runner)
+    device = resolve_device(model_cfg.device)
+    ckpt = open_checkpoint(model_cfg.model, load_format=model_cfg.load_format, tokenizer=model_cfg.tokenizer,
+                           revision=model_cfg.revision)
+    arch = ckpt.arch
+    tokenizer = ckpt.load_tokenizer()
+    dtype = resolve_dtype(model_cfg.dtype, device, arch.torch_dtype)
+    max_model_len = resolve_max_model_len(model_cfg.max_model_len, arch.max_position_embeddings)
+    eos = set(arch.eos_token_ids)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        eos.add(int(tokenizer.eos_token_id))
+    torch.manual_seed(model_cfg.seed)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(model_cfg.seed)
+    model = build_model(arch, ckpt.weights(), dtype, device, max_model_len)
+
+    k = spec.num_speculative_tokens if spec is not None else 0
+    draft_arch = draft_weights = None
+    if spec is not None and spec.method == "draft_model":
+        # The draft follows the target's load format when that is "dummy" (benchmarks at real
+        # shapes without weights), as in vLLM; otherwise it is detected from its own files.
+        dckpt = open_checkpoint(spec.model, revision=spec.revision,
+                                load_format="dummy" if model_cfg.load_format == "dummy" else "auto")
+        draft_arch = dckpt.arch
+        validate_against_target(
+            spec, target_vocab_size=arch.vocab_size, draft_vocab_size=draft_arch.vocab_size,
+            target_max_model_len=max_model_len, draft_max_model_len=draft_arch.max_position_embeddings,
+        )
+        draft_weights = dckpt.weights()
+
+    # ---- KV cache sizing: target (+ draft) share one block table --------------------------------
+    block_size = cache.block_size
+    bpb = bytes_per_block(arch, block_size, dtype)
+    if draft_arch is not None:
+        bpb += bytes_per_block(draft_arch, block_size, dtype)
+    budget, source = kv_budget_bytes(device, cache.gpu_memory_utilization, cache.kv_cache_memory_bytes)
+    num_blocks = budget // bpb
+    lookahead = k if draft_arch is not None else 0
+    need = -(-(max_model_len + lookahead) // block_size)
+    if num_blocks < need:
+        raise ConfigError(
+            "kv_cache_memory_bytes" if cache.kv_cache_memory_bytes is not None else "gpu_memory_utilization",
+            f"KV cache of {_fmt_bytes(budget)} ({source}) holds {num_blocks} blocks of "
+            f"{block_size} tokens, but one request of max_model_len={max_model_len} needs "
+            f"{need} blocks ({_fmt_bytes(need * bpb)}; {_fmt_bytes(need * bpb - budget)} missing). "
+            "Give more memory or lower max_model_len.",
+        )
+    logger.info("KV cache sized by %s: %d blocks × %d tokens = %d tokens (%.1f MiB)",
+                source, num_blocks, block_size, num_blocks * block_size, num_blocks * bpb / 2**20)
+    pool = BlockPool(num_blocks, enable_caching=cache.enable_prefix_caching)
+    runner = make_runner(model, allocate_kv_cache(arch, num_blocks, block_size, dtype, device), block_size,
+                         device, runner_cfg)
+    runners = [runner]
+    draft_runner = None
+    if draft_arch is not None and spec is not None:
+        draft_model = build_model(draft_arch, draft_weights, dtype, device, spec.max_model_len or max_model_len)
+        draft_runner = make_runner(draft_model, allocate_kv_cache(draft_arch, num_blocks, block_size, dtype, device),
+                                   block_size, device, spec.draft_runner_config(runner_cfg))
+        runners.append(draft_runner)
+
+    stats = EngineStats()
+    proposer = build_proposer(spec, draft_runner, generator)
+    speculator = build_speculator(spec, proposer, stats.spec, device)
+    # On CUDA, compile the step kernels' variants and capture the small-batch decode / verify graphs
+    # now rather than on first use (a capture costs ~0.1 s, a compile up to ~1 s). Larger batch
+    # buckets are captured lazily.
+    sizes = [b for b in (1, 2, 4, 8) if b <= sched_cfg.max_num_seqs]
+    for r in runners:
+        r.warm_up(sizes, range(1, k + 2))
+    scheduler = Scheduler(pool, block_size, sched_cfg.token_budget(k), sched_cfg.max_num_seqs, max_model_len,
+                          lookahead=lookahead, enable_prefix_caching=cache.enable_prefix_caching)
+    use_async = sched_cfg.async_scheduling
+    return EngineParts(
+        device=device, dtype=dtype, arch=arch, tokenizer=tokenizer, decoder=fast_decoder(tokenizer),
+        max_model_len=max_model_len, eos_token_ids=tuple(sorted(eos)), generator=generator, model=model,
+        runner=runner, num_blocks=num_blocks, pool=pool, scheduler=scheduler, stats=stats, proposer=proposer,
+        speculator=speculator, async_scheduling=device.type == "cuda" if use_async is None else bool(use_async),
+    )

@@ -1,0 +1,176 @@
+"""Executor: runs one scheduled step on the target model — SchedulerOutput in, ModelRunnerOutput out.
+
+Per scheduled request it builds a ``SeqChunk`` (the uncomputed tokens, then the drafts, which trail)
+and the flat rows whose logits are needed: the k + 1 rows of a request that samples (k = 0 for a
+plain decode or the end of a prompt) and, where asked, the prompt-logprob rows. One target forward
+(``runner.forward_logits``) covers prefill chunks, decodes and verifies together; it always runs,
+since a prefill chunk that samples nothing still has to write its KV.
+
+Sampling (``execute``): each sampled row gets a ``SamplingRow`` with the request's params and its
+output so far plus the drafts before that row, so every sampling parameter applies to the target
+distribution p at every verified position; ``rejection_sample`` accepts drafts and emits the
+recovered / bonus token (requests without drafts are its k = 0 case). When every request of the step
+is greedy (and acceptance is not synthetic) ``greedy_verify`` gives the same tokens straight from
+the argmax. Logprobs come from the raw logits of the emitted tokens' rows. Nothing here mutates a
+request: the scheduler and the output processor apply the ``ModelRunnerOutput``.
+
+Asynchronous decode (``launch``): a steady greedy decode step keeps its argmax on the device
+(``InflightStep``). A step scheduled while another is in flight decodes placeholders — tokens that
+step sampled — whose ids are fed on the device from it (``feed``), never read on the host.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.engine.async_decode import InflightStep
+from tandem.outputs import ModelRunnerOutput, PromptLogprobs, SampleLogprobs
+from tandem.sample.logits import probs_from_logits, process_logits
+from tandem.sample.logprobs import compute_logprobs
+from tandem.sample.rejection import greedy_verify, rejection_sample
+from tandem.sample.rows import SamplingRow
+from tandem.scheduler import ScheduledRequest, SchedulerOutput
+from tandem.worker.batch import SeqChunk
+from tandem.worker.runner import ModelRunner
+
+
+def _prompt_positions(s: ScheduledRequest) -> range:
+    """Prompt positions whose next-token logprob this step computes (those not recorded before:
+    a recompute after preemption skips them)."""
+    r = s.request
+    lo = max(s.start, len(r.prompt_logprobs) - 1 if r.prompt_logprobs else 0)
+    hi = min(s.start + s.num_new_tokens, r.num_prompt_tokens - 1)
+    return range(lo, max(lo, hi))
+
+
+class Executor:
+    def __init__(self, runner: ModelRunner, generator: torch.Generator,
+                 synthetic_acceptance_rate: float | None = None) -> None:
+        self.runner = runner
+        self.generator = generator  # for random rows of requests without their own seed
+        # benchmark mode: drafts accepted at this rate whatever the models say (outputs not lossless)
+        self.synthetic_acceptance_rate = synthetic_acceptance_rate
+
+    # ---- synchronous: sample on the host ---------------------------------------------------------
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        chunks: list[SeqChunk] = []
+        rows: list[int] = []
+        t = 0
+        for s in sched.scheduled:
+            r = s.request
+            end = s.start + s.num_new_tokens
+            # Query = uncomputed tokens, then the drafts (which trail); slice, never copy the history.
+            query = r.token_ids[s.start:end] + list(s.spec_token_ids)[: max(0, end - r.num_tokens)]
+            chunks.append(SeqChunk(query, s.start, r.block_ids))
+            if r.params.prompt_logprobs is not None:
+                rows.extend(t + p - s.start for p in _prompt_positions(s))
+            if s.samples:
+                n = len(s.spec_token_ids) + 1
+                rows.extend(range(t + s.num_new_tokens - n, t + s.num_new_tokens))
+            t += s.num_new_tokens
+        logits = self.runner.forward_logits(chunks, rows)  # [len(rows), V] float32
+
+        n = len(sched.scheduled)
+        prompt_lps: list[PromptLogprobs | None] = [None] * n
+        sampling: list[tuple[ScheduledRequest, int]] = []  # (request, its first sampled row)
+        where: list[int] = []  # index in the step of each sampling request
+        off = 0
+        for i, s in enumerate(sched.scheduled):
+            if s.request.params.prompt_logprobs is not None:
+                prompt_lps[i], off = self._prompt_logprobs(s, logits, off)
+            if s.samples:
+                sampling.append((s, off))
+                where.append(i)
+                off += len(s.spec_token_ids) + 1
+        tokens: list[tuple[int, ...]] = [()] * n
+        accepted = [0] * n
+        lps: list[SampleLogprobs | None] = [None] * n
+        if sampling:
+            for i, (toks, acc, lp) in zip(where, self._sample(sampling, logits)):
+                tokens[i], accepted[i], lps[i] = toks, acc, lp
+        return ModelRunnerOutput(tuple(tokens), tuple(accepted), tuple(lps), tuple(prompt_lps))
+
+    def _prompt_logprobs(self, s: ScheduledRequest, logits: torch.Tensor, off: int
+                         ) -> tuple[PromptLogprobs, int]:
+        r = s.request
+        pos = _prompt_positions(s)
+        if not pos:
+            return [], off
+        n = len(pos)
+        targets = torch.tensor(r.prompt_token_ids[pos.start + 1:pos.stop + 1], device=logits.device)
+        return compute_logprobs(logits[off:off + n], targets, [r.params.prompt_logprobs] * n), off + n
+
+    def _sample(self, sampling: list[tuple[ScheduledRequest, int]], logits: torch.Tensor
+                ) -> list[tuple[tuple[int, ...], int, SampleLogprobs | None]]:
+        """Sample / verify the sampling requests: per request (tokens, accepted drafts, logprobs)."""
+        row_idx: list[int] = []
+        srows: list[SamplingRow] = []
+        drafts: list[list[int]] = []
+        for s, off in sampling:
+            r = s.request
+            spec = list(s.spec_token_ids)
+            out = r.output_token_ids
+            for j in range(len(spec) + 1):
+                row_idx.append(off + j)
+                srows.append(SamplingRow(r.params, r.prompt_token_ids, out + spec[:j], r.eos_token_ids,
+                                         r.generator))
+            drafts.append(spec)
+        if len(row_idx) == logits.shape[0] and row_idx == list(range(len(row_idx))):
+            raw = logits  # the runner returned exactly the sampled rows (decode / verify steps)
+        else:
+            raw = logits.index_select(0, torch.tensor(row_idx, device=logits.device))
+        synthetic = self.synthetic_acceptance_rate
+        greedy = [s.request.params.greedy for s, _ in sampling]
+        if synthetic is None and all(greedy):
+            result = greedy_verify(process_logits(raw, srows), drafts)
+        else:
+            result = rejection_sample(
+                probs_from_logits(process_logits(raw, srows), srows), drafts,
+                self._draft_probs(sampling, logits.shape[-1], logits.device), greedy,
+                [s.request.generator or self.generator for s, _ in sampling],
+                synthetic_acceptance_rate=synthetic,
+            )
+        sampled: list[tuple[tuple[int, ...], int, SampleLogprobs | None]] = []
+        base = 0
+        for (s, _), toks, acc in zip(sampling, result.token_ids, result.num_accepted):
+            r = s.request
+            lps = None
+            if r.params.logprobs is not None:
+                lps = compute_logprobs(raw[base:base + len(toks)], torch.tensor(toks, device=raw.device),
+                                       [r.params.logprobs] * len(toks))
+            base += len(s.spec_token_ids) + 1
+            sampled.append((tuple(toks), acc, lps))
+        return sampled
+
+    @staticmethod
+    def _draft_probs(sampling: list[tuple[ScheduledRequest, int]], vocab: int, device: torch.device
+                     ) -> torch.Tensor | None:
+        """[Σ k_i, V] draft distributions q of the step's drafts when some proposer sampled them
+        (deterministic drafts among them as one-hot q); None when every draft is deterministic."""
+        if not any(s.spec_token_ids and s.request.spec_probs is not None for s, _ in sampling):
+            return None
+        qs = []
+        for s, _ in sampling:
+            if s.spec_token_ids:
+                q = s.request.spec_probs
+                if q is None:
+                    q = torch.nn.functional.one_hot(torch.tensor(list(s.spec_token_ids), device=device), vocab).float()
+                qs.append(q[: len(s.spec_token_ids)])
+        return torch.cat(qs)
+
+    # ---- asynchronous: tokens stay on the device -------------------------------------------------
+    def launch(self, sched: SchedulerOutput, feed: InflightStep | None = None) -> InflightStep:
+        """Run a one-token greedy decode step and leave its argmax on the device. With ``feed``
+        every request decodes its placeholder: the token ``feed`` sampled for it, fed on the device."""
+        reqs = [s.request for s in sched.scheduled]
+        if feed is None:
+            chunks = [SeqChunk(r.token_ids[s.start:s.start + 1], s.start, r.block_ids)
+                      for s, r in zip(sched.scheduled, reqs)]
+            logits = self.runner.forward_logits(chunks, range(len(chunks)))
+            return InflightStep.launch(sched, logits)
+        if any(s.start != len(r.token_ids) or s.num_new_tokens != 1 for s, r in zip(sched.scheduled, reqs)):
+            raise RuntimeError("a step fed on the device must decode one placeholder per request")
+        chunks = [SeqChunk((0,), s.start, r.block_ids) for s, r in zip(sched.scheduled, reqs)]  # ids fed below
+        logits = self.runner.forward_logits(chunks, range(len(chunks)), token_ids=feed.device_ids(reqs))
+        return InflightStep.launch(sched, logits)
+

@@ -1,0 +1,65 @@
+"""Input processor: a user's prompt and SamplingParams become validated engine Requests.
+
+The prompt is tokenized (or taken as token ids); a request that cannot be served — empty prompt, ids
+outside the vocabulary, no room to generate within ``max_model_len``, a ``logit_bias`` outside the
+vocabulary — raises a ``RequestError`` (or a subclass) for that request only. ``n > 1`` fans out
+into n child Requests ``<id>#i``, child i seeded with ``seed + i`` when a seed is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from tandem.engine.output_processor import NewRequest
+from tandem.errors import PromptTooLongError, RequestError
+from tandem.request import Request
+from tandem.sample.logits import validate_for_vocab
+from tandem.sampling_params import SamplingParams
+
+
+class InputProcessor:
+    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, eos_token_ids: tuple[int, ...],
+                 device: torch.device) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.device = device  # where seeded requests' generators live
+
+    def encode(self, prompt: str) -> list[int]:
+        return list(self.tokenizer.encode(prompt, add_special_tokens=True))
+
+    def process(self, request_id: str, prompt: str | Sequence[int] | None, params: SamplingParams,
+                prompt_token_ids: Sequence[int] | None = None) -> NewRequest:
+        text = prompt if isinstance(prompt, str) else None
+        if prompt_token_ids is None:
+            if isinstance(prompt, str):
+                prompt_token_ids = self.encode(prompt)
+            elif prompt is not None:
+                prompt_token_ids = prompt
+            else:
+                raise RequestError("a prompt or prompt_token_ids is required", param="prompt")
+        ids = [int(t) for t in prompt_token_ids]
+        if not ids:
+            raise RequestError("the prompt is empty", param="prompt")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"prompt token ids out of range [0, {self.vocab_size}): {bad[:5]}", param="prompt")
+        if len(ids) >= self.max_model_len:
+            raise PromptTooLongError(len(ids), self.max_model_len)
+        validate_for_vocab(params, self.vocab_size)
+        children = []
+        for i in range(params.n):
+            gen = None
+            if params.seed is not None:
+                gen = torch.Generator(device=self.device)
+                gen.manual_seed(params.seed + i)
+            children.append(Request(
+                request_id=request_id if params.n == 1 else f"{request_id}#{i}",
+                prompt_token_ids=list(ids), params=params, eos_token_ids=self.eos_token_ids,
+                max_model_len=self.max_model_len, prompt=text, generator=gen,
+            ))
+        return NewRequest(request_id, text, ids, tuple(children))

@@ -1,0 +1,102 @@
+"""The Speculator (spec_decode/speculator.py) without weights: which requests get drafts and how
+many (k per request within max_tokens / max_model_len, 0 while the gate says no), the asynchronous
+decode predicate, what one step's record updates, and the null speculator."""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.config.speculative import SpeculativeConfig
+from tandem.engine.stats import SpecStats
+from tandem.request import Request, RequestStatus
+from tandem.sampling_params import SamplingParams
+from tandem.scheduler import ScheduledRequest, SchedulerOutput
+from tandem.spec_decode.draft_model import DraftModelProposer
+from tandem.spec_decode.ngram import NgramProposer
+from tandem.spec_decode.proposers import TokenProposerAdapter, build_proposer
+from tandem.spec_decode.speculator import (NoSpeculation, SampledTokens, Speculator, StepKind, StepRecord,
+                                           build_speculator, step_kind)
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # only the device type is read
+
+
+def _cfg(**kw) -> SpeculativeConfig:
+    return SpeculativeConfig(method="ngram", num_speculative_tokens=3, **kw)
+
+
+def _req(rid: str, tokens: list[int], max_tokens: int = 50, max_model_len: int = 64) -> Request:
+    r = Request(rid, tokens[:2], SamplingParams(max_tokens=max_tokens), (0,), max_model_len, token_ids=list(tokens))
+    r.num_computed_tokens = len(tokens) - 1  # decode phase
+    r.status = RequestStatus.RUNNING
+    return r
+
+
+def _record(*sampled: SampledTokens, finished: tuple[str, ...] = (), kind: StepKind = StepKind.OTHER) -> StepRecord:
+    return StepRecord(kind, 0.01, sampled, finished)
+
+
+def test_capabilities_are_declared_not_type_checked():
+    ngram = build_proposer(_cfg(), None, torch.Generator())
+    assert isinstance(ngram, TokenProposerAdapter) and ngram.drafts_on_host_for_free
+    assert ngram.propose_one([1, 2, 3, 1, 2], 3) == NgramProposer(1, 5, 3).propose_one([1, 2, 3, 1, 2], 3) == [3, 1, 2]
+    assert not DraftModelProposer.drafts_on_host_for_free
+    stats = SpecStats()
+    assert build_speculator(_cfg(), ngram, stats, CUDA).gate is not None  # default: on for CUDA
+    assert build_speculator(_cfg(), ngram, stats, CPU).gate is None
+    assert build_speculator(_cfg(disable_by_acceptance=True), ngram, stats, CPU).gate is not None
+    assert build_speculator(_cfg(disable_by_acceptance=False), ngram, stats, CUDA).gate is None
+
+    costly = TokenProposerAdapter(NgramProposer(1, 3, 3))
+    costly.drafts_on_host_for_free = False  # as a proposer whose drafts cost forwards declares
+    assert build_speculator(_cfg(), costly, stats, CUDA).gate is None  # no free shadow drafts: no gate
+    assert isinstance(build_speculator(None, ngram, stats, CUDA), NoSpeculation)
+
+
+def test_drafts_only_for_new_tokens_within_the_room():
+    stats = SpecStats()
+    spec = build_speculator(_cfg(), build_proposer(_cfg(), None, torch.Generator()), stats, CPU)
+    loop = [5, 6, 7, 8] * 4
+    a, b, c = _req("a", loop), _req("b", loop, max_tokens=16), _req("c", loop)
+    assert spec.drafts_for([a, b, c]) == {}  # nobody got tokens yet
+    spec.observe(_record(SampledTokens(a, 0, 0), SampledTokens(b, 0, 0), SampledTokens(c, 0, 0)))
+    c.num_computed_tokens = 3  # c is still prefilling: no drafts
+    drafts = spec.drafts_for([a, b, c])
+    assert set(drafts) == {"a", "b"}
+    assert drafts["a"].token_ids == (5, 6, 7) and drafts["a"].probs is None
+    assert drafts["b"].token_ids == (5,)  # 14 outputs of 16: one draft + the bonus token
+    assert spec.drafts_for([a, b, c]) == {}  # asked once per new tokens
+    assert spec.will_draft([a]) and not NoSpeculation().will_draft([a])  # no gate: anyone may draft
+
+
+def test_record_updates_counters_gate_and_forgets():
+    stats = SpecStats()
+    spec = build_speculator(_cfg(disable_by_acceptance=True), build_proposer(_cfg(), None, torch.Generator()),
+                            stats, CPU)
+    assert isinstance(spec, Speculator) and spec.gate is not None
+    loop = [5, 6, 7, 8] * 4
+    a = _req("a", loop)
+    spec.observe(_record(SampledTokens(a, 0, 0)))
+    assert spec.drafts_for([a])["a"].token_ids == ()  # new requests start in the shadow
+    assert not spec.will_draft([a])
+    a.token_ids += [5, 6, 7]  # the shadow draft [5, 6, 7] came true: 4 tokens per verify
+    a.num_computed_tokens += 3
+    spec.observe(_record(SampledTokens(a, 0, 0), kind=StepKind.DECODE))
+    assert spec.gate.tokens_per_verify("a") == 4.0 and spec.gate.decode_cost.count == 1
+    assert spec.will_draft([a]) and spec.drafts_for([a])["a"].token_ids == (8, 5, 6)
+    spec.observe(_record(SampledTokens(a, 3, 1), kind=StepKind.VERIFY))
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, 3, 1)
+    assert spec.gate.verify_cost.count == 1
+    spec.observe(_record(finished=("a",)))
+    assert spec.gate.tokens_per_verify("a") is None and spec.drafts_for([a]) == {}
+
+
+def test_step_kind():
+    r = _req("a", [1, 2, 3])
+
+    def sched(*items: tuple[int, tuple[int, ...], bool]) -> SchedulerOutput:
+        return SchedulerOutput(tuple(ScheduledRequest(r, n, 0, spec, samples) for n, spec, samples in items), (), 0)
+
+    assert step_kind(sched((4, (1, 2, 3), True), (1, (), True))) is StepKind.VERIFY
+    assert step_kind(sched((1, (), True), (1, (), True))) is StepKind.DECODE
+    assert step_kind(sched((1, (), True), (5, (), False))) is StepKind.OTHER
+    assert step_kind(sched()) is StepKind.OTHER
