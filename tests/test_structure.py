@@ -261,14 +261,6 @@ def test_env_checker_sees_every_spelling() -> None:
 # ---- (c) file length ---------------------------------------------------------------------------------------
 
 
-# Files other work of issue #14 is splitting right now (their owners edit them, not this branch). An entry
-# that is no longer over the limit fails the test below, so it cannot linger once the split lands.
-BEING_SPLIT = {
-    "tandem/engine/llm_engine.py": "the engine rewrite moves construction and output processing out "
-                                   "(engine/builder.py, engine/output_processor.py)",
-}
-
-
 def over_limit_without_reason() -> dict[str, int]:
     out = {}
     for path in source_files().values():
@@ -282,15 +274,10 @@ def over_limit_without_reason() -> dict[str, int]:
 
 
 def test_no_file_over_500_lines_without_a_reason() -> None:
-    bad = {p: n for p, n in over_limit_without_reason().items() if p not in BEING_SPLIT}
+    bad = over_limit_without_reason()
     listing = "\n  ".join(f"{p} ({n} lines)" for p, n in bad.items())
     assert not bad, ("files over 500 lines: split them along a seam, or give the reason in the module docstring "
                      f"on a line starting 'Over 500 lines:':\n  {listing}")
-
-
-def test_being_split_list_is_current() -> None:
-    stale = sorted(set(BEING_SPLIT) - set(over_limit_without_reason()))
-    assert not stale, f"no longer over {MAX_LINES} lines (or explained): remove from BEING_SPLIT: {stale}"
 
 
 # ---- (d) CPU installs: no triton -----------------------------------------------------------------------------
