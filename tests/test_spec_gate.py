@@ -1,4 +1,4 @@
-"""The acceptance gate (spec/gate.py): shadow drafts scored exactly as greedy verification would
+"""The acceptance gate (spec_decode/gate.py): shadow drafts scored exactly as greedy verification would
 score them, draft / don't-draft decisions against the measured step-cost ratio, its config key, and
 the engine with the gate on: same tokens as without speculation, drafting off (and decode steps
 chained asynchronously) while speculation does not pay, back on when it does."""

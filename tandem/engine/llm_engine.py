@@ -147,6 +147,9 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Run one step and return the outputs of the requests it advanced (and of aborted ones).
+        With a step in flight: launch the next one if it may run ahead, then read the one in flight;
+        otherwise: draft, schedule, then execute (or launch, and continue as with a step in flight)."""
         t0 = time.perf_counter()
         outputs = self.output_processor.take_aborted()
         sampled: list[SampledTokens] = []
