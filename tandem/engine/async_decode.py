@@ -16,7 +16,7 @@ Outputs are the same tokens in the same order as the synchronous engine's. A req
 (the KV it wrote is the stop token's, correct and never read by the finished request). That step
 still has the finished request's row, so the other requests' tokens of that one step come from a
 batch one larger than the synchronous engine's; in bf16 that can round differently where the batch
-size changes the layer body (fused_forward.default_gemv_rows), as any change of batch does.
+size changes the layer kernels (worker/cuda_kernels.default_skinny_rows), as any change of batch does.
 
 When (``can_schedule_ahead``): the step in flight holds every running request, none is waiting, and
 each continues with a steady decode — no length finish at its pending token, a greedy token with no

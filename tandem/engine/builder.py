@@ -117,13 +117,14 @@ def build_engine(config: EngineConfig) -> EngineParts:
                 source, num_blocks, block_size, num_blocks * block_size, num_blocks * bpb / 2**20)
     pool = BlockPool(num_blocks, enable_caching=cache.enable_prefix_caching)
     runner = make_runner(model, allocate_kv_cache(arch, num_blocks, block_size, dtype, device), block_size,
-                         device, runner_cfg)
+                         device, runner_cfg, max_model_len=max_model_len, lookahead=lookahead)
     runners = [runner]
     draft_runner = None
     if draft_arch is not None and spec is not None:
         draft_model = build_model(draft_arch, draft_weights, dtype, device, spec.max_model_len or max_model_len)
         draft_runner = make_runner(draft_model, allocate_kv_cache(draft_arch, num_blocks, block_size, dtype, device),
-                                   block_size, device, spec.draft_runner_config(runner_cfg))
+                                   block_size, device, spec.draft_runner_config(runner_cfg),
+                                   max_model_len=max_model_len, lookahead=lookahead)  # the target's block tables
         runners.append(draft_runner)
 
     stats = EngineStats()
