@@ -41,7 +41,10 @@ _NEG = tl.constexpr(-1.0e30)
 # The split count changes with the context length on eager steps: it is neither specialised nor a
 # compile-time constant (the merge always spans MAX_SPLITS), so a new prompt length never compiles a
 # new variant mid-serving (that was a 0.55-0.9 s first-token stall on real prompts, docs/gpu_notes.md).
-@triton.jit(do_not_specialize=["num_splits"])
+# Nor is the block-table row stride: graphs use the runner's full table width, eager steps the step's
+# widest table, and Triton would otherwise compile one variant for widths divisible by 16 and another
+# for the rest (a compile mid-serving the warm-up cannot foresee).
+@triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _attn_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,
     mpart_ptr, lpart_ptr, apart_ptr,
