@@ -11,7 +11,7 @@ import pytest
 
 from tandem import LLM, SamplingParams
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 pytestmark = pytest.mark.slow
 
 

@@ -559,7 +559,7 @@ def _start_server(ckpt: Path, extra: list[str], log: Path) -> tuple[subprocess.P
            "--kv-cache-memory-bytes", str(64 << 20), "--served-model-name", "tiny",
            "--uvicorn-log-level", "warning", *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=root)
     return proc, f"http://127.0.0.1:{port}"

@@ -208,7 +208,7 @@ def test_every_engine_command_has_the_engine_flags(argv: list[str]) -> None:
 
 
 def test_readme_lists_every_engine_flag() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     names = [engine_args.flag_name(f.name) for cls in FLAG_CONFIGS for f in flag_fields(cls)]
     missing = [n for n in [*names, "--enforce-eager", "--speculative-config"] if n.removeprefix("--") not in readme]
     assert not missing, f"README.md's engine flags section lacks {missing}"
