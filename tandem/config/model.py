@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.config.validate import check_choice, check_int, check_str
+from tandem.config.validate import check_bool, check_choice, check_int, check_str
 from tandem.errors import ConfigError
 
 DTYPES = {
@@ -27,6 +27,7 @@ class ModelConfig:
     load_format: str = "auto"
     revision: str | None = None
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
+    skip_tokenizer_init: bool = False  # vLLM's: no tokenizer; prompts are token ids, outputs carry no text
 
     def __post_init__(self) -> None:
         check_str("model", self.model)
@@ -37,6 +38,7 @@ class ModelConfig:
         check_choice("load_format", self.load_format, LOAD_FORMATS)
         check_str("revision", self.revision, optional=True)
         check_int("max_model_len", self.max_model_len, minimum=2, optional=True)
+        check_bool("skip_tokenizer_init", self.skip_tokenizer_init)
 
 
 def check_dtype(dtype: object) -> None:

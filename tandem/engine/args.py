@@ -7,14 +7,18 @@ is not given is not passed, and the config dataclass fills it in.
 Keyword arguments (``ENGINE_KWARGS``): every field of ModelConfig (but ``model``, which is
 positional), CacheConfig and SchedulerConfig by its own name; ``runner_config`` (a RunnerConfig or a
 dict of its fields); ``enforce_eager`` (vLLM: ``True`` sets ``RunnerConfig.cuda_graphs = False``);
-``speculative_config`` (JSON string, dict or SpeculativeConfig); ``log_stats``; and vLLM's
-deprecated speculative keywords (``speculative_model`` …, each warns once).
+``speculative_config`` (JSON string, dict or SpeculativeConfig); ``log_stats``; vLLM's
+deprecated speculative keywords (``speculative_model`` …, each warns once); and the vLLM arguments
+that configure nothing here (:mod:`tandem.config.compat`: ``trust_remote_code``, ``swap_space``,
+``tensor_parallel_size`` …; accepted with a warning where tandem differs, or refused).
 
 Flags (:func:`add_engine_args`, shared by ``generate``, ``serve``, ``bench latency`` and ``bench
 throughput``): one per field of ModelConfig (but ``model``), CacheConfig, SchedulerConfig and
 RunnerConfig: ``name`` -> ``--name-in-kebab-case``, a ``bool`` field -> ``--name/--no-name``, the
 value type from the field's annotation, argparse's default read from the field; plus
-``--enforce-eager``, ``--speculative-config`` and vLLM's deprecated speculation flags. A bad value
+``--enforce-eager``, ``--speculative-config``, vLLM's deprecated speculation flags and the
+compatibility flags of :mod:`tandem.config.compat` (``--trust-remote-code``, ``--swap-space``,
+``-tp/--tensor-parallel-size``, ``-pp/--pipeline-parallel-size``, ``--enable-chunked-prefill``). A bad value
 is one ConfigError naming the key; an unknown keyword is a TypeError, as for any Python call.
 """
 
@@ -29,6 +33,7 @@ from dataclasses import MISSING, Field, fields
 from typing import Any
 
 from tandem.config.cache import BLOCK_SIZES, CacheConfig
+from tandem.config.compat import COMPAT_KWARGS, VLLM_COMPAT_ARGS, apply_vllm_compat
 from tandem.config.engine import EngineConfig
 from tandem.config.model import DTYPES, LOAD_FORMATS, ModelConfig
 from tandem.config.runner import MULTIROW_MODES, RUNNER_BACKENDS, RunnerConfig
@@ -61,6 +66,8 @@ _HELP: dict[str, str] = {
     "load_format": " | ".join(LOAD_FORMATS) + " (dummy: random weights at the checkpoint's shapes)",
     "revision": "model revision (vLLM compatibility: hubs are unreachable, so only unset works)",
     "max_model_len": "context length limit (default: the checkpoint's max_position_embeddings)",
+    "skip_tokenizer_init": "load no tokenizer (vLLM's): prompts must be token ids and outputs have empty text; "
+                           "LLM(...) only, not serve",
     # CacheConfig
     "block_size": "KV cache block size in tokens: " + " | ".join(map(str, BLOCK_SIZES)),
     "gpu_memory_utilization": "fraction of GPU memory the engine may use (weights + KV cache)",
@@ -106,7 +113,8 @@ def flag_name(key: str) -> str:
 
 
 ENGINE_KWARGS: tuple[str, ...] = (
-    *(f.name for cls in KWARG_CONFIGS for f in flag_fields(cls)), *_EXTRA_KWARGS, *DEPRECATED_KWARGS)
+    *(f.name for cls in KWARG_CONFIGS for f in flag_fields(cls)), *_EXTRA_KWARGS, *DEPRECATED_KWARGS,
+    *COMPAT_KWARGS)
 
 
 # ---- LLM(**kwargs) -> EngineConfig ----------------------------------------------------------------------
@@ -117,6 +125,7 @@ def engine_config(model: str, **kwargs: Any) -> EngineConfig:
     unknown = [k for k in kwargs if k not in ENGINE_KWARGS]
     if unknown:
         raise TypeError(_unknown_kwarg_message(unknown[0]))
+    apply_vllm_compat({k: kwargs[k] for k in COMPAT_KWARGS if k in kwargs})
     model_kw, cache_kw, scheduler_kw = (
         {f.name: kwargs[f.name] for f in flag_fields(cls) if f.name in kwargs} for cls in KWARG_CONFIGS)
     deprecated = {k: kwargs[k] for k in DEPRECATED_KWARGS if k in kwargs}
@@ -229,6 +238,21 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                 group.add_argument(flag_name(f.name), dest=f.name, type=kind, default=default, help=help_text,
                                    metavar=f.name.upper())
     add_speculative_args(parser)
+    add_compat_args(parser)
+
+
+def add_compat_args(parser: argparse.ArgumentParser) -> None:
+    """vLLM's flags that configure nothing in tandem (:mod:`tandem.config.compat`); each defaults to unset."""
+    group = parser.add_argument_group(
+        "vLLM compatibility", "Accepted so vLLM launch scripts run unchanged; docs/vllm_compat.md says what each does.")
+    for arg in VLLM_COMPAT_ARGS:
+        names = [cli_flag(arg.name), *([arg.short] if arg.short else [])]
+        if arg.type is bool:
+            group.add_argument(*names, dest=arg.name, action=argparse.BooleanOptionalAction, default=None,
+                               help=arg.help)
+        else:
+            group.add_argument(*names, dest=arg.name, type=arg.type, default=None, help=arg.help,
+                               metavar={int: "N", float: "GIB"}.get(arg.type, arg.name.upper()))
 
 
 def add_speculative_args(parser: argparse.ArgumentParser) -> None:
@@ -258,7 +282,7 @@ def engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
                 target[f.name] = value
     if runner:
         out["runner_config"] = runner
-    for key in ("enforce_eager", "speculative_config", *DEPRECATED_KWARGS):
+    for key in ("enforce_eager", "speculative_config", *DEPRECATED_KWARGS, *COMPAT_KWARGS):
         if getattr(ns, key, None) is not None:
             out[key] = getattr(ns, key)
     return out

@@ -22,7 +22,7 @@ import torch
 from tandem.config import EngineConfig, resolve_device, resolve_dtype, resolve_max_model_len
 from tandem.config.runner import with_debug_overrides
 from tandem.config.speculative import validate_against_target
-from tandem.engine.detokenizer import fast_decoder
+from tandem.engine.detokenizer import NO_TEXT, fast_decoder
 from tandem.engine.model_loader import build_model
 from tandem.engine.stats import EngineStats
 from tandem.errors import ConfigError
@@ -44,7 +44,7 @@ class EngineParts:
     device: torch.device
     dtype: torch.dtype
     arch: ModelArch
-    tokenizer: Any
+    tokenizer: Any  # None with skip_tokenizer_init
     decoder: Any  # what detokenizers decode with (detokenizer.fast_decoder)
     max_model_len: int
     eos_token_ids: tuple[int, ...]
@@ -71,7 +71,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
     ckpt = open_checkpoint(model_cfg.model, load_format=model_cfg.load_format, tokenizer=model_cfg.tokenizer,
                            revision=model_cfg.revision)
     arch = ckpt.arch
-    tokenizer = ckpt.load_tokenizer()
+    tokenizer = None if model_cfg.skip_tokenizer_init else ckpt.load_tokenizer()  # None: token-id prompts only
     dtype = resolve_dtype(model_cfg.dtype, device, arch.torch_dtype)
     max_model_len = resolve_max_model_len(model_cfg.max_model_len, arch.max_position_embeddings)
     eos = set(arch.eos_token_ids)
@@ -140,7 +140,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
                           lookahead=lookahead, enable_prefix_caching=cache.enable_prefix_caching)
     use_async = sched_cfg.async_scheduling
     return EngineParts(
-        device=device, dtype=dtype, arch=arch, tokenizer=tokenizer, decoder=fast_decoder(tokenizer),
+        device=device, dtype=dtype, arch=arch, tokenizer=tokenizer,
+        decoder=NO_TEXT if tokenizer is None else fast_decoder(tokenizer),
         max_model_len=max_model_len, eos_token_ids=tuple(sorted(eos)), generator=generator, model=model,
         runner=runner, num_blocks=num_blocks, pool=pool, scheduler=scheduler, stats=stats, proposer=proposer,
         speculator=speculator, async_scheduling=device.type == "cuda" if use_async is None else bool(use_async),

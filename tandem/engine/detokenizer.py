@@ -31,6 +31,15 @@ class _BackendDecoder:
         return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
+class _NoText:
+    """The decoder of an engine without a tokenizer (``skip_tokenizer_init``): every output's text stays ""."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return ""
+
+
+NO_TEXT = _NoText()
+
 _PROBE = "Hi . Yes ? No ! a , b ' c n't d 'm e 's f 've g 're h  x\n\ty é 日本"
 
 

@@ -1,6 +1,7 @@
 """Input processor: a user's prompt and SamplingParams become validated engine Requests.
 
-The prompt is tokenized (or taken as token ids); a request that cannot be served — empty prompt, ids
+The prompt is tokenized (or taken as token ids; without a tokenizer, ``skip_tokenizer_init``, only
+token ids are accepted); a request that cannot be served — empty prompt, ids
 outside the vocabulary, no room to generate within ``max_model_len``, a ``logit_bias`` outside the
 vocabulary — raises a ``RequestError`` (or a subclass) for that request only. ``n > 1`` fans out
 into n child Requests ``<id>#i``, child i seeded with ``seed + i`` when a seed is given.
@@ -19,6 +20,9 @@ from tandem.request import Request
 from tandem.sample.logits import validate_for_vocab
 from tandem.sampling_params import SamplingParams
 
+NO_TOKENIZER_MESSAGE = ("text prompts need the tokenizer, which skip_tokenizer_init=True did not load; "
+                        "pass token ids ({'prompt_token_ids': [...]} or a list of ints)")
+
 
 class InputProcessor:
     def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, eos_token_ids: tuple[int, ...],
@@ -30,6 +34,8 @@ class InputProcessor:
         self.device = device  # where seeded requests' generators live
 
     def encode(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise RequestError(NO_TOKENIZER_MESSAGE, param="prompt")
         return list(self.tokenizer.encode(prompt, add_special_tokens=True))
 
     def process(self, request_id: str, prompt: str | Sequence[int] | None, params: SamplingParams,
@@ -51,6 +57,9 @@ class InputProcessor:
         if len(ids) >= self.max_model_len:
             raise PromptTooLongError(len(ids), self.max_model_len)
         validate_for_vocab(params, self.vocab_size)
+        if self.tokenizer is None and params.stop:
+            raise RequestError("stop strings need the tokenizer, which skip_tokenizer_init=True did not load; "
+                               "use stop_token_ids", param="stop")
         children = []
         for i in range(params.n):
             gen = None

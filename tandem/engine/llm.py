@@ -8,6 +8,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from tandem.engine.args import engine_config
+from tandem.engine.input_processor import NO_TOKENIZER_MESSAGE
 from tandem.engine.llm_engine import LLMEngine
 from tandem.errors import RequestError
 from tandem.loader.registry import DEFAULT_MODEL
@@ -24,11 +25,17 @@ class LLM:
 
     ``model``: a local Hugging Face directory, a ``.gguf`` file or a built-in alias. The keyword
     arguments are vLLM's (``tokenizer``, ``dtype``, ``device``, ``seed``, ``load_format``,
-    ``revision``, ``max_model_len``, ``gpu_memory_utilization``, ``kv_cache_memory_bytes``,
-    ``max_num_seqs``, ``max_num_batched_tokens``, ``async_scheduling``, ``block_size``,
-    ``enable_prefix_caching``, ``speculative_config``, ``enforce_eager``, ``log_stats`` and the
-    deprecated speculative keywords) plus ``runner_config``; see :mod:`tandem.engine.args`. Each is
-    optional and defaults to its config field's default, which is written only there.
+    ``revision``, ``max_model_len``, ``skip_tokenizer_init``, ``gpu_memory_utilization``,
+    ``kv_cache_memory_bytes``, ``max_num_seqs``, ``max_num_batched_tokens``, ``async_scheduling``,
+    ``block_size``, ``enable_prefix_caching``, ``speculative_config``, ``enforce_eager``,
+    ``log_stats``, the deprecated speculative keywords, and ``trust_remote_code``, ``swap_space``,
+    ``tensor_parallel_size`` … which configure nothing here, :mod:`tandem.config.compat`) plus
+    ``runner_config``; see :mod:`tandem.engine.args`. Each is optional and defaults to its config
+    field's default, which is written only there.
+
+    ``skip_tokenizer_init=True`` (as vLLM): no tokenizer is loaded; ``generate`` takes token-id
+    prompts only (a text prompt raises a RequestError before anything runs), ``chat`` is refused,
+    and every output's ``text`` is "" (the token ids are in ``token_ids``).
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, **kwargs: Any) -> None:
@@ -44,6 +51,8 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         items = _as_prompt_list(prompts)
+        if self.engine.tokenizer is None and any(_split_prompt(item)[1] is None for item in items):
+            raise RequestError(NO_TOKENIZER_MESSAGE, param="prompt")
         if sampling_params is None:
             params_list = [SamplingParams()] * len(items)
         elif isinstance(sampling_params, SamplingParams):
@@ -81,6 +90,10 @@ class LLM:
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
     ) -> list[RequestOutput]:
+        if self.engine.tokenizer is None:
+            raise RequestError("chat needs the tokenizer's chat template, which skip_tokenizer_init=True did not "
+                               "load; apply the template yourself and pass token ids to generate()",
+                               param="messages")
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         prompts = [
             {"prompt_token_ids": apply_chat_template(self.engine.tokenizer, list(conv), add_generation_prompt)}

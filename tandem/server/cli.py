@@ -1,10 +1,14 @@
 """``tandem serve`` / ``python -m tandem.serve``: start the OpenAI-compatible server.
 
-``tandem serve [MODEL] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME ...]
-[--uvicorn-log-level info]`` plus every engine flag of :func:`tandem.engine.args.add_engine_args`
-(including ``--speculative-config`` and vLLM's deprecated speculation flags, which warn through
+``tandem serve [MODEL] [--model MODEL] [--host 127.0.0.1] [--port 8000] [--api-key KEY]
+[--served-model-name NAME ...] [--uvicorn-log-level info] [--disable-log-stats] [--disable-log-requests]``
+plus every engine flag of :func:`tandem.engine.args.add_engine_args` (including
+``--speculative-config`` and vLLM's deprecated speculation flags, which warn through
 :mod:`tandem.config.speculative`). MODEL defaults to the built-in default model; ``--api-key``
-defaults to ``$TANDEM_API_KEY`` (read by :mod:`tandem.config.env`).
+defaults to ``$TANDEM_API_KEY`` (read by :mod:`tandem.config.env`). ``--model X`` is vLLM's spelling
+of the positional MODEL (both given and different: an error). ``--disable-log-requests`` is accepted
+and changes nothing: the engine logs no line per request (uvicorn's access log follows
+``--uvicorn-log-level``, as vLLM's follows its own flag). docs/vllm_compat.md maps vLLM's serve flags.
 
 Startup errors a user can cause (bad flags, bad speculative config, missing model, too little KV
 memory) print one ``error: ...`` line and exit with status 2; nothing is served.
@@ -17,7 +21,7 @@ import logging
 import sys
 from typing import Any
 
-from tandem.errors import TandemError
+from tandem.errors import ConfigError, TandemError
 
 logger = logging.getLogger("tandem.server")
 
@@ -41,6 +45,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--uvicorn-log-level", default="info", choices=UVICORN_LOG_LEVELS)
     p.add_argument("--disable-log-stats", action="store_true",
                    help="do not log throughput / KV usage / acceptance every few seconds")
+    p.add_argument("--disable-log-requests", action="store_true",
+                   help="accepted for vLLM launch scripts: the engine never logs individual requests "
+                        "(uvicorn's access log follows --uvicorn-log-level)")
     add_engine_args(p)
 
 
@@ -70,6 +77,9 @@ def build_server(ns: argparse.Namespace) -> tuple[Any, Any]:
     from tandem.server.async_engine import AsyncEngine
 
     model = resolve_model_arg(ns)
+    if getattr(ns, "skip_tokenizer_init", False):
+        raise ConfigError("skip_tokenizer_init", "the server needs the tokenizer (text prompts, chat templates, "
+                                                 "streamed text); --skip-tokenizer-init works with LLM(...) only")
     names = list(ns.served_model_name) if ns.served_model_name else [model]
     engine = LLMEngine(engine_config(model, **engine_kwargs(ns), log_stats=not ns.disable_log_stats))
     async_engine = AsyncEngine(engine, model_name=names[0])
