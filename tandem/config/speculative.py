@@ -10,7 +10,8 @@ Layers of validation:
    "did you mean"), ``null`` meaning "use the default", method inferred from ``model``.
 2. ``__post_init__`` (so direct construction is checked too): types (``bool`` is not an ``int``),
    ranges, method-specific rules, defaults filled in. A constructed config is always complete:
-   for ``method="ngram"`` both ``prompt_lookup_min`` and ``prompt_lookup_max`` are set.
+   for ``method="ngram"`` both ``prompt_lookup_min`` and ``prompt_lookup_max`` are set, for
+   ``method="suffix"`` the four ``suffix_decoding_*`` keys (vLLM's defaults where not given).
 3. :func:`validate_against_target`: checks that need the loaded models (vocabulary, lengths); the
    engine calls it after loading.
 
@@ -42,10 +43,9 @@ from tandem.config.runner import RunnerConfig
 from tandem.config.validate import check_bool, check_choice, check_int, check_str, cli_flag, type_name
 from tandem.errors import ConfigError
 
-SUPPORTED_METHODS: tuple[str, ...] = ("draft_model", "ngram")
+SUPPORTED_METHODS: tuple[str, ...] = ("draft_model", "ngram", "suffix")
 # Methods vLLM knows that tandem will support later; they get "not supported yet", not "unknown".
 NOT_YET_SUPPORTED_METHODS: tuple[str, ...] = (
-    "suffix",
     "eagle",
     "eagle3",
     "mtp",
@@ -61,6 +61,13 @@ REJECTION_SAMPLE_METHODS: tuple[str, ...] = ("standard", "synthetic")
 SUPPORTED_DRAFT_TENSOR_PARALLEL_SIZES: tuple[int, ...] = (1,)
 DEFAULT_PROMPT_LOOKUP_MIN = 1
 DEFAULT_PROMPT_LOOKUP_MAX = 5
+# method "suffix": vLLM's keys and defaults (num_speculative_tokens unset: the tree depth, a maximum).
+SUFFIX_DEFAULTS: dict[str, int | float] = {
+    "suffix_decoding_max_tree_depth": 24,
+    "suffix_decoding_max_cached_requests": 10000,  # 0: no global tree
+    "suffix_decoding_max_spec_factor": 1.0,
+    "suffix_decoding_min_token_prob": 0.1,
+}
 
 # vLLM's old top-level spellings → key inside speculative_config.
 DEPRECATED_KWARGS: dict[str, str] = {
@@ -78,11 +85,16 @@ EXAMPLE_JSON = '{"method": "ngram", "num_speculative_tokens": 4}'
 class SpeculativeConfig:
     """How to speculate: which proposer, how many draft tokens (k), how to accept them."""
 
-    method: str  # "draft_model" | "ngram"
+    method: str  # "draft_model" | "ngram" | "suffix"
     num_speculative_tokens: int  # k > 0: draft tokens proposed per step (at most)
     model: str | None = None  # draft model path / alias (draft_model); None for ngram
     prompt_lookup_min: int | None = None  # ngram: shortest suffix that may match
     prompt_lookup_max: int | None = None  # ngram: longest suffix tried first
+    # suffix (spec_decode/suffix.py); None = vLLM's default (SUFFIX_DEFAULTS), filled in for suffix
+    suffix_decoding_max_tree_depth: int | None = None  # longest pattern + draft
+    suffix_decoding_max_cached_requests: int | None = None  # finished outputs in the global tree
+    suffix_decoding_max_spec_factor: float | None = None  # draft <= factor * match length
+    suffix_decoding_min_token_prob: float | None = None  # stop below this continuation probability
     draft_tensor_parallel_size: int = 1
     max_model_len: int | None = None  # draft context limit; None = the target's
     quantization: str | None = None  # draft quantization; only None for now
@@ -91,7 +103,8 @@ class SpeculativeConfig:
     draft_sample_method: str = "greedy"  # "greedy" | "probabilistic" (draft samples, q kept)
     rejection_sample_method: str = "standard"  # "standard" | "synthetic" (benchmark only)
     synthetic_acceptance_rate: float | None = None  # required iff synthetic, in [0, 1]
-    # tandem: per-request drafting off while it does not pay (spec_decode/gate.py); ngram only.
+    # tandem: per-request drafting off while it does not pay (spec_decode/gate.py); ngram only (the
+    # gate's shadow drafts are stateless lookups; suffix drafts come from per-request trees).
     # None = on for CUDA targets, off elsewhere (decided by the engine).
     disable_by_acceptance: bool | None = None
 
@@ -108,6 +121,13 @@ class SpeculativeConfig:
         check_int("prompt_lookup_min", self.prompt_lookup_min, optional=True)
         check_int("prompt_lookup_max", self.prompt_lookup_max, optional=True)
         check_int("draft_tensor_parallel_size", self.draft_tensor_parallel_size)
+        check_int("suffix_decoding_max_tree_depth", self.suffix_decoding_max_tree_depth, optional=True,
+                  minimum=1)
+        check_int("suffix_decoding_max_cached_requests", self.suffix_decoding_max_cached_requests,
+                  optional=True, minimum=0)
+        for key, lo, hi in (("suffix_decoding_max_spec_factor", 0.0, math.inf),
+                            ("suffix_decoding_min_token_prob", 0.0, 1.0)):
+            _check_number(key, getattr(self, key), lo, hi, open_low=key.endswith("factor"))
         check_int("max_model_len", self.max_model_len, optional=True, minimum=1)
         check_str("quantization", self.quantization, optional=True)
         check_str("revision", self.revision, optional=True)
@@ -145,12 +165,19 @@ class SpeculativeConfig:
         # --- method-specific ---------------------------------------------------------------------
         if method == "ngram":
             self._normalise_ngram()
+        elif method == "suffix":
+            self._normalise_suffix()
         else:
             self._check_draft_model()
+        if method != "suffix":
+            for key in SUFFIX_DEFAULTS:
+                if getattr(self, key) is not None:
+                    raise ConfigError(key, f"only applies to method 'suffix'; drop it for {method!r}")
         if self.disable_by_acceptance and method != "ngram":
             raise ConfigError(
                 "disable_by_acceptance",
-                f"applies to method 'ngram' only (its shadow drafts cost nothing), not {method!r}",
+                f"applies to method 'ngram' only (its shadow drafts are stateless lookups that cost "
+                f"nothing), not {method!r}",
                 allowed=[False, None],
             )
 
@@ -171,10 +198,11 @@ class SpeculativeConfig:
         # --- sampling ----------------------------------------------------------------------------
         check_str("draft_sample_method", self.draft_sample_method)
         check_choice("draft_sample_method", self.draft_sample_method, DRAFT_SAMPLE_METHODS)
-        if method == "ngram" and self.draft_sample_method != "greedy":
+        if method in ("ngram", "suffix") and self.draft_sample_method != "greedy":
             raise ConfigError(
                 "draft_sample_method",
-                "n-gram drafts carry no probabilities, so only 'greedy' applies to method 'ngram'",
+                f"{method} drafts carry no probabilities, so only 'greedy' applies to method "
+                f"{method!r}",
                 allowed=["greedy"],
             )
         check_str("rejection_sample_method", self.rejection_sample_method)
@@ -226,6 +254,18 @@ class SpeculativeConfig:
         object.__setattr__(self, "prompt_lookup_min", lo)
         object.__setattr__(self, "prompt_lookup_max", hi)
 
+    def _normalise_suffix(self) -> None:
+        if self.model is not None:
+            raise ConfigError(
+                "model", f"method 'suffix' uses no draft model, got model={self.model!r}; drop 'model'"
+            )
+        for key in ("prompt_lookup_min", "prompt_lookup_max"):
+            if getattr(self, key) is not None:
+                raise ConfigError(key, "only applies to method 'ngram'; drop it for 'suffix'")
+        for key, default in SUFFIX_DEFAULTS.items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, default)
+
     def _check_draft_model(self) -> None:
         if self.model is None:
             raise ConfigError(
@@ -262,6 +302,10 @@ class SpeculativeConfig:
                 raise ConfigError(str(key), _unknown_key_message(key, known))
         defaults = _field_defaults()
         values = {k: v for k, v in d.items() if not (v is None and defaults.get(k) is not None)}
+        if values.get("num_speculative_tokens") is None and values.get("method") == "suffix":
+            depth = values.get("suffix_decoding_max_tree_depth")  # vLLM: k defaults to the depth
+            ok = isinstance(depth, int) and not isinstance(depth, bool) and depth >= 1
+            values["num_speculative_tokens"] = depth if ok else SUFFIX_DEFAULTS["suffix_decoding_max_tree_depth"]
         if values.get("num_speculative_tokens") is None:
             raise ConfigError(
                 "num_speculative_tokens",
@@ -318,6 +362,16 @@ class SpeculativeConfig:
     def is_synthetic(self) -> bool:
         """Acceptance is simulated (benchmark mode): outputs are not the target's distribution."""
         return self.rejection_sample_method == "synthetic"
+
+
+def _check_number(key: str, value: object, lo: float, hi: float, *, open_low: bool) -> None:
+    if value is None:
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ConfigError(key, f"expected a number, got {type_name(value)} {value!r}")
+    if not math.isfinite(value) or value > hi or value < lo or (open_low and value == lo):
+        rng = f"a finite number > {lo:g}" if hi == math.inf else f"between {lo:g} and {hi:g} inclusive"
+        raise ConfigError(key, f"must be {rng}, got {value}")
 
 
 def _field_names() -> tuple[str, ...]:

@@ -262,7 +262,7 @@ def add_speculative_args(parser: argparse.ArgumentParser) -> None:
         f"Speculative decoding, configured as vLLM's speculative_config, e.g. --speculative-config '{EXAMPLE_JSON}'.")
     group.add_argument(
         "--speculative-config", dest="speculative_config", type=str, default=None, metavar="JSON",
-        help="JSON object: method (draft_model | ngram), num_speculative_tokens, model, "
+        help="JSON object: method (draft_model | ngram | suffix), num_speculative_tokens, model, "
              "prompt_lookup_min/max, draft_sample_method, rejection_sample_method, …")
     hints = typing.get_type_hints(SpeculativeConfig)
     for old, new in DEPRECATED_KWARGS.items():

@@ -12,9 +12,15 @@ requests; it answers with a :class:`DraftProposal`. Invariants:
   greedy drafts) leave it ``None`` and the rejection sampler treats each draft token as one-hot q.
 
 Capabilities are declared, never inferred from the class: ``drafts_on_host_for_free`` is true for a
-proposer whose drafts cost a host-side lookup and no forward (n-gram, suffix). The speculator's
-acceptance policy drafts with such a proposer in the shadow for requests that are not speculating
-(``spec_decode/gate.py``).
+proposer whose drafts cost a host-side lookup and no forward, asked statelessly as ``(tokens, k)``
+(n-gram). The speculator's acceptance policy drafts with such a proposer in the shadow for requests
+that are not speculating (``spec_decode/gate.py``). The suffix proposer's drafts are host lookups
+too, but come from per-request state that already holds tokens the shadow drafts must not see, so it
+declares false.
+
+A proposer may keep per-request state (suffix: a trie per request and one over finished outputs):
+``forget(request_id, output_token_ids)`` tells it that a request finished (or was aborted) with that
+output. Stateless proposers ignore it.
 """
 
 from __future__ import annotations
@@ -66,3 +72,5 @@ class Proposer(Protocol):
     drafts_on_host_for_free: bool  # a draft costs a host-side lookup, no forward
 
     def propose(self, requests: Sequence[ProposalInput]) -> DraftProposal: ...
+
+    def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None: ...

@@ -38,6 +38,9 @@ class DraftModelProposer:
         self.probabilistic = probabilistic
         self.default_generator = default_generator
 
+    def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None:
+        """Its per-request state (draft KV position) lives on the Request: nothing to forget."""
+
     def rollback(self, req: Request) -> None:
         req.draft_num_computed = min(req.draft_num_computed, req.num_tokens - 1)
 

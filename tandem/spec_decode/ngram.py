@@ -142,3 +142,6 @@ class NgramProposer:
         return DraftProposal(
             token_ids=[self.propose_one(r.token_ids, r.num_tokens) for r in requests]
         )
+
+    def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None:
+        """Stateless: nothing to forget."""

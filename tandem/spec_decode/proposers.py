@@ -1,8 +1,8 @@
 """Build the engine's proposer from a SpeculativeConfig.
 
 The speculator asks every proposer the same question, ``propose_requests(requests, ks)``: for each
-request in the decode phase, up to ``ks[i]`` draft tokens. Token-only proposers (n-gram, later
-suffix) implement the weight-free ``Proposer`` protocol over ``ProposalInput``; the adapter here
+request in the decode phase, up to ``ks[i]`` draft tokens, and tells it when a request finishes
+(``forget(request_id, output_token_ids)``). Token-only proposers (n-gram, suffix) implement the weight-free ``Proposer`` protocol over ``ProposalInput``; the adapter here
 hands them just the accepted tokens. Model-based proposers (draft model, later EAGLE) need the
 requests' block tables and counters, so they take Request objects directly.
 
@@ -23,6 +23,7 @@ from tandem.request import Request
 from tandem.spec_decode.base import DraftProposal, ProposalInput, Proposer
 from tandem.spec_decode.draft_model import DraftModelProposer
 from tandem.spec_decode.ngram import NgramProposer
+from tandem.spec_decode.suffix import SuffixProposer
 from tandem.worker.runner import ModelRunner
 
 
@@ -30,6 +31,8 @@ class EngineProposer(Protocol):
     drafts_on_host_for_free: bool
 
     def propose_requests(self, reqs: Sequence[Request], ks: Sequence[int]) -> DraftProposal: ...
+
+    def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None: ...
 
 
 class TokenProposerAdapter:
@@ -44,6 +47,9 @@ class TokenProposerAdapter:
             [ProposalInput(r.request_id, r.token_ids, k) for r, k in zip(reqs, ks)]
         )
 
+    def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None:
+        self.proposer.forget(request_id, output_token_ids)
+
     def propose_one(self, token_ids: Sequence[int], num_tokens: int) -> list[int]:
         """Drafts of at most ``num_tokens`` tokens for one sequence of accepted tokens."""
         return self.proposer.propose([ProposalInput("", token_ids, num_tokens)]).token_ids[0]
@@ -55,6 +61,8 @@ def build_proposer(cfg: SpeculativeConfig | None, draft_runner: ModelRunner | No
         return None
     if cfg.method == "ngram":
         return TokenProposerAdapter(NgramProposer.from_config(cfg))
+    if cfg.method == "suffix":
+        return TokenProposerAdapter(SuffixProposer.from_config(cfg))
     if cfg.method == "draft_model":
         if draft_runner is None:
             raise RuntimeError("draft_model speculation needs a loaded draft model")

@@ -15,8 +15,9 @@ three points:
    are read (asynchronous decode) only when none will.
 3. ``observe(StepRecord)``, after every step: per request that got tokens, its drafted / accepted
    counts (``on_verified``) and its new tokens (``on_tokens``: shadow scoring while it does not
-   draft, and a proposal next time); the requests that finished (``forget``); the step's kind and wall
-   time (``on_step``: the gate's verify / decode cost ratio).
+   draft, and a proposal next time); the requests that finished (``forget``: the gate drops them, the
+   proposer gets their output, which the suffix proposer caches); the step's kind and wall time
+   (``on_step``: the gate's verify / decode cost ratio).
 
 Without speculation the engine holds a ``NoSpeculation``: no drafts, never in the way of
 asynchronous decode, nothing to observe.
@@ -84,6 +85,7 @@ class Speculator:
         self.gate = gate
         self.k = config.num_speculative_tokens
         self._new_tokens: set[str] = set()  # requests that got tokens since their last proposal
+        self._requests: dict[str, Request] = {}  # requests that got tokens, until forgotten
 
     @property
     def synthetic_acceptance_rate(self) -> float | None:
@@ -128,6 +130,7 @@ class Speculator:
             self.gate.record_verify(request.request_id, num_drafted, num_accepted)
 
     def on_tokens(self, request: Request) -> None:
+        self._requests[request.request_id] = request  # its output goes to the proposer at forget
         if request.status.finished:
             return
         self._new_tokens.add(request.request_id)
@@ -140,6 +143,8 @@ class Speculator:
 
     def forget(self, request_id: str) -> None:
         self._new_tokens.discard(request_id)
+        request = self._requests.pop(request_id, None)
+        self.proposer.forget(request_id, request.output_token_ids if request is not None else ())
         if self.gate is not None:
             self.gate.forget(request_id)
 

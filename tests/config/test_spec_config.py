@@ -221,17 +221,17 @@ def test_method_required_without_model() -> None:
     assert err.allowed == list(SUPPORTED_METHODS)
 
 
-@pytest.mark.parametrize("method", ["suffix", "eagle", "eagle3", "mtp", "medusa"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "medusa"])
 def test_method_not_supported_yet(method: str) -> None:
     assert method in NOT_YET_SUPPORTED_METHODS
     err = raises("method", "not supported yet", method=method, model="x", num_speculative_tokens=3)
-    assert err.allowed == ["draft_model", "ngram"]
+    assert err.allowed == ["draft_model", "ngram", "suffix"]
 
 
 def test_method_unknown() -> None:
     err = raises("method", "unknown speculative method 'bogus'", method="bogus",
                  num_speculative_tokens=3)
-    assert err.allowed == ["draft_model", "ngram"]
+    assert err.allowed == ["draft_model", "ngram", "suffix"]
 
 
 def test_draft_model_requires_model() -> None:
@@ -536,3 +536,54 @@ def test_cli_help_marks_deprecated() -> None:
     for old in DEPRECATED_KWARGS:
         assert "--" + old.replace("_", "-") in text
     assert text.count("[deprecated]") == len(DEPRECATED_KWARGS)
+
+
+# --- method "suffix" -------------------------------------------------------------------------------
+
+
+def test_suffix_defaults_are_vllms() -> None:
+    c = cfg(method="suffix")
+    assert c.num_speculative_tokens == 24  # unset: the tree depth, a maximum (as vLLM)
+    assert (c.suffix_decoding_max_tree_depth, c.suffix_decoding_max_cached_requests,
+            c.suffix_decoding_max_spec_factor, c.suffix_decoding_min_token_prob) == (24, 10000, 1.0, 0.1)
+    assert c.model is None and c.prompt_lookup_min is None
+    assert SpeculativeConfig.from_dict(c.to_dict()) == c
+    assert SpeculativeConfig.from_json(c.to_json()) == c
+    assert cfg(method="suffix", suffix_decoding_max_tree_depth=8).num_speculative_tokens == 8
+    c = cfg(method="suffix", num_speculative_tokens=16, suffix_decoding_max_cached_requests=0,
+            suffix_decoding_max_spec_factor=2, suffix_decoding_min_token_prob=0)
+    assert (c.num_speculative_tokens, c.suffix_decoding_max_cached_requests) == (16, 0)
+    direct = SpeculativeConfig(method="suffix", num_speculative_tokens=4)
+    assert direct.suffix_decoding_max_tree_depth == 24
+
+
+@pytest.mark.parametrize("key,value,fragment", [
+    ("suffix_decoding_max_tree_depth", 0, ">= 1"),
+    ("suffix_decoding_max_tree_depth", True, "expected"),
+    ("suffix_decoding_max_tree_depth", 2.5, "expected"),
+    ("suffix_decoding_max_cached_requests", -1, ">= 0"),
+    ("suffix_decoding_max_spec_factor", 0, "> 0"),
+    ("suffix_decoding_max_spec_factor", float("inf"), "finite"),
+    ("suffix_decoding_max_spec_factor", "2", "expected a number"),
+    ("suffix_decoding_min_token_prob", 1.5, "between 0 and 1"),
+    ("suffix_decoding_min_token_prob", -0.1, "between 0 and 1"),
+    ("suffix_decoding_min_token_prob", float("nan"), "between 0 and 1"),
+    ("num_speculative_tokens", 0, "must be > 0"),
+    ("model", "x", "uses no draft model"),
+    ("prompt_lookup_max", 3, "only applies to method 'ngram'"),
+    ("disable_by_acceptance", True, "'ngram' only"),
+    ("draft_sample_method", "probabilistic", "only 'greedy'"),
+])
+def test_suffix_bad_values_name_the_key(key: str, value: Any, fragment: str) -> None:
+    raises(key, fragment, method="suffix", **{key: value})
+
+
+@pytest.mark.parametrize("method,extra", [("ngram", {}), ("draft_model", {"model": "d"})])
+def test_suffix_keys_only_for_suffix(method: str, extra: dict[str, Any]) -> None:
+    for key in ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
+                "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob"):
+        raises(key, "only applies to method 'suffix'", method=method, num_speculative_tokens=3,
+               **extra, **{key: 1})
+    with pytest.raises(ConfigError) as info:  # k stays required for the other methods
+        SpeculativeConfig.from_dict({"method": method, **extra})
+    assert info.value.key == "num_speculative_tokens"
