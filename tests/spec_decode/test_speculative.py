@@ -61,6 +61,36 @@ def test_ngram_greedy_equals_no_speculation(dirs, prompts, reference, k):
     assert sum(o.outputs[0].num_accepted_tokens for o in outs) == st.num_accepted_tokens
 
 
+@pytest.mark.parametrize("k", [2, 5])
+def test_suffix_greedy_equals_no_speculation(dirs, prompts, reference, k):
+    llm = spec_llm(dirs[0], method="suffix", num_speculative_tokens=k)
+    assert tokens_of(llm.generate(prompts[:1], greedy(32), use_tqdm=False)) == reference[:1]
+    st = llm.engine.stats.spec
+    start = (st.num_draft_tokens, st.num_accepted_tokens)
+    outs = llm.generate(prompts, greedy(32), use_tqdm=False)
+    assert tokens_of(outs) == reference
+    accepted = st.num_accepted_tokens - start[1]
+    assert accepted > 0, "repetitive tiny-model output should give suffix hits"
+    assert sum(o.outputs[0].num_accepted_tokens for o in outs) == accepted
+    proposer = llm.engine.speculator.proposer.proposer
+    assert proposer.num_active_requests == 0 and len(proposer.global_tree) == 1 + len(prompts)
+    # the same prompts again: their finished outputs, now in the global tree, predict them
+    mid = (st.num_draft_tokens, st.num_accepted_tokens)
+    assert tokens_of(llm.generate(prompts, greedy(32), use_tqdm=False)) == reference
+    print(f"suffix k={k}: accepted {accepted}/{mid[0] - start[0]}, "
+          f"again {st.num_accepted_tokens - mid[1]}/{st.num_draft_tokens - mid[0]}")
+    assert st.num_accepted_tokens - mid[1] > accepted
+
+
+def test_suffix_with_preemption_and_chunking(dirs, prompts, reference):
+    llm = make_llm(dirs[0], kv_cache_memory_bytes=70 * 2048, max_num_batched_tokens=48,  # 2 KiB per block
+                   speculative_config={"method": "suffix", "num_speculative_tokens": 4})
+    assert tokens_of(llm.generate(prompts, greedy(32), use_tqdm=False)) == reference
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.stats.spec.num_accepted_tokens > 0
+    assert llm.engine.pool.all_free()
+
+
 def test_target_as_its_own_draft_accepts_everything(dirs, prompts, reference):
     llm = spec_llm(dirs[0], method="draft_model", model=str(dirs[0]), num_speculative_tokens=4)
     outs = llm.generate(prompts, greedy(32), use_tqdm=False)
@@ -129,6 +159,26 @@ def test_sampled_distribution_matches_target(dirs, sample_method, monkeypatch):
     spec = make_llm(dirs[0], max_num_seqs=1024, speculative_config={
         "method": "draft_model", "model": str(draft), "num_speculative_tokens": 2,
         "draft_sample_method": sample_method})
+    assert _chi2_same(plain, _token_counts(spec, n, params, 1)) > 1e-3
+    st = spec.engine.stats.spec
+    assert 0 < st.num_accepted_tokens < st.num_draft_tokens
+    import tandem.sample.rejection as rej
+
+    monkeypatch.setattr(rej, "_recover", lambda p, q, d: p)
+    bad = _chi2_same(plain, _token_counts(spec, n, params, 1))
+    print(f"acceptance {st.num_accepted_tokens}/{st.num_draft_tokens}, wrong-recovery p-value {bad:.2e}")
+    assert bad < 1e-4
+
+
+def test_suffix_sampled_distribution_matches_target(dirs, monkeypatch):
+    """Suffix drafts are one-hot q: the token at a drafted position still follows the target's
+    distribution. The drafts at position 1 come from the global tree (earlier requests' outputs), so
+    they are common and often rejected; replacing the recovery step by plain sampling is detected."""
+    params = SamplingParams(temperature=1.3, top_k=6, top_p=0.95, max_tokens=3, ignore_eos=True)
+    n = 3000
+    plain = _token_counts(make_llm(dirs[0], max_num_seqs=1024), n, params, 1)
+    spec = make_llm(dirs[0], max_num_seqs=1024, speculative_config={
+        "method": "suffix", "num_speculative_tokens": 2})
     assert _chi2_same(plain, _token_counts(spec, n, params, 1)) > 1e-3
     st = spec.engine.stats.spec
     assert 0 < st.num_accepted_tokens < st.num_draft_tokens

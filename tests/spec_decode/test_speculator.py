@@ -100,3 +100,25 @@ def test_step_kind():
     assert step_kind(sched((1, (), True), (1, (), True))) is StepKind.DECODE
     assert step_kind(sched((1, (), True), (5, (), False))) is StepKind.OTHER
     assert step_kind(sched()) is StepKind.OTHER
+
+
+def test_suffix_proposer_learns_finished_outputs_and_has_no_gate():
+    cfg = SpeculativeConfig(method="suffix", num_speculative_tokens=3)
+    proposer = build_proposer(cfg, None, torch.Generator())
+    assert isinstance(proposer, TokenProposerAdapter) and not proposer.drafts_on_host_for_free
+    assert build_speculator(cfg, proposer, SpecStats(), CUDA).gate is None  # no stateless shadow drafts
+    spec = build_speculator(cfg, proposer, SpecStats(), CPU)
+    a = _req("a", [1, 2, 3, 4])
+    a.prompt_token_ids = [1, 2]
+    spec.observe(_record(SampledTokens(a, 0, 0)))
+    assert spec.drafts_for([a])["a"].token_ids == ()
+    a.token_ids += [9, 8, 7]  # the finishing step's tokens: the speculator reads them at forget
+    a.status = RequestStatus.FINISHED_LENGTH
+    spec.observe(_record(SampledTokens(a, 0, 0), finished=("a",)))
+    suffix = proposer.proposer
+    assert suffix.num_active_requests == 0 and suffix.global_tree._seqs == {"a": [3, 4, 9, 8, 7]}
+    b = _req("b", [5, 5, 4, 9])
+    spec.observe(_record(SampledTokens(b, 0, 0)))
+    assert spec.drafts_for([b])["b"].token_ids == (8, 7)  # "4 9" from a's output: 2 tokens at most
+    spec.observe(_record(finished=("gone",)))  # aborted before any token: nothing to cache
+    assert "gone" not in suffix.global_tree
