@@ -16,7 +16,8 @@ pays for a verify. For sampled requests the score is the same in expectation: a 
 is accepted with probability p(token), the probability that the target samples it.
 
 Only for proposers that declare ``drafts_on_host_for_free`` (n-gram): a draft model's shadow draft
-would cost forwards. The speculator (``speculator.py``) owns the gate and feeds it. Speculation
+would cost forwards, and the suffix proposer's per-request tries already hold the tokens a shadow
+draft from an earlier prefix must not see. The speculator (``speculator.py``) owns the gate and feeds it. Speculation
 stays lossless whatever the gate decides (it only chooses between two exact ways to decode), but in
 bf16 a verify row and a decode row may round differently, so gated bf16 outputs can differ from
 ungated ones where the top-2 logits nearly tie.

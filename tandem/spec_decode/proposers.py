@@ -2,8 +2,9 @@
 
 The speculator asks every proposer the same question, ``propose_requests(requests, ks)``: for each
 request in the decode phase, up to ``ks[i]`` draft tokens, and tells it when a request finishes
-(``forget(request_id, output_token_ids)``). Token-only proposers (n-gram, suffix) implement the weight-free ``Proposer`` protocol over ``ProposalInput``; the adapter here
-hands them just the accepted tokens. Model-based proposers (draft model, later EAGLE) need the
+(``forget(request_id, output_token_ids)``). Token-only proposers (n-gram, suffix) implement the
+weight-free ``Proposer`` protocol over ``ProposalInput``; the adapter here hands them just the
+accepted tokens (and the request id: the suffix proposer keeps a trie per request). Model-based proposers (draft model, later EAGLE) need the
 requests' block tables and counters, so they take Request objects directly.
 
 Every engine proposer declares ``drafts_on_host_for_free`` (see ``base.py``); those that do also
