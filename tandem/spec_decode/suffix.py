@@ -52,7 +52,11 @@ view. So ``disable_by_acceptance`` stays n-gram-only.
 
 Cost. Insertion is O(max_depth) dictionary operations per token (a prompt of n tokens: O(n · D)
 nodes at most, there is no path compression). A proposal tries at most D match lengths of O(D) each
-per trie: O(D²) per request per step, independent of the context length.
+per trie: O(D²) per request per step, independent of the context length. Measured (pure Python,
+2-core CPU, D = 24): a 4096-token prompt of mostly distinct ids takes ~230 ms and ~86k nodes to
+insert at the request's first proposal; each later step (one new token + a proposal) ~75 µs. Path
+compression (ArcticInference's O(n) nodes) is not implemented, so a large global cache of long
+outputs costs O(total tokens · D) nodes of memory.
 """
 
 from __future__ import annotations
