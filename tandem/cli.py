@@ -1,4 +1,4 @@
-"""The ``tandem`` command: ``generate``, ``serve``, ``bench``.
+"""The ``tandem`` command: ``generate``, ``serve``, ``bench``, ``models``.
 
 The engine flags of ``generate`` (and of ``serve`` and the offline benchmarks) come from
 :mod:`tandem.engine.args`; ``serve`` and ``bench`` register their own subcommands.
@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         b = sub.add_parser("bench", help="benchmarks (vLLM-compatible)")
         add_bench_subparsers(b.add_subparsers(dest="bench_command", required=True))
+
+    from tandem.loader.cli import add_models_parser
+
+    add_models_parser(sub)
     return parser
 
 

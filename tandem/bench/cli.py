@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import math
 import sys
 from typing import Any
@@ -18,11 +19,22 @@ from tandem.bench.workload import load_tokenizer, sample_from_args
 from tandem.errors import ConfigError, TandemError
 
 DEFAULT_PERCENTILE_METRICS = "ttft,tpot,itl"
+# One INFO line per HTTP request (httpx's "HTTP Request: POST ..." and uvicorn's access log) would
+# flood a benchmark's console; their warnings and errors still show.
+HTTP_REQUEST_LOGGERS = ("httpx", "httpcore", "uvicorn.access")
 
 
 # --------------------------------------------------------------------------------------------
 # Shared helpers
 # --------------------------------------------------------------------------------------------
+
+
+def quiet_http_request_logs() -> None:
+    """Raise the per-request HTTP loggers to WARNING, unless someone set their level explicitly."""
+    for name in HTTP_REQUEST_LOGGERS:
+        lg = logging.getLogger(name)
+        if lg.level == logging.NOTSET:
+            lg.setLevel(logging.WARNING)
 
 
 def parse_goodput(items: list[str] | None) -> dict[str, float] | None:
@@ -97,6 +109,7 @@ def _add_client_args(p: argparse.ArgumentParser) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Entry for ``bench serve``. Ctrl-C during the run prints what was measured (exit code 130)."""
+    quiet_http_request_logs()
     try:
         return _run_serve(args)
     except KeyboardInterrupt:
@@ -203,19 +216,24 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _run_compare(args: argparse.Namespace) -> int:
     from tandem.bench.compare import run_compare
 
+    quiet_http_request_logs()
     return run_compare(args)
 
 
 def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from tandem.loader.registry import DEFAULT_MODEL
+
     p = subparsers.add_parser(
         "compare", help="start tandem serve per config and compare speculative configs",
         description="For each --config (JSON dict of tandem serve options) start a fresh server, "
                     "run the identical workload at each --concurrency, and print speedups, "
                     "acceptance (tau, alpha) and engine efficiency eta; writes JSON and PNG plots.",
     )
-    p.add_argument("--config", action="append", required=True, metavar="FILE.json",
-                   help="repeat; the first config is the baseline")
-    p.add_argument("--model", default=None, help="model for every config without its own \"model\"")
+    p.add_argument("--config", action="append", required=True, metavar="FILE.json|JSON",
+                   help="a JSON file or an inline JSON object of tandem serve options (plus \"name\"); "
+                        "repeat; the first config is the baseline")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"model for every config without its own \"model\" (default: {DEFAULT_MODEL})")
     p.add_argument("--concurrency", default="1,4,16,64", help="comma-separated max concurrency levels")
     p.add_argument("--result-dir", default=None, help="default: bench_results/compare-DATE")
     p.add_argument("--port-base", type=int, default=8100, help="config i's server listens on port-base + i")

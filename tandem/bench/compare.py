@@ -43,7 +43,7 @@ def run_compare(args: Any) -> int:
     from tandem.bench.workload import load_tokenizer, sample_from_args
     from tandem.bench.serve import ClientConfig, DEFAULT_ENDPOINTS, get_default_model, result_to_json, run_benchmark
 
-    configs = [load_config(p) for p in args.config]
+    configs = [load_config(p, i) for i, p in enumerate(args.config)]
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
         raise CompareError(f"config names must be unique, got {names}")

@@ -1,5 +1,7 @@
 """``bench compare`` configurations: a JSON dict of ``tandem serve`` options per config, and its server command.
 
+A ``--config`` is a JSON file or the JSON object itself, inline (``--config '{"name": "base"}'``).
+
 Config dict → server command: ``[python, -m, tandem.serve, MODEL, --port, P, ...]`` where each key
 becomes ``--key-with-dashes``; dict values are passed as JSON, lists as separate values, ``True``
 as a bare flag and ``False`` as ``--no-key``. Prefix caching is OFF (``--no-enable-prefix-caching``)
@@ -75,12 +77,39 @@ class CompareConfig:
         )
 
 
-def load_config(path: str | Path) -> CompareConfig:
+def load_config(path: str | Path, index: int = 0) -> CompareConfig:
+    """A ``--config`` value: a JSON file, or the JSON object itself (a value starting with ``{``).
+
+    An inline config without ``"name"`` is named after its speculative method (``ngram``, ...) or
+    ``base`` without speculation; a file's fallback name is its stem. ``index`` only breaks ties in
+    neither (``config2``) and never renames a config with its own name.
+    """
+    text = str(path).strip()
+    if text.startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CompareError(f"--config {text!r} is neither a file nor valid JSON: {exc}") from exc
+        return CompareConfig.from_dict(data, _inline_name(data, index))
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise CompareError(f"cannot read config {path}: {exc}") from exc
     return CompareConfig.from_dict(data, Path(path).stem)
+
+
+def _inline_name(data: object, index: int) -> str:
+    if not isinstance(data, dict):
+        return f"config{index + 1}"
+    spec = data.get("speculative_config")
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError:
+            spec = None
+    if isinstance(spec, dict) and spec.get("method"):
+        return str(spec["method"])
+    return "base" if not spec else f"config{index + 1}"
 
 
 def server_command(model: str, port: int, options: dict[str, Any]) -> list[str]:

@@ -133,6 +133,16 @@ def cache_dir() -> Path:
     return Path(override).expanduser() if override else Path.home() / ".cache" / "tandem" / "models"
 
 
+def cached_path(spec: BuiltinModel) -> Path:
+    """Where ``spec``'s weights file lives once downloaded (it may not exist yet)."""
+    return cache_dir() / spec.filename
+
+
+def is_downloaded(spec: BuiltinModel) -> bool:
+    """True when the weights file is in the cache and verified (its stamp matches; no rehash)."""
+    return _stamp_ok(cached_path(spec), spec)
+
+
 def resolve_model(name: str) -> str:
     """Return a local path for ``name``: a built-in alias (fetched if needed) or an existing path.
 

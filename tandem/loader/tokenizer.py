@@ -84,6 +84,15 @@ def _from_pretrained(path: str, **kwargs: Any) -> PreTrainedTokenizerBase:
     return tok
 
 
+def gguf_tokenizer_dir(gguf_path: str | Path) -> Path:
+    """The directory that holds (or will hold) the HF-format tokenizer files of a GGUF file.
+
+    Any ``AutoTokenizer.from_pretrained(dir)`` can load it once it exists; :func:`load_tokenizer`
+    writes it on first use. It changes when the file or the transformers version changes.
+    """
+    return _cache_entry(Path(gguf_path))
+
+
 def _cache_entry(gguf_path: Path) -> Path:
     st = gguf_path.stat()
     key = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"

@@ -131,10 +131,11 @@ class RequestStream:
 class AsyncEngine:
     """Serve an :class:`LLMEngine` to asyncio code; see the module docstring for the threading."""
 
-    def __init__(self, engine: LLMEngine, model_name: str = "tandem", *, start: bool = True) -> None:
+    def __init__(self, engine: LLMEngine, model_name: str = "tandem", *, start: bool = True,
+                 metrics_prefix: str = "tandem") -> None:
         self.engine = engine
         k = engine.spec.num_speculative_tokens if getattr(engine, "spec", None) is not None else 0
-        self.metrics = ServerMetrics(model_name, num_speculative_tokens=k)
+        self.metrics = ServerMetrics(model_name, num_speculative_tokens=k, prefix=metrics_prefix)
         self._cond = threading.Condition()
         self._commands: list[_Add | _Abort] = []
         self._stopping = False

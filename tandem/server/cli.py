@@ -1,7 +1,7 @@
 """``tandem serve`` / ``python -m tandem.serve``: start the OpenAI-compatible server.
 
 ``tandem serve [MODEL] [--model MODEL] [--host 127.0.0.1] [--port 8000] [--api-key KEY]
-[--served-model-name NAME ...] [--uvicorn-log-level info] [--disable-log-stats] [--disable-log-requests]``
+[--served-model-name NAME ...] [--metrics-prefix tandem|vllm] [--uvicorn-log-level info] [--disable-log-stats] [--disable-log-requests]``
 plus every engine flag of :func:`tandem.engine.args.add_engine_args` (including
 ``--speculative-config`` and vLLM's deprecated speculation flags, which warn through
 :mod:`tandem.config.speculative`). MODEL defaults to the built-in default model; ``--api-key``
@@ -25,6 +25,7 @@ from tandem.errors import ConfigError, TandemError
 
 logger = logging.getLogger("tandem.server")
 
+METRICS_PREFIXES = ("tandem", "vllm")  # = tandem.server.metrics.METRICS_PREFIXES (not imported: keeps --help light)
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
@@ -42,6 +43,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="require 'Authorization: Bearer KEY' on every route but /health (default: $TANDEM_API_KEY)")
     p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="name(s) the API reports and accepts in 'model' (default: MODEL)")
+    p.add_argument("--metrics-prefix", default="tandem", choices=METRICS_PREFIXES,
+                   help="prefix of every /metrics series: 'tandem:...' (default) or vLLM's own 'vllm:...', "
+                        "so existing vLLM Grafana dashboards work unchanged")
     p.add_argument("--uvicorn-log-level", default="info", choices=UVICORN_LOG_LEVELS)
     p.add_argument("--disable-log-stats", action="store_true",
                    help="do not log throughput / KV usage / acceptance every few seconds")
@@ -82,7 +86,7 @@ def build_server(ns: argparse.Namespace) -> tuple[Any, Any]:
                                                  "streamed text); --skip-tokenizer-init works with LLM(...) only")
     names = list(ns.served_model_name) if ns.served_model_name else [model]
     engine = LLMEngine(engine_config(model, **engine_kwargs(ns), log_stats=not ns.disable_log_stats))
-    async_engine = AsyncEngine(engine, model_name=names[0])
+    async_engine = AsyncEngine(engine, model_name=names[0], metrics_prefix=getattr(ns, "metrics_prefix", "tandem"))
     app = build_app(async_engine, names, ns.api_key or api_key(), model_aliases=[model])
     return app, async_engine
 

@@ -1,5 +1,9 @@
 """Prometheus metrics for the server: vLLM's metric names under the ``tandem:`` prefix.
 
+The prefix is a choice (``tandem serve --metrics-prefix vllm``): under ``vllm:`` every series has
+exactly vLLM's name, so existing vLLM Grafana dashboards work unchanged. One server exposes one
+prefix, never both.
+
 Every metric lives in one dedicated :class:`CollectorRegistry` (two servers in one process, as in
 tests, never collide) and carries the label ``model_name``, like vLLM.
 
@@ -36,7 +40,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from tandem.engine.stats import EngineStats
 from tandem.outputs import RequestOutput
 
-PREFIX = "tandem:"
+METRICS_PREFIXES: tuple[str, ...] = ("tandem", "vllm")  # the choices of --metrics-prefix
 LABEL = "model_name"
 
 # vLLM's bucket choices (vllm/v1/metrics/loggers.py).
@@ -89,19 +93,22 @@ class ServerMetrics:
     is thread-safe for updates and for ``render``.
     """
 
-    def __init__(self, model_name: str, num_speculative_tokens: int = 0) -> None:
+    def __init__(self, model_name: str, num_speculative_tokens: int = 0, prefix: str = "tandem") -> None:
+        if prefix not in METRICS_PREFIXES:
+            raise ValueError(f"metrics prefix must be one of {', '.join(METRICS_PREFIXES)}, got {prefix!r}")
         self.model_name = model_name
+        self.prefix = prefix + ":"
         self.registry = CollectorRegistry(auto_describe=True)
-        reg, labels = self.registry, [LABEL]
+        reg, labels, pre = self.registry, [LABEL], self.prefix
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(PREFIX + name, doc, labels, registry=reg)
+            return Gauge(pre + name, doc, labels, registry=reg)
 
         def counter(name: str, doc: str, extra: Sequence[str] = ()) -> Counter:
-            return Counter(PREFIX + name, doc, [*labels, *extra], registry=reg)
+            return Counter(pre + name, doc, [*labels, *extra], registry=reg)
 
         def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
-            return Histogram(PREFIX + name, doc, labels, buckets=list(buckets), registry=reg)
+            return Histogram(pre + name, doc, labels, buckets=list(buckets), registry=reg)
 
         m = model_name
         self.num_requests_running = gauge("num_requests_running",

@@ -365,3 +365,86 @@ def test_compare_reports_server_that_dies(tmp_path, monkeypatch, capsys):
     assert rc == 1
     assert "exited with code 3" in captured.err and "model file not found: boom" in captured.err
     assert json.loads((tmp_path / "out" / "compare.json").read_text())["errors"]["broken"]
+
+
+def readme_compare_argv() -> list[str]:
+    """The README's ``tandem bench compare`` example, as argv after ``tandem bench``."""
+    import shlex
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    start = text.index("tandem bench compare ")
+    command = text[start:text.index("\n```", start)].replace("\\\n", " ")
+    argv = shlex.split(command.splitlines()[0])
+    assert argv[:3] == ["tandem", "bench", "compare"]
+    return argv[2:]
+
+
+def test_readme_compare_example_runs_with_inline_configs(tmp_path, monkeypatch, capsys):
+    """The README example as written (inline configs, default model), servers faked, no network."""
+    from tandem.loader.registry import DEFAULT_MODEL
+
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+            "import test_bench_serve as t; t.serve_forever(int(sys.argv[1]))")
+    started = []
+
+    def fake_command(model: str, port: int, options: dict) -> list[str]:
+        started.append((model, options))
+        return [sys.executable, "-c", code, str(port)]
+
+    monkeypatch.setattr(compare, "server_command", fake_command)
+    argv = readme_compare_argv()
+    assert "--model" not in argv and all(not a.endswith(".json") for a in argv)
+    out_dir = tmp_path / "cmp"
+    rc = cli.main([*argv, "--tokenizer", make_tokenizer_dir(tmp_path / "tok"), "--result-dir", str(out_dir),
+                   "--port-base", str(_free_port_pair()), "--server-timeout", "60", "--disable-tqdm"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert [m for m, _ in started] == [DEFAULT_MODEL, DEFAULT_MODEL]
+    assert started[1][1]["speculative_config"]["method"] == "ngram" and "name" not in started[1][1]
+    data = json.loads((out_dir / "compare.json").read_text())
+    assert [(r["config"], r["concurrency"]) for r in data["rows"]] == [
+        ("base", 1), ("ngram", 1), ("base", 4), ("ngram", 4)]
+    assert data["num_prompts"] == 8 and data["concurrencies"] == [1, 4]
+    assert all(r["failed"] == 0 for r in data["rows"])
+
+
+def test_inline_config_names_and_errors(tmp_path):
+    from tandem.bench.compare_config import CompareError, load_config
+
+    assert load_config('{"name": "mine", "max_num_seqs": 4}').name == "mine"
+    assert load_config('{"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}').name == "ngram"
+    assert load_config('{"speculative_config": "{\\"method\\": \\"ngram\\"}"}').name == "ngram"
+    assert load_config("{}").name == "base" and load_config(' {"max_num_seqs": 4}').options == {"max_num_seqs": 4}
+    f = tmp_path / "fast.json"
+    f.write_text('{"max_num_seqs": 4}')
+    assert load_config(str(f)).name == "fast"
+    with pytest.raises(CompareError, match="neither a file nor valid JSON"):
+        load_config('{"name": ')
+    (tmp_path / "list.json").write_text("[1]")
+    with pytest.raises(CompareError, match="must be a JSON object"):
+        load_config(str(tmp_path / "list.json"))
+
+
+def test_bench_serve_logs_no_line_per_request_but_keeps_errors(fake_server, tmp_path, capsys, caplog):
+    import logging
+
+    base_url, _ = fake_server
+    saved = {name: logging.getLogger(name).level for name in cli.HTTP_REQUEST_LOGGERS}
+    caplog.set_level(logging.INFO)
+    try:
+        rc = cli.main(["serve", "--base-url", base_url, "--tokenizer", make_tokenizer_dir(tmp_path / "tok"),
+                       "--dataset-name", "random", "--random-input-len", "8", "--random-output-len", "4",
+                       "--num-prompts", "5", "--disable-tqdm"])
+        assert rc == 0
+        assert not [r for r in caplog.records if r.name.startswith(("httpx", "httpcore", "uvicorn"))]
+        logging.getLogger("httpx").error("connection refused")  # errors still reach the console
+        assert [r.getMessage() for r in caplog.records if r.name == "httpx"] == ["connection refused"]
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+    # without the quieting, httpx does log one INFO line per request (what the test guards against)
+    caplog.clear()
+    import httpx
+    logging.getLogger("httpx").setLevel(logging.NOTSET)
+    httpx.get(base_url + "/health")
+    assert any(r.name == "httpx" and r.levelno == logging.INFO for r in caplog.records)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from test_server import ensure_chat_template, post
 from tiny_models import write_tiny_hf_checkpoint
 
@@ -55,6 +58,33 @@ def test_model_flag_serves_that_model(ckpt: Path) -> None:
         assert r.status_code == 200, r.text
     finally:
         ae.shutdown()
+
+
+# ---- --metrics-prefix -------------------------------------------------------------------------------------
+def test_metrics_prefix_vllm_serves_vllm_names_only(ckpt: Path) -> None:
+    assert serve_ns().metrics_prefix == "tandem"
+    app, ae = build_server(serve_ns(str(ckpt), "--metrics-prefix", "vllm", *SMALL))
+    try:
+        assert post(app, "/v1/completions", {"prompt": "hello", "max_tokens": 3}).status_code == 200
+        text = asyncio.run(_get(app, "/metrics"))
+    finally:
+        ae.shutdown()
+    names = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert "vllm:generation_tokens_total" in names and "vllm:time_to_first_token_seconds_count" in names
+    assert all(n.startswith("vllm:") for n in names) and "tandem:" not in text
+
+
+def test_metrics_prefix_other_values_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        serve_ns("--metrics-prefix", "sglang")
+    assert "invalid choice: 'sglang'" in capsys.readouterr().err
+
+
+async def _get(app: object, path: str) -> str:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        r = await c.get(path)
+    assert r.status_code == 200
+    return r.text
 
 
 # ---- a vLLM launch script's flags ---------------------------------------------------------------------------

@@ -19,7 +19,8 @@ from tandem.engine.stats import EngineStats
 from tandem.outputs import CompletionOutput, RequestOutput
 from tandem.server.api import build_app
 from tandem.server.async_engine import AsyncEngine
-from tandem.server.metrics import ServerMetrics
+from tandem.server.cli import METRICS_PREFIXES as SERVE_METRICS_PREFIXES
+from tandem.server.metrics import METRICS_PREFIXES, ServerMetrics
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
 PROMPT = "abc abc abc abc abc abc abc abc abc"  # repetitive: n-gram drafts get proposed and accepted
@@ -71,6 +72,29 @@ def test_exposed_names_are_vllms_with_tandem_prefix() -> None:
     assert value(smp, "spec_decode_num_accepted_tokens_per_pos_total", position="1") == 0
     assert value(smp, "request_success_total", finished_reason="stop") == 0
     assert m.content_type.startswith("text/plain")
+
+
+def _names(text: str) -> set[str]:
+    return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+@pytest.mark.parametrize("prefix,other", [("tandem", "vllm"), ("vllm", "tandem")])
+def test_every_metric_under_the_chosen_prefix_and_none_under_the_other(prefix: str, other: str) -> None:
+    text = ServerMetrics("tiny", num_speculative_tokens=2, prefix=prefix).render().decode()
+    names = _names(text)
+    assert names and all(n.startswith(f"{prefix}:") for n in names), sorted(names)
+    assert f"{other}:" not in text  # not in any sample, HELP or TYPE line
+    # the same series as the default, only the prefix differs
+    default = _names(ServerMetrics("tiny", num_speculative_tokens=2).render().decode())
+    assert {n.split(":", 1)[1] for n in names} == {n.split(":", 1)[1] for n in default}
+    assert {f"{prefix}:{c}_total" for c in COUNTERS} | {f"{prefix}:{g}" for g in GAUGES} <= names
+    assert {f"{prefix}:{h}_{s}" for h in HISTOGRAMS for s in ("bucket", "count", "sum")} <= names
+
+
+def test_unknown_metrics_prefix_is_refused() -> None:
+    with pytest.raises(ValueError, match="tandem, vllm"):
+        ServerMetrics("tiny", prefix="sglang")
+    assert METRICS_PREFIXES == SERVE_METRICS_PREFIXES  # the serve flag's choices are the module's
 
 
 def test_counters_follow_engine_stats_by_delta() -> None:
