@@ -37,7 +37,6 @@ JSON in ``--out``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys

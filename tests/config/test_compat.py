@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 
 import pytest
 
 from tandem.config import EngineConfig, ModelConfig
 from tandem.config.compat import COMPAT_KWARGS
-from tandem.engine.args import ENGINE_KWARGS, add_engine_args, engine_config, engine_kwargs
+from tandem.engine.args import ENGINE_KWARGS, engine_config, engine_kwargs
 from tandem.errors import ConfigError
 
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="t")
-    add_engine_args(p)
-    return p
-
-
-def from_cli(*argv: str) -> EngineConfig:
-    return engine_config("m", **engine_kwargs(parser().parse_args(list(argv))))
+from cli_utils import from_cli, parser
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:

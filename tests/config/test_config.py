@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import inspect
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -17,7 +16,6 @@ from tandem.engine import args as engine_args
 from tandem.engine.args import (
     ENGINE_KWARGS,
     FLAG_CONFIGS,
-    add_engine_args,
     cli_type,
     engine_config,
     engine_kwargs,
@@ -26,15 +24,7 @@ from tandem.engine.args import (
 )
 from tandem.errors import ConfigError
 
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="t")
-    add_engine_args(p)
-    return p
-
-
-def from_cli(*argv: str) -> EngineConfig:
-    return engine_config("m", **engine_kwargs(parser().parse_args(list(argv))))
+from cli_utils import from_cli, parser
 
 
 # ---- flags are the fields ---------------------------------------------------------------------------------
