@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--suffix", action="store_true", help="also run suffix decoding (method suffix, k as given)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     args = ap.parse_args()
@@ -62,6 +63,9 @@ def main() -> None:
                "ngram_ungated": LLM(args.gguf, speculative_config={**spec, "disable_by_acceptance": False}, **common),
                # the baseline without asynchronous decode (the way speculation steps run)
                "baseline_sync": LLM(args.gguf, async_scheduling=False, **common)}
+    if args.suffix:  # suffix decoding: per-request tree + a global tree over earlier prompts' outputs
+        engines["suffix"] = LLM(args.gguf, speculative_config={"method": "suffix", "num_speculative_tokens": args.k},
+                                **common)
     print(f"device {torch.cuda.get_device_name(0) if args.device == 'cuda' else args.device}, torch {torch.__version__}; engines built in "
           f"{time.perf_counter() - t0:.1f} s; {len(prompts)} HumanEval prompts × {args.max_tokens} tokens, k={args.k}")
     for llm in engines.values():  # warm-up: graphs of every query length, Triton JIT of every shape
@@ -88,6 +92,12 @@ def main() -> None:
                "identical_ungated": ou.outputs[0].token_ids == tb,
                "ngram_drafted": on.outputs[0].num_draft_tokens, "ngram_accepted": on.outputs[0].num_accepted_tokens,
                "ungated_drafted": ou.outputs[0].num_draft_tokens, "ungated_accepted": ou.outputs[0].num_accepted_tokens}
+        if "suffix" in res:
+            osx, msx = res["suffix"]
+            row.update(suffix=msx, identical_suffix=osx.outputs[0].token_ids == tb,
+                       suffix_drafted=osx.outputs[0].num_draft_tokens, suffix_accepted=osx.outputs[0].num_accepted_tokens)
+            print(f"           suffix {msx['decode_tok_s']:7.1f} tok/s, accepted {row['suffix_accepted']}/"
+                  f"{row['suffix_drafted']}, {'identical' if row['identical_suffix'] else 'differs'}")
         rows.append(row)
         print(f"prompt {i:2d}: baseline {mb['decode_tok_s']:7.1f} tok/s (sync {ms['decode_tok_s']:7.1f}), "
               f"ngram {mn['decode_tok_s']:7.1f} tok/s "
@@ -127,6 +137,15 @@ def main() -> None:
     summary["speedup_decode_ungated"] = decode_s("base") / decode_s("ngram_ungated")
     summary["speedup_e2e_ungated"] = summary["ngram_ungated_e2e_tok_s"] / summary["baseline_e2e_tok_s"]
     summary["max_ttft_s"] = {k: max(r[k]["ttft_s"] for r in rows) for k in ("base", "ngram", "ngram_ungated", "base_sync")}
+    if args.suffix:
+        summary["suffix_speedup_decode"] = decode_s("base") / decode_s("suffix")
+        summary["suffix_decode_tok_s_median"] = statistics.median(r["suffix"]["decode_tok_s"] for r in rows)
+        summary["suffix_acceptance"] = (sum(r["suffix_accepted"] for r in rows)
+                                        / max(1, sum(r["suffix_drafted"] for r in rows)))
+        summary["identical_outputs_suffix"] = sum(r["identical_suffix"] for r in rows)
+        print(f"suffix k={args.k}: x{summary['suffix_speedup_decode']:.3f} in decode time vs the baseline; "
+              f"decode {summary['suffix_decode_tok_s_median']:.1f} tok/s (median); acceptance "
+              f"{summary['suffix_acceptance']:.1%}; identical outputs {summary['identical_outputs_suffix']}/{len(rows)}")
     print("\n| engine | decode tok/s (median) | e2e tok/s |\n|---|---|---|")
     print(f"| baseline | {summary['baseline_decode_tok_s_median']:.1f} | {summary['baseline_e2e_tok_s']:.1f} |")
     print(f"| baseline, synchronous decode | {summary['baseline_sync_decode_tok_s_median']:.1f} | "
