@@ -15,6 +15,7 @@ import torch
 
 from tandem.config.runner import RunnerConfig
 from tandem.worker.batch import SeqChunk
+from tandem.worker.step_output import StepOutput
 
 if TYPE_CHECKING:
     from tandem.models.decoder import CausalLM, KVCache
@@ -34,6 +35,12 @@ class ModelRunner(Protocol):
         tokens instead of the chunks' own placeholders (tokens sampled on the device, never read on
         the host). The result may be a view valid until this runner's next forward.
         """
+        ...
+
+    def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
+                aux_layers: tuple[int, ...] = ()) -> StepOutput:
+        """``forward_logits`` plus, for every query row, the hidden states entering each layer of
+        ``aux_layers`` (id ``num_layers``: the final post-norm hidden state) — what EAGLE heads read."""
         ...
 
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:
