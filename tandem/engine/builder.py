@@ -35,7 +35,7 @@ from tandem.models.decoder import CausalLM
 from tandem.scheduler import Scheduler
 from tandem.spec_decode.proposers import EngineProposer, build_proposer
 from tandem.spec_decode.speculator import AnySpeculator, build_speculator
-from tandem.worker.head_runner import HeadRunner
+from tandem.worker.head_runner import make_head_runner
 from tandem.worker.runner import ModelRunner, make_runner
 
 logger = logging.getLogger("tandem")
@@ -105,6 +105,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         if head_cfg.kind != spec.method:
             raise ConfigError("method", f"{spec.model!r} is an {head_cfg.kind!r} head, not {spec.method!r}",
                               allowed=[head_cfg.kind])
+    features = head_cfg.feature_layers(arch.num_layers) if head_cfg is not None else ()
 
     # ---- KV cache sizing: target (+ draft) share one block table --------------------------------
     block_size = cache.block_size
@@ -129,7 +130,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
                 source, num_blocks, block_size, num_blocks * block_size, num_blocks * bpb / 2**20)
     pool = BlockPool(num_blocks, enable_caching=cache.enable_prefix_caching)
     runner = make_runner(model, allocate_kv_cache(arch, num_blocks, block_size, dtype, device), block_size,
-                         device, runner_cfg, max_model_len=max_model_len, lookahead=lookahead)
+                         device, runner_cfg, max_model_len=max_model_len, lookahead=lookahead,
+                         feature_layers=features)
     runners = [runner]
     draft_runner = None
     if draft_arch is not None and spec is not None:
@@ -144,8 +146,10 @@ def build_engine(config: EngineConfig) -> EngineParts:
         head = load_eagle_head(head_cfg, max_model_len + k + 1, dtype, device,
                                dummy=model_cfg.load_format == "dummy", seed=model_cfg.seed)
         head.bind_target(model.model.embed_tokens, model.model.embed_scale, model.lm_head_weight)
-        head_runner = HeadRunner(head, allocate_kv_cache(head_cfg.layer, num_blocks, block_size, dtype, device)[0],
-                                 block_size, device)
+        head_runner = make_head_runner(head, allocate_kv_cache(head_cfg.layer, num_blocks, block_size, dtype, device)[0],
+                                       block_size, device, spec.draft_runner_config(runner_cfg),
+                                       max_model_len=max_model_len, lookahead=lookahead)
+        runners.append(head_runner)
 
     stats = EngineStats()
     proposer = build_proposer(spec, draft_runner, generator, head_runner)
@@ -164,6 +168,6 @@ def build_engine(config: EngineConfig) -> EngineParts:
         decoder=NO_TEXT if tokenizer is None else fast_decoder(tokenizer),
         max_model_len=max_model_len, eos_token_ids=tuple(sorted(eos)), generator=generator, model=model,
         runner=runner, num_blocks=num_blocks, pool=pool, scheduler=scheduler, stats=stats, proposer=proposer,
-        speculator=speculator, target_features=head_runner.head.cfg.feature_layers(arch.num_layers) if head_runner else (),
+        speculator=speculator, target_features=features,
         async_scheduling=device.type == "cuda" if use_async is None else bool(use_async),
     )

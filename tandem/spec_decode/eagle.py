@@ -32,7 +32,7 @@ from tandem.request import Request
 from tandem.scheduler import SchedulerOutput
 from tandem.spec_decode.base import DraftProposal
 from tandem.worker.batch import SeqChunk
-from tandem.worker.head_runner import HeadRunner
+from tandem.worker.head_runner import AnyHeadRunner
 
 
 @dataclass
@@ -48,7 +48,7 @@ class _Features:
 class EagleProposer:
     drafts_on_host_for_free = False  # every draft costs a head forward
 
-    def __init__(self, runner: HeadRunner) -> None:
+    def __init__(self, runner: AnyHeadRunner) -> None:
         self.runner = runner
         self.head = runner.head
         self._features: dict[str, _Features] = {}
@@ -56,6 +56,7 @@ class EagleProposer:
     # ---- features from the target ---------------------------------------------------------------
     def record_features(self, sched: SchedulerOutput, features: torch.Tensor) -> None:
         """Keep the features of every query row of a target step ([T, F], rows in schedule order)."""
+        features = features.clone()  # the CUDA runner's are views of graph outputs, reused next step
         t = 0
         for s in sched.scheduled:
             n = s.num_new_tokens
@@ -98,8 +99,8 @@ class EagleProposer:
         if not chunks:
             return DraftProposal(drafts, None)
         step = self.runner.forward(chunks, rows, self.head_inputs(torch.cat(hidden)))
-        if active:
-            self._chain(reqs, ks, active, step.token_ids, step.feedback, drafts)
+        if active:  # (clone: a CUDA runner's outputs are graph buffers the next step overwrites)
+            self._chain(reqs, ks, active, step.token_ids.clone(), step.feedback, drafts)
         return DraftProposal(drafts, None)
 
     def head_inputs(self, features: torch.Tensor) -> torch.Tensor:
@@ -138,7 +139,7 @@ class EagleProposer:
             chunks = [SeqChunk([0], reqs[i].num_tokens - 2 + j, reqs[i].block_ids) for i in live]
             step = self.runner.forward(chunks, range(len(live)), feedback, token_ids=tok)
             feedback = step.feedback
-            steps.append((live, step.token_ids))
+            steps.append((live, step.token_ids.clone()))
             j += 1
         flat = torch.cat([t for _, t in steps]).tolist()
         pos = 0

@@ -26,7 +26,7 @@ from tandem.spec_decode.draft_model import DraftModelProposer
 from tandem.spec_decode.eagle import EagleProposer
 from tandem.spec_decode.ngram import NgramProposer
 from tandem.spec_decode.suffix import SuffixProposer
-from tandem.worker.head_runner import HeadRunner
+from tandem.worker.head_runner import AnyHeadRunner
 from tandem.worker.runner import ModelRunner
 
 
@@ -59,7 +59,7 @@ class TokenProposerAdapter:
 
 
 def build_proposer(cfg: SpeculativeConfig | None, draft_runner: ModelRunner | None,
-                   generator: torch.Generator, head_runner: HeadRunner | None = None) -> EngineProposer | None:
+                   generator: torch.Generator, head_runner: AnyHeadRunner | None = None) -> EngineProposer | None:
     if cfg is None:
         return None
     if cfg.method == "ngram":

@@ -14,24 +14,19 @@ runner's fused kernels are not used for the head (its one layer is small next to
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
+from tandem.config.runner import RunnerConfig
 from tandem.models.eagle import EagleHead
 from tandem.models.forward_context import ForwardContext, KVCache
 from tandem.models.torch_kernels import TORCH_KERNELS
 from tandem.worker.attention import TorchAttention
 from tandem.worker.batch import SeqChunk
+from tandem.worker.head_step import HeadStep
 from tandem.worker.input_packer import layout, pack, step_tensors
-
-
-@dataclass(frozen=True)
-class HeadStep:
-    token_ids: torch.Tensor  # [R] int64 target ids: the greedy draft of each requested row
-    feedback: torch.Tensor  # [R, H] the hidden input of the next draft step for those rows
-    logits: torch.Tensor  # [R, draft_vocab] float32 (tests, probabilistic policies)
 
 
 class HeadRunner:
@@ -41,6 +36,9 @@ class HeadRunner:
         self.block_size = block_size
         self.device = device
         self.attention = TorchAttention()
+
+    def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:
+        """Nothing to compile or capture on the torch path."""
 
     @torch.inference_mode()
     def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], hidden: torch.Tensor,
@@ -66,3 +64,24 @@ class HeadRunner:
             out = out.index_select(0, inputs[r_off:r_off + len(rows)])
         logits = self.head.logits(out)
         return HeadStep(self.head.draft_to_target[logits.argmax(dim=-1)], self.head.feedback(out), logits)
+
+
+class AnyHeadRunner(Protocol):
+    head: EagleHead
+
+    def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], hidden: torch.Tensor,
+                token_ids: torch.Tensor | None = None) -> HeadStep: ...
+
+    def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None: ...
+
+
+def make_head_runner(head: EagleHead, kv_cache: KVCache, block_size: int, device: torch.device,
+                     cfg: RunnerConfig, *, max_model_len: int, lookahead: int) -> AnyHeadRunner:
+    """The CUDA head runner (Triton attention, graphs unless ``cfg.cuda_graphs`` is off) on CUDA
+    unless ``cfg.backend == "torch"``; this torch runner otherwise."""
+    if device.type == "cuda" and cfg.backend != "torch":
+        from tandem.worker.gpu_head_runner import GpuHeadRunner  # imports Triton: CUDA only
+
+        return GpuHeadRunner(head, kv_cache, block_size, device, max_model_len=max_model_len,
+                             lookahead=lookahead, use_graphs=cfg.cuda_graphs, max_graph_batch=cfg.max_graph_batch)
+    return HeadRunner(head, kv_cache, block_size, device)

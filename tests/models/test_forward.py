@@ -61,5 +61,6 @@ def test_torch_runner_selects_rows_and_picks_torch_backends(tmp_path):
     # id num_layers: the final post-norm hidden state (EAGLE-1), whose LM-head product is the logits
     n = runner.model.arch.num_layers
     final = runner.forward(chunks, range(5), aux_layers=(n,)).aux_hidden[0]
-    torch.testing.assert_close(runner.model.compute_logits(final), every.logits, rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():
+        torch.testing.assert_close(runner.model.compute_logits(final), every.logits, rtol=1e-5, atol=1e-5)
     assert runner.forward([], []).logits.shape == (0, runner.model.arch.vocab_size)
