@@ -218,3 +218,18 @@ def test_sampled_distribution_matches_target(target, heads):
     assert 0 < st.num_accepted_tokens < st.num_draft_tokens
     # (that the test detects a wrong recovery step with one-hot q is shown in test_speculative.py,
     # where the drafts are the target's own argmax: this random head's drafts are rarely likely)
+
+
+def test_dummy_target_opens_its_head_as_dummy(tmp_path, target, heads):
+    """load_format="dummy": the head directory needs only its config.json (random weights)."""
+    import shutil
+
+    cfg_only = tmp_path / "cfg_only"
+    cfg_only.mkdir()
+    shutil.copy(heads["speculators"] / "config.json", cfg_only / "config.json")
+    llm = make_llm(target, load_format="dummy", speculative_config={"method": "eagle3", "model": str(cfg_only),
+                                                                  "num_speculative_tokens": 3})
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], greedy(8), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 8 and llm.engine.stats.spec.num_draft_tokens > 0
+    with pytest.raises(ModelLoadError, match="no \\*.safetensors"):
+        make_llm(target, speculative_config={"method": "eagle3", "model": str(cfg_only), "num_speculative_tokens": 3})

@@ -80,7 +80,7 @@ def test_gpu_head_runner_drafts_like_the_torch_head_runner(tmp_path):
         a = torch_r.forward(chunks, rows, hidden)
         b = gpu_r.forward(chunks, rows, hidden)
         assert torch.equal(a.token_ids, b.token_ids), lens
-        assert rel(b.feedback, a.feedback) < 1e-4, lens
+        assert rel(b.feedback, a.feedback) < 2e-3, lens  # float32 matmuls on CUDA may use TF32
         done = [d + n for d, n in zip(done, lens)]
     assert gpu_r.num_graph_steps >= 3 and gpu_r.num_eager_steps >= 1
 
