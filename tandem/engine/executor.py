@@ -65,6 +65,8 @@ class Executor:
         """The target forward: logits of ``rows``; with features attached, also hands the features
         of every query row to the sink."""
         if not self.feature_layers or self.feature_sink is None:
+            if token_ids is None:
+                return self.runner.forward_logits(chunks, rows)
             return self.runner.forward_logits(chunks, rows, token_ids=token_ids)
         step = self.runner.forward(chunks, rows, token_ids=token_ids, aux_layers=self.feature_layers)
         aux = step.aux_hidden
