@@ -1,0 +1,51 @@
+"""Where training runs: the device, the mixed-precision context and the engine settings used for
+generation and evaluation on it."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+# Engines built by training share the device with it: generation's engine is freed before training
+# starts, but the evaluation engines run next to the trained head, so keep their KV cache modest.
+CUDA_ENGINE_MEMORY_FRACTION = 0.45
+CPU_ENGINE_KV_BYTES = 64 << 20
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        from tandem.errors import ConfigError
+
+        raise ConfigError("device", "CUDA was asked for but torch sees no CUDA device")
+    return dev
+
+
+def engine_kwargs(device: torch.device) -> dict[str, Any]:
+    """``LLM(...)`` keyword arguments for the engines that generate data and evaluate heads."""
+    if device.type == "cuda":
+        return {"device": str(device), "gpu_memory_utilization": CUDA_ENGINE_MEMORY_FRACTION}
+    return {"device": "cpu", "dtype": "float32", "kv_cache_memory_bytes": CPU_ENGINE_KV_BYTES, "block_size": 16}
+
+
+def autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast on CUDA (fp32 master weights), nothing on CPU (fp32 throughout)."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def default_batch_tokens(device: torch.device) -> int:
+    return 8192 if device.type == "cuda" else 1024
+
+
+def free_memory(device: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
