@@ -87,7 +87,8 @@ def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, ks: list[
         causal = torch.arange(n, device=q.device)[None, :] <= torch.arange(s, e, device=q.device)[:, None]
         scores = scores.masked_fill(~causal, float("-inf"))
         diag = [(qc * k[:, :, :, s:e]).sum(-1, keepdim=True) * scale for k in diag_k]  # [B, kvh, g, r, 1]
-        probs = torch.softmax(torch.cat([scores, *diag], dim=-1).float(), dim=-1).to(q.dtype)
+        scores = torch.cat([scores, *diag], dim=-1)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
         o = torch.matmul(probs[..., :n], v0t)
         for i, v in enumerate(diag_v):
             o = o + probs[..., n + i:n + i + 1] * v[:, :, :, s:e]

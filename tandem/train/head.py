@@ -87,7 +87,8 @@ def build_head(ecfg: EagleConfig, target: CausalLM, vocab: DraftVocab, max_posit
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * INIT_STD)
         if head.lm_head is not None:
-            head.lm_head.weight.copy_(target.lm_head_weight.detach().float().cpu()[vocab.kept])
+            kept = vocab.kept.to(target.lm_head_weight.device)
+            head.lm_head.weight.copy_(target.lm_head_weight.detach().index_select(0, kept).float().cpu())
         if ecfg.kind == "eagle3":
             w = target.model.norm.weight.detach().float().cpu()
             head.norm.weight.copy_(w + 1.0 if target.model.norm.offset else w)

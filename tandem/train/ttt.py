@@ -17,6 +17,7 @@ Agreement (validation): the head's argmax, mapped to target ids, equals the targ
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -64,28 +65,19 @@ def _chunk_loss(head: EagleHead, target: FrozenTarget, columns: torch.Tensor | N
     return (ce * weight).sum(), logq.detach().argmax(-1)
 
 
-def unroll(head: EagleHead, target: FrozenTarget, tout: TargetOutput, batch: Batch, t2d: torch.Tensor | None,
-           columns: torch.Tensor | None, steps: int, decay: float, grad: bool) -> UnrollResult:
-    """``t2d``/``columns``: the draft vocabulary's mask and kept ids (None for EAGLE-1)."""
-    b, n = batch.shape
+def head_steps(head: EagleHead, features: torch.Tensor, ids: torch.Tensor, steps: int) -> Iterator[torch.Tensor]:
+    """The head's pre-norm output [B·L, H] at each unroll step over the [B, L] grid ``ids``."""
+    b, n = ids.shape
     rows = b * n
     attn = head.self_attn
     h, kvh, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
-    eval_rows = loss_positions(batch)
-    in_vocab = t2d[tout.argmax].view(b, n) if t2d is not None else torch.ones_like(eval_rows)
-    tgt_argmax = tout.argmax.view(b, n)
-    tgt_hidden = tout.hidden.view(b, n, -1)
-    positions = torch.arange(n, device=batch.ids.device).repeat(b)
-    vocab = columns.numel() if columns is not None else target.arch.vocab_size
-    chunk = max(64, LOSS_CHUNK_ELEMENTS // vocab)
-    hidden = head.fuse(tout.features) if head.cfg.kind == "eagle3" else tout.features
+    positions = torch.arange(n, device=ids.device).repeat(b)
+    hidden = head.fuse(features) if head.cfg.kind == "eagle3" else features
     k0 = v0 = None
     ks: list[torch.Tensor] = []
     vs: list[torch.Tensor] = []
-    total = torch.zeros((), device=batch.ids.device)
-    result = UnrollResult(total, [], [], [])
     for j in range(steps):
-        tok = shift(batch.ids, 1 + j).reshape(rows)
+        tok = shift(ids, 1 + j).reshape(rows)
         qkv, residual = head.qkv(head.embed(tok), hidden)
         q, k, v = split_qkv(attn, qkv, positions + j)
         q, k, v = q.view(b, n, h, d), k.view(b, n, kvh, d), v.view(b, n, kvh, d)
@@ -96,8 +88,24 @@ def unroll(head: EagleHead, target: FrozenTarget, tout: TargetOutput, batch: Bat
             vs.append(v)
         o = ttt_attention(q, k0, v0, ks, vs, attn.scale).reshape(rows, h * d)
         out = head.finish(o, residual)
+        yield out
         hidden = head.feedback(out)
 
+
+def unroll(head: EagleHead, target: FrozenTarget, tout: TargetOutput, batch: Batch, t2d: torch.Tensor | None,
+           columns: torch.Tensor | None, steps: int, decay: float, grad: bool) -> UnrollResult:
+    """``t2d``/``columns``: the draft vocabulary's mask and kept ids (None for EAGLE-1)."""
+    b, n = batch.shape
+    rows = b * n
+    eval_rows = loss_positions(batch)
+    in_vocab = t2d[tout.argmax].view(b, n) if t2d is not None else torch.ones_like(eval_rows)
+    tgt_argmax = tout.argmax.view(b, n)
+    tgt_hidden = tout.hidden.view(b, n, -1)
+    vocab = columns.numel() if columns is not None else target.arch.vocab_size
+    chunk = max(64, LOSS_CHUNK_ELEMENTS // vocab)
+    total = torch.zeros((), device=batch.ids.device)
+    result = UnrollResult(total, [], [], [])
+    for j, out in enumerate(head_steps(head, tout.features, batch.ids, steps)):
         counted = shift(eval_rows, 1 + j).reshape(rows)
         idx = counted.nonzero().squeeze(1)
         weight = shift(in_vocab & eval_rows, 1 + j).reshape(rows)[idx].float()
