@@ -25,11 +25,14 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-def engine_kwargs(device: torch.device) -> dict[str, Any]:
-    """``LLM(...)`` keyword arguments for the engines that generate data and evaluate heads."""
+def engine_kwargs(device: torch.device, max_model_len: int) -> dict[str, Any]:
+    """``LLM(...)`` keyword arguments for the engines that generate data and evaluate heads
+    (``max_model_len``: the longest prompt + answer, so the KV cache is sized for the work)."""
     if device.type == "cuda":
-        return {"device": str(device), "gpu_memory_utilization": CUDA_ENGINE_MEMORY_FRACTION}
-    return {"device": "cpu", "dtype": "float32", "kv_cache_memory_bytes": CPU_ENGINE_KV_BYTES, "block_size": 16}
+        return {"device": str(device), "gpu_memory_utilization": CUDA_ENGINE_MEMORY_FRACTION,
+                "max_model_len": max_model_len}
+    return {"device": "cpu", "dtype": "float32", "kv_cache_memory_bytes": CPU_ENGINE_KV_BYTES, "block_size": 16,
+            "max_model_len": max_model_len}
 
 
 def autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:

@@ -35,12 +35,12 @@ class EngineEval:
 
 
 def engine_eval(target: str, head_dir: Path, method: str, prompts: list[list[int]], k: int, max_tokens: int,
-                device: torch.device) -> EngineEval:
+                device: torch.device, max_model_len: int) -> EngineEval:
     from tandem.engine.llm import LLM
     from tandem.sampling_params import SamplingParams
 
     llm = LLM(target, speculative_config={"method": method, "model": str(head_dir), "num_speculative_tokens": k},
-              **engine_kwargs(device))
+              **engine_kwargs(device, max_model_len))
     t0 = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)

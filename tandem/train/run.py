@@ -55,16 +55,20 @@ def run_train(cfg: TrainConfig, command: str, stop_at_step: int | None = None) -
     out.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
     torch.manual_seed(cfg.seed)
+    if device.type == "cuda":  # fp32 matmuls outside autocast (few) may use TF32
+        torch.backends.cuda.matmul.allow_tf32 = True
 
-    data = build_data(cfg, lambda: LLM(cfg.target, **engine_kwargs(device)))
+    ckpt = open_checkpoint(cfg.target)
+    arch = ckpt.arch
+    max_model_len = min(arch.max_position_embeddings, cfg.max_prompt_tokens + cfg.max_tokens + 16)
+    data = build_data(cfg, lambda: LLM(cfg.target, **engine_kwargs(device, max_model_len)))
     free_memory(device)
-    if not data.val:
-        raise ConfigError("val_prompts", "no held-out sequence survived generation")
+    if not data.val or not data.train:
+        raise ConfigError("num_prompts", f"generation left {len(data.train)} training and {len(data.val)} "
+                          "held-out sequences; both must be non-empty")
     seconds["data"] = time.monotonic() - t_start
 
     t = time.monotonic()
-    ckpt = open_checkpoint(cfg.target)
-    arch = ckpt.arch
     batch_tokens = cfg.batch_tokens or default_batch_tokens(device)
     longest = min(batch_tokens, max(len(s.tokens) for s in data.train + data.val))
     max_positions = longest + cfg.ttt_steps + 2
@@ -101,7 +105,8 @@ def run_train(cfg: TrainConfig, command: str, stop_at_step: int | None = None) -
 
     t = time.monotonic()
     prompts = [s.tokens[:s.prompt_len].tolist() for s in data.val][: cfg.eval_prompts or len(data.val)]
-    evals = [engine_eval(cfg.target, out, cfg.method, prompts, k, cfg.max_tokens, device) for k in cfg.eval_k]
+    evals = [engine_eval(cfg.target, out, cfg.method, prompts, k, cfg.max_tokens, device, max_model_len)
+             for k in cfg.eval_k]
     seconds["eval"] = time.monotonic() - t
     seconds["total"] = time.monotonic() - t_start
     if evals:

@@ -129,7 +129,8 @@ class Trainer:
         planned = self.planned
         stopped = "done"
         self.head.train()
-        bar = tqdm(total=planned, initial=st.step, desc="train-draft", dynamic_ncols=True)
+        bar = tqdm(total=planned, initial=st.step, desc="train-draft", dynamic_ncols=True,
+                   mininterval=2.0)
         while st.step < planned:
             if self.stop_at_step is not None and st.step >= self.stop_at_step:
                 stopped = "stop_at_step"
