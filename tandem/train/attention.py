@@ -100,7 +100,7 @@ def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, ks: list[
 def ttt_attention_reference(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, ks: list[torch.Tensor],
                             vs: list[torch.Tensor], scale: float) -> torch.Tensor:
     """The same attention as a slow loop over batches, rows and heads (the test's reference)."""
-    b, n, h, d = q.shape
+    b, n, h, _ = q.shape
     g = h // k0.shape[2]
     out = torch.zeros_like(q)
     for bi in range(b):

@@ -44,7 +44,7 @@ def machine(device: torch.device) -> str:
 
 
 def write_report(out: Path, s: RunSummary) -> None:
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     r = s.result
     info: dict[str, Any] = {
         "command": s.command, "date": now, "machine": machine(s.device), "config": s.cfg.to_dict(),
@@ -61,20 +61,20 @@ def write_report(out: Path, s: RunSummary) -> None:
     acc = ", ".join(f"{a:.3f}" for a in r.final.acceptance)
     lines = [
         f"# {s.cfg.method.upper()} head for `{s.cfg.target}`", "",
-        "Trained with tandem's `train-draft` on the target's own answers (online distillation, "
-        "training-time-test unroll; docs/training.md).", "",
+        ("Trained with tandem's `train-draft` on the target's own answers (online distillation, "
+         "training-time-test unroll; docs/training.md)."), "",
         "## Command", "", "```", s.command, "```", "",
         f"- Date: {now}", f"- Machine: {machine(s.device)}",
-        f"- Data: {s.data.source}; {len(s.data.train)} training prompts answered by the target "
-        f"({s.data.num_generated_tokens} generated tokens, max_tokens {s.cfg.max_tokens}, temperature "
-        f"{s.cfg.temperature}), {len(s.data.val)} held-out prompts never trained on. Prompt indices "
-        "(positions in the source after loading) are in `training.json` "
-        "(`data.train_prompt_indices`, `data.val_prompt_indices`).",
+        (f"- Data: {s.data.source}; {len(s.data.train)} training prompts answered by the target "
+         f"({s.data.num_generated_tokens} generated tokens, max_tokens {s.cfg.max_tokens}, temperature "
+         f"{s.cfg.temperature}), {len(s.data.val)} held-out prompts never trained on. Prompt indices "
+         "(positions in the source after loading) are in `training.json` "
+         "(`data.train_prompt_indices`, `data.val_prompt_indices`)."),
         f"- Held-out prompt indices: {s.data.val_indices}",
         f"- Draft vocabulary: {s.vocab_size} ids covering {100 * s.coverage:.2f} % of generated tokens",
         f"- Head parameters: {s.head_params:,} ({2 * s.head_params / 2**20:.1f} MiB in bf16)",
-        f"- Training: {r.steps} steps ({r.stopped}), TTT steps {s.cfg.ttt_steps}, lr {s.cfg.lr}, "
-        f"{r.seconds:.0f} s",
+        (f"- Training: {r.steps} steps ({r.stopped}), TTT steps {s.cfg.ttt_steps}, lr {s.cfg.lr}, "
+         f"{r.seconds:.0f} s"),
         "- Phases (wall s): " + ", ".join(f"{k} {v:.1f}" for k, v in s.seconds.items()), "",
         "## Held-out validation (training unroll, teacher-forced greedy agreement)", "",
         f"Acceptance per position: {acc}; expected tau {r.final.tau:.3f}; loss {r.final.loss:.4f}.", "",

@@ -12,7 +12,12 @@ import torch
 
 from tandem.errors import ConfigError, ModelLoadError
 from tandem.train.config import TrainConfig
-from tandem.train.device import default_batch_tokens, engine_kwargs, free_memory, resolve_device
+from tandem.train.device import (
+    default_batch_tokens,
+    engine_kwargs,
+    free_memory,
+    resolve_device,
+)
 from tandem.train.report import RunSummary
 
 logger = logging.getLogger("tandem.train")
@@ -42,7 +47,12 @@ def run_train(cfg: TrainConfig, command: str, stop_at_step: int | None = None) -
     from tandem.train.data import build_data
     from tandem.train.evaluate import engine_eval, format_table
     from tandem.train.export import save_head
-    from tandem.train.head import build_head, count_parameters, head_config, layer_config
+    from tandem.train.head import (
+        build_head,
+        count_parameters,
+        head_config,
+        layer_config,
+    )
     from tandem.train.report import write_report
     from tandem.train.target import FrozenTarget
     from tandem.train.trainer import Trainer

@@ -15,15 +15,15 @@ import random
 
 import pytest
 import torch
+from engine_utils import make_llm
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from tiny_models import write_tiny_hf_checkpoint
 
-from engine_utils import make_llm
 from tandem.cli import main
 from tandem.loader.checkpoint import open_checkpoint
 from tandem.loader.eagle import load_eagle_head, read_eagle_config
 from tandem.sampling_params import SamplingParams
-from tiny_models import write_tiny_hf_checkpoint
 
 WORDS = ["the", "cat", "dog", "runs", "fast", "slow", "a", "red", "blue", "sky", "is", "big", "small", "and"]
 

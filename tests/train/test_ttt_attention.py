@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.train.attention import PaddedBatchMeta, PaddedCausalAttention, ttt_attention, ttt_attention_reference
+from tandem.train.attention import (
+    PaddedBatchMeta,
+    PaddedCausalAttention,
+    ttt_attention,
+    ttt_attention_reference,
+)
 
 
 @pytest.mark.parametrize("steps", [0, 1, 3])

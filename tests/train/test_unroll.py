@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import write_tiny_hf_checkpoint
 
-from tandem.loader.checkpoint import open_checkpoint
 from tandem.engine.model_loader import build_model
+from tandem.loader.checkpoint import open_checkpoint
 from tandem.train.batches import Batch
 from tandem.train.config import TrainConfig
 from tandem.train.head import build_head, head_config, trainable_parameters
@@ -17,7 +18,6 @@ from tandem.train.target import FrozenTarget
 from tandem.train.ttt import head_steps
 from tandem.train.vocab import full_vocab
 from tandem.worker.attention import split_qkv
-from tiny_models import write_tiny_hf_checkpoint
 
 
 def _chain_reference(head, features, ids, steps):
