@@ -8,10 +8,11 @@ from typing import Any
 
 import torch
 
-# Engines built by training share the device with it: generation's engine is freed before training
-# starts, but the evaluation engines run next to the trained head, so keep their KV cache modest.
-CUDA_ENGINE_MEMORY_FRACTION = 0.45
-CPU_ENGINE_KV_BYTES = 64 << 20
+# Engines built by training get a fixed KV cache (not a fraction of free memory): the device also
+# holds the training target/head or an engine not yet collected, and a fixed size keeps every
+# engine independent of that. 8 GiB holds 256 sequences of 784 tokens of SmolLM2 (23 KB/token).
+CUDA_ENGINE_KV_BYTES = 8 << 30
+CPU_ENGINE_KV_BYTES = 256 << 20
 
 
 def resolve_device(name: str) -> torch.device:
@@ -29,8 +30,7 @@ def engine_kwargs(device: torch.device, max_model_len: int) -> dict[str, Any]:
     """``LLM(...)`` keyword arguments for the engines that generate data and evaluate heads
     (``max_model_len``: the longest prompt + answer, so the KV cache is sized for the work)."""
     if device.type == "cuda":
-        return {"device": str(device), "gpu_memory_utilization": CUDA_ENGINE_MEMORY_FRACTION,
-                "max_model_len": max_model_len}
+        return {"device": str(device), "kv_cache_memory_bytes": CUDA_ENGINE_KV_BYTES, "max_model_len": max_model_len}
     return {"device": "cpu", "dtype": "float32", "kv_cache_memory_bytes": CPU_ENGINE_KV_BYTES, "block_size": 16,
             "max_model_len": max_model_len}
 
