@@ -59,7 +59,8 @@ def load_prompts(data: str | None) -> tuple[list[list[dict[str, Any]]], str]:
         from tandem.bench.datasets import load_sharegpt_records, sharegpt_pairs
 
         pairs = sharegpt_pairs(load_sharegpt_records())
-        return [[{"role": "user", "content": p}] for p, _ in pairs], "sharegpt (first user turns)"
+        return ([[{"role": "user", "content": p}] for p, _ in pairs],
+                "ShareGPT first user turns (indices into bench.datasets.sharegpt_pairs(load_sharegpt_records()))")
     path = Path(data)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -82,7 +83,7 @@ def load_prompts(data: str | None) -> tuple[list[list[dict[str, Any]]], str]:
             raise ConfigError("data", f"{path}:{n}: expected {{\"prompt\": str}} or {{\"messages\": [...]}}")
     if not convs:
         raise ConfigError("data", f"{path} holds no prompts")
-    return convs, str(path)
+    return convs, f"{path} (indices: 0-based among its non-empty lines)"
 
 
 def _encode(tokenizer: Any, conv: list[dict[str, Any]]) -> list[int]:

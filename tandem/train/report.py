@@ -68,7 +68,7 @@ def write_report(out: Path, s: RunSummary) -> None:
         (f"- Data: {s.data.source}; {len(s.data.train)} training prompts answered by the target "
          f"({s.data.num_generated_tokens} generated tokens, max_tokens {s.cfg.max_tokens}, temperature "
          f"{s.cfg.temperature}), {len(s.data.val)} held-out prompts never trained on. Prompt indices "
-         "(positions in the source after loading) are in `training.json` "
+         "are in `training.json` "
          "(`data.train_prompt_indices`, `data.val_prompt_indices`)."),
         f"- Held-out prompt indices: {s.data.val_indices}",
         f"- Draft vocabulary: {s.vocab_size} ids covering {100 * s.coverage:.2f} % of generated tokens",

@@ -159,6 +159,8 @@ class Trainer:
             if st.step % cfg.checkpoint_every == 0:
                 self.save()
         bar.close()
+        if stopped == "done" and planned < self.planned:
+            stopped = "time budget"  # the schedule was fitted to the budget and ran to its end
         final = self.validate()
         self._record(final)
         self.save()

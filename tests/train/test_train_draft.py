@@ -129,6 +129,17 @@ def test_resume_continues_to_the_same_weights(setup):
     assert _report(base / "split")["training"]["steps"] == 6
 
 
+def test_time_budget_stops_training_and_still_saves(setup):
+    base = setup[0]
+    out = base / "budget"
+    assert main(_args(setup, out, "--max-steps", "100000", "--time-budget-s", "6", "--eval-reserve-s", "0",
+                      "--eval-k", "", "--ttt-steps", "2")) == 0
+    training = _report(out)["training"]
+    assert training["stopped"] == "time budget" and 0 < training["steps"] < 100000
+    assert training["planned_steps"] < 100000  # the schedule was fitted to the budget
+    assert (out / "model.safetensors").is_file()
+
+
 def test_bad_input_is_a_clear_error(setup, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "hi"}\n{"text": 3}\n')
@@ -139,3 +150,13 @@ def test_bad_input_is_a_clear_error(setup, tmp_path, capsys):
     assert "data" in capsys.readouterr().err
     assert main(_args(setup, tmp_path / "o", "--ttt-steps", "0")) == 2
     assert "ttt_steps" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_cuda_path_trains_and_the_engine_accepts(setup):
+    """The CUDA path (bf16 autocast, fused AdamW, the engines on the GPU) on the tiny target."""
+    base = setup[0]
+    out = base / "cuda"
+    assert main([*_args(setup, out, "--max-steps", "120", "--eval-k", "3"), "--device", "cuda"]) == 0
+    ev = _report(out)["engine_eval"][0]
+    assert ev["acceptance_rate"] >= 0.6, ev
