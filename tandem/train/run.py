@@ -102,6 +102,9 @@ def run_train(cfg: TrainConfig, command: str, stop_at_step: int | None = None) -
 
     t = time.monotonic()
     train_deadline = deadline - cfg.eval_reserve_s if deadline is not None else None
+    if train_deadline is not None and train_deadline <= time.monotonic():
+        logger.warning("time budget already spent before training (data %.0f s, setup %.0f s): the head stays "
+                       "untrained; raise --time-budget-s or reuse the data cache", seconds["data"], seconds["setup"])
     result = trainer.train(train_deadline)
     seconds["train"] = time.monotonic() - t
 
@@ -122,6 +125,7 @@ def run_train(cfg: TrainConfig, command: str, stop_at_step: int | None = None) -
     if evals:
         print(f"\nEngine measurement on {len(prompts)} held-out prompts (greedy, {cfg.max_tokens} tokens):")
         print(format_table(evals))
+    print("phases (wall s): " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()) + f"; head in {out}")
     summary = RunSummary(cfg, command, device, data, vocab.size, vocab.coverage, n_params, result, evals, seconds)
     write_report(out, summary)
     return summary
