@@ -1,0 +1,65 @@
+"""GrammarCompilerCache: constraints compiled against the model's vocabulary once, shared by requests.
+
+The vocabulary comes from the HF tokenizer (``xgrammar.TokenizerInfo.from_huggingface``) with the
+model's logits width as its size — a model's embedding table may be wider than the tokenizer's
+vocabulary; the extra ids are never allowed — and the engine's EOS ids as the stop tokens (the only
+tokens that end a grammar). Compiled grammars are kept in an LRU keyed by the constraint's canonical
+``key``, so twenty requests with one schema compile it once. Built lazily: an engine that never sees a
+structured request never builds the tokenizer info.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from tandem.errors import SamplingParamsError
+from tandem.structured.matcher import RequestGrammar
+from tandem.structured.params import StructuredOutputsParams, _xgrammar_message
+
+
+class GrammarCompilerCache:
+    def __init__(self, tokenizer_info: Any, max_cached: int = 256) -> None:
+        import xgrammar
+
+        self.info = tokenizer_info
+        self.vocab_size = int(tokenizer_info.vocab_size)
+        self.special = frozenset(int(t) for t in tokenizer_info.special_token_ids) - frozenset(
+            int(t) for t in tokenizer_info.stop_token_ids)
+        self._compiler = xgrammar.GrammarCompiler(tokenizer_info, max_threads=1, cache_enabled=False)
+        self._cache: OrderedDict[tuple[str, str, bool], Any] = OrderedDict()
+        self.max_cached = max_cached
+        self.num_compiled = 0  # compilations done (cache misses)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> GrammarCompilerCache:
+        """The cache for an HF tokenizer and a model whose logits are ``vocab_size`` wide."""
+        import xgrammar
+
+        size = max(int(vocab_size), len(tokenizer))
+        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=size,
+                                                       stop_token_ids=sorted(set(stop_token_ids)) or None)
+        return cls(info)
+
+    def compile(self, spec: StructuredOutputsParams) -> Any:
+        """The ``xgrammar.CompiledGrammar`` of ``spec`` (cached)."""
+        key = spec.key
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        grammar = spec.to_grammar()
+        try:
+            compiled = self._compiler.compile_grammar(grammar)
+        except RuntimeError as e:
+            raise SamplingParamsError(f"structured_outputs.{spec.kind}", _xgrammar_message(e)) from None
+        self.num_compiled += 1
+        self._cache[key] = compiled
+        if len(self._cache) > self.max_cached:
+            self._cache.popitem(last=False)
+        return compiled
+
+    def matcher(self, spec: StructuredOutputsParams) -> RequestGrammar:
+        """A fresh per-request matcher for ``spec``."""
+        return RequestGrammar(self.compile(spec), self.vocab_size, self.special)

@@ -1,0 +1,96 @@
+"""Structured output through the engine on a tiny random model: every output matches its constraint,
+with and without speculation (n-gram, suffix, draft model), greedy outputs are identical with and
+without it, and structured requests never take the asynchronous decode path."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from engine_utils import make_llm
+from tiny_models import write_tiny_hf_checkpoint
+
+from tandem.engine.async_decode import device_greedy
+from tandem.errors import SamplingParamsError
+from tandem.sampling_params import SamplingParams, StructuredOutputsParams
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "ok"],
+          "properties": {"name": {"type": "string", "pattern": "^[a-z]{1,6}$"},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 99}, "ok": {"type": "boolean"}}}
+PROMPTS = ['{"name": "abc", "age": 12, ', "the quick brown fox", "x"]
+
+
+def valid(text: str) -> bool:
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return False
+    return (isinstance(v, dict) and set(v) == {"name", "age", "ok"} and isinstance(v["name"], str)
+            and re.fullmatch("[a-z]{1,6}", v["name"]) is not None and type(v["age"]) is int and 0 <= v["age"] <= 99 and type(v["ok"]) is bool)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_hf_checkpoint(tmp_path_factory.mktemp("structured"), family="llama")
+
+
+def specs(ckpt: Path) -> dict[str, dict | None]:
+    return {"none": None,
+            "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3},
+            "suffix": {"method": "suffix", "num_speculative_tokens": 4},
+            "draft_model": {"method": "draft_model", "model": str(ckpt), "num_speculative_tokens": 3},
+            "draft_probabilistic": {"method": "draft_model", "model": str(ckpt), "num_speculative_tokens": 3,
+                                    "draft_sample_method": "probabilistic"}}
+
+
+def test_constraints_hold_with_every_speculation_method(ckpt: Path) -> None:
+    json_p = StructuredOutputsParams(json=SCHEMA)
+    greedy: dict[str, list[str]] = {}
+    for name, spec in specs(ckpt).items():
+        llm = make_llm(ckpt, max_model_len=256, speculative_config=spec, async_scheduling=True)
+        outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=200, structured_outputs=json_p))
+        greedy[name] = [o.outputs[0].text for o in outs]
+        sampled = llm.generate(PROMPTS, SamplingParams(temperature=1.0, seed=7, n=2, max_tokens=200,
+                                                        structured_outputs=json_p))
+        for o in outs + sampled:
+            for c in o.outputs:
+                assert c.finish_reason == "stop" and valid(c.text), (name, c.text)
+        regex = llm.generate(PROMPTS, SamplingParams(temperature=0.7, seed=1, max_tokens=20,
+                                                      structured_outputs={"regex": r"[a-c]{2,4}-\d\d"}))
+        assert all(re.fullmatch(r"[a-c]{2,4}-\d\d", o.outputs[0].text) for o in regex), name
+        choice = llm.generate(PROMPTS * 3, SamplingParams(temperature=1.0, seed=2, max_tokens=20,
+                                                           structured_outputs={"choice": ["yes", "no", "maybe"]}))
+        assert {o.outputs[0].text for o in choice} <= {"yes", "no", "maybe"}
+        # A plain request in the same engine is unaffected (and may still decode asynchronously).
+        plain = llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        assert len(plain[0].outputs[0].token_ids) == 8
+    for name, texts in greedy.items():
+        assert texts == greedy["none"], name
+
+
+def test_speculation_drafts_inside_the_grammar(ckpt: Path) -> None:
+    """With the target as its own draft model, greedy drafts are the target's argmax: after the cut at
+    the first refused token, every verified draft is accepted."""
+    llm = make_llm(ckpt, max_model_len=256, speculative_config=specs(ckpt)["draft_model"])
+    out = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=200,
+                                                structured_outputs=StructuredOutputsParams(json=SCHEMA)))
+    drafted = sum(c.num_draft_tokens for o in out for c in o.outputs)
+    accepted = sum(c.num_accepted_tokens for o in out for c in o.outputs)
+    assert drafted > 0 and accepted == drafted
+
+
+def test_structured_requests_stay_on_the_host(ckpt: Path) -> None:
+    llm = make_llm(ckpt, max_model_len=256)
+    llm.engine.add_request("a", "hello", SamplingParams(temperature=0, max_tokens=4,
+                                                         structured_outputs={"regex": "[a-z]+"}))
+    (r,) = llm.engine.scheduler.waiting
+    assert r.grammar is not None and not device_greedy(r, 1)
+
+
+def test_bad_constraint_fails_at_admission(ckpt: Path) -> None:
+    llm = make_llm(ckpt, max_model_len=256)
+    with pytest.raises(SamplingParamsError) as e:
+        llm.engine.add_request("a", "hello", SamplingParams(structured_outputs={"regex": "(("}))
+    assert e.value.field == "structured_outputs.regex"
