@@ -171,15 +171,17 @@ class HermesStream:
                 content.append(self.text[self.pos:i])
                 self.pos, self.in_call, self.args_start, self.args_sent = i + len(START), True, -1, 0
                 continue
-            if not self._call_step(finished, out):
+            ended, unparsed = self._call_step(finished, out)
+            content.append(unparsed)
+            if not ended:
                 break
         text = "".join(content)
         if self.calls:  # between and after calls: only whitespace is expected; drop it
             text = text if text.strip() else ""
         return text, out
 
-    def _call_step(self, finished: bool, out: list[DeltaToolCall]) -> bool:
-        """Advance inside a call; True when the call ended (continue scanning)."""
+    def _call_step(self, finished: bool, out: list[DeltaToolCall]) -> tuple[bool, str]:
+        """Advance inside a call: (the call ended, text to send as content: a block that is no call)."""
         body_end = self.text.find(END, self.pos)
         closed = body_end >= 0 or finished
         stop = body_end if body_end >= 0 else len(self.text)
@@ -193,14 +195,16 @@ class HermesStream:
                 self.args_start = self.pos + m.end()
             elif closed:
                 obj = _call_object(body.strip())
-                if obj is not None:  # name after arguments, or no arguments: one piece
-                    self.calls.append(tool_call_id())
-                    out.append(header_delta(index, self.calls[-1], obj["name"]))
-                    out.append(arguments_delta(index, json.dumps(obj.get("arguments", {}), ensure_ascii=False)))
+                start = self.pos - len(START)
                 self._close(stop)
-                return True
+                if obj is None:  # not a call: its text is content
+                    return True, self.text[start:self.pos]
+                self.calls.append(tool_call_id())  # name after arguments, or no arguments: one piece
+                out.append(header_delta(index, self.calls[-1], obj["name"]))
+                out.append(arguments_delta(index, json.dumps(obj.get("arguments", {}), ensure_ascii=False)))
+                return True, ""
             else:
-                return False
+                return False, ""
         raw = self.text[self.args_start:stop]
         if closed:
             final = raw.rstrip()
@@ -208,12 +212,12 @@ class HermesStream:
             if final[self.args_sent:]:
                 out.append(arguments_delta(index, final[self.args_sent:]))
             self._close(stop)
-            return True
+            return True, ""
         safe = raw[:len(raw) - _partial_suffix(raw, END)].rstrip(" \t\r\n}")
         if len(safe) > self.args_sent:
             out.append(arguments_delta(index, safe[self.args_sent:]))
             self.args_sent = len(safe)
-        return False
+        return False, ""
 
     def _close(self, stop: int) -> None:
         self.pos = min(len(self.text), stop + len(END)) if self.text.startswith(END, stop) else stop

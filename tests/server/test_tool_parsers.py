@@ -84,3 +84,12 @@ def test_tool_choice_rules() -> None:
         with pytest.raises(ToolError) as e:
             tool_mode(bad, param if param != "tools" else None, ToolConfig("hermes", True))
         assert e.value.param in ("tools", "tool_choice")
+
+
+def test_a_block_that_is_no_call_streams_as_content() -> None:
+    text = 'x <tool_call>{"name": broken</tool_call> y'
+    for cut in range(1, len(text)):
+        s = HermesToolParser().stream()
+        a, da = s.feed(text[:cut], False)
+        b, db = s.feed(text[cut:], True)
+        assert a + b == text and not da and not db
