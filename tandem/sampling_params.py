@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["SamplingParams", "StructuredOutputsParams"]
-
 from tandem.errors import SamplingParamsError
 from tandem.structured.params import StructuredOutputsParams, coerce
+
+__all__ = ["SamplingParams", "StructuredOutputsParams"]
 
 _GREEDY_EPS = 1e-5
 

@@ -12,8 +12,8 @@ distribution p at every verified position; ``rejection_sample`` accepts drafts a
 recovered / bonus token (requests without drafts are its k = 0 case). When every request of the step
 is greedy (and acceptance is not synthetic) ``greedy_verify`` gives the same tokens straight from
 the argmax. Structured requests' rows are masked by their grammar first (k + 1 masks per verify,
-``structured/step_masks.py``), so a draft outside the grammar is rejected. Logprobs come from the raw logits of the emitted tokens' rows. Nothing here mutates a
-request: the scheduler and the output processor apply the ``ModelRunnerOutput``.
+``structured/step_masks.py``), so a draft outside the grammar is rejected. Logprobs come from the raw
+logits of the emitted tokens' rows. Nothing here mutates a request: the scheduler and the output processor apply the ``ModelRunnerOutput``.
 
 Asynchronous decode (``launch``): a steady greedy decode step keeps its argmax on the device
 (``InflightStep``). A step scheduled while another is in flight decodes placeholders — tokens that
@@ -26,8 +26,8 @@ import torch
 
 from tandem.engine.async_decode import InflightStep
 from tandem.outputs import ModelRunnerOutput, PromptLogprobs, SampleLogprobs
-from tandem.sample.logits import probs_from_logits, process_logits
 from tandem.sample.grammar_mask import apply_grammar_bitmask
+from tandem.sample.logits import probs_from_logits, process_logits
 from tandem.sample.logprobs import compute_logprobs
 from tandem.sample.rejection import greedy_verify, rejection_sample
 from tandem.sample.rows import SamplingRow

@@ -7,8 +7,9 @@ checked in this order: EOS (unless ``ignore_eos``), ``stop_token_ids``, stop str
 ``min_tokens`` outputs exist — then ``max_tokens`` and ``max_model_len``. A stop can land in the
 middle of an accepted run: the tokens after it are dropped, so the output equals the one without
 speculation. A request with structured output advances its grammar with each token appended here (and
-only here: drafts never move it) and stops when the grammar has accepted its stop token. A finished request is handed to ``finish`` (the engine frees its blocks); its tokens
-still in flight on the device are discarded when they arrive.
+only here: drafts never move it) and stops when the grammar has accepted its stop token. A finished
+request is handed to ``finish`` (the engine frees its blocks); its tokens still in flight on the device
+are discarded when they arrive.
 
 Requests are grouped as the user sent them: ``n > 1`` fans out into n child Requests, and one
 ``RequestOutput`` per touched group carries all its children's ``CompletionOutput``s (cumulative

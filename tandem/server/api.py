@@ -50,8 +50,8 @@ from tandem.server.protocol import (
     error_body,
     random_id,
 )
-from tandem.server.responses import chat_events, chat_response, completion_events, completion_response
 from tandem.server.protocol_logprobs import TokenText
+from tandem.server.responses import chat_events, chat_response, completion_events, completion_response
 from tandem.server.serving import Prompt, ServerState, event_stream, submit, unless_disconnected
 from tandem.server.tools import ToolConfig, template_messages, tool_mode
 

@@ -22,8 +22,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.errors import RequestError
-from tandem.server.tool_parsers import (DeltaToolCall, HermesStream, HermesToolParser, ToolCall, arguments_delta,
-                                        get_tool_parser, header_delta, make_call, tool_call_id)
+from tandem.server.tool_parsers import (
+    DeltaToolCall,
+    HermesStream,
+    HermesToolParser,
+    ToolCall,
+    arguments_delta,
+    get_tool_parser,
+    header_delta,
+    make_call,
+    tool_call_id,
+)
 from tandem.structured.params import StructuredOutputsParams
 
 

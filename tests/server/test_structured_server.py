@@ -9,8 +9,8 @@ mask, the rollback of rejected drafts or the draft cut is wrong.
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys

@@ -28,7 +28,8 @@ def valid(text: str) -> bool:
     except ValueError:
         return False
     return (isinstance(v, dict) and set(v) == {"name", "age", "ok"} and isinstance(v["name"], str)
-            and re.fullmatch("[a-z]{1,6}", v["name"]) is not None and type(v["age"]) is int and 0 <= v["age"] <= 99 and type(v["ok"]) is bool)
+            and re.fullmatch("[a-z]{1,6}", v["name"]) is not None
+            and type(v["age"]) is int and 0 <= v["age"] <= 99 and type(v["ok"]) is bool)
 
 
 @pytest.fixture(scope="module")
