@@ -13,7 +13,8 @@ recovered / bonus token (requests without drafts are its k = 0 case). When every
 is greedy (and acceptance is not synthetic) ``greedy_verify`` gives the same tokens straight from
 the argmax. Structured requests' rows are masked by their grammar first (k + 1 masks per verify,
 ``structured/step_masks.py``), so a draft outside the grammar is rejected. Logprobs come from the raw
-logits of the emitted tokens' rows. Nothing here mutates a request: the scheduler and the output processor apply the ``ModelRunnerOutput``.
+logits of the emitted tokens' rows. Nothing here mutates a request: the scheduler and the output processor
+apply the ``ModelRunnerOutput``.
 
 Asynchronous decode (``launch``): a steady greedy decode step keeps its argmax on the device
 (``InflightStep``). A step scheduled while another is in flight decodes placeholders — tokens that
