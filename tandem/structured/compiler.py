@@ -14,19 +14,24 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from tandem.errors import SamplingParamsError
 from tandem.structured.matcher import RequestGrammar
 from tandem.structured.params import StructuredOutputsParams, _xgrammar_message
 
 
 class GrammarCompilerCache:
-    def __init__(self, tokenizer_info: Any, max_cached: int = 256) -> None:
+    def __init__(self, tokenizer_info: Any, max_cached: int = 256, special_token_ids: Sequence[int] = ()) -> None:
+        """``special_token_ids``: further ids no grammar may produce (the tokenizer's special tokens, which
+        xgrammar may take for text: ``<|im_start|>`` would otherwise match a JSON string's characters)."""
         import xgrammar
 
         self.info = tokenizer_info
         self.vocab_size = int(tokenizer_info.vocab_size)
-        self.special = frozenset(int(t) for t in tokenizer_info.special_token_ids) - frozenset(
-            int(t) for t in tokenizer_info.stop_token_ids)
+        stop = frozenset(int(t) for t in tokenizer_info.stop_token_ids)
+        self.special = frozenset(int(t) for t in (*tokenizer_info.special_token_ids, *special_token_ids)) - stop
+        self.keep = _keep_mask(self.vocab_size, self.special)
         self._compiler = xgrammar.GrammarCompiler(tokenizer_info, max_threads=1, cache_enabled=False)
         self._cache: OrderedDict[tuple[str, str, bool], Any] = OrderedDict()
         self.max_cached = max_cached
@@ -40,7 +45,10 @@ class GrammarCompilerCache:
         size = max(int(vocab_size), len(tokenizer))
         info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=size,
                                                        stop_token_ids=sorted(set(stop_token_ids)) or None)
-        return cls(info)
+        special = set(getattr(tokenizer, "all_special_ids", ()) or ())
+        special |= {int(i) for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
+                    if getattr(t, "special", False)}
+        return cls(info, special_token_ids=sorted(special))
 
     def compile(self, spec: StructuredOutputsParams) -> Any:
         """The ``xgrammar.CompiledGrammar`` of ``spec`` (cached)."""
@@ -62,4 +70,15 @@ class GrammarCompilerCache:
 
     def matcher(self, spec: StructuredOutputsParams) -> RequestGrammar:
         """A fresh per-request matcher for ``spec``."""
-        return RequestGrammar(self.compile(spec), self.vocab_size, self.special)
+        return RequestGrammar(self.compile(spec), self.vocab_size, self.special, self.keep)
+
+
+def _keep_mask(vocab_size: int, banned: frozenset[int]) -> torch.Tensor | None:
+    """An int32 bitmask row with the bits of ``banned`` cleared (None when nothing is banned)."""
+    ids = [t for t in banned if 0 <= t < vocab_size]
+    if not ids:
+        return None
+    words = torch.full(((vocab_size + 31) // 32,), -1, dtype=torch.int64)
+    for t in ids:
+        words[t // 32] &= ~(1 << (t % 32))
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # two's complement int32

@@ -18,7 +18,8 @@ Speculation never moves the committed state: drafts are explored tentatively and
 - ``is_terminated``: a stop token was accepted — the output is complete.
 
 EOS is allowed by a mask only where the grammar can end (xgrammar's stop tokens are the engine's EOS
-ids), so a request ends exactly when its output matches.
+ids), so a request ends exactly when its output matches. Other special tokens are never allowed:
+xgrammar may read a tokenizer's ``<|im_start|>`` as text, but the detokenizer drops it.
 """
 
 from __future__ import annotations
@@ -26,14 +27,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 
 class RequestGrammar:
-    def __init__(self, compiled: Any, vocab_size: int, special: frozenset[int] = frozenset()) -> None:
+    def __init__(self, compiled: Any, vocab_size: int, special: frozenset[int] = frozenset(),
+                 keep: torch.Tensor | None = None) -> None:
         import xgrammar
 
         self._matcher = xgrammar.GrammarMatcher(compiled)
         self.vocab_size = vocab_size  # bitmask width in tokens (model logits width or more)
         self._special = special  # ids no grammar accepts (special tokens other than the stop tokens)
+        self._keep = keep  # int32 bitmask row with those ids cleared (ANDed into every filled mask)
         self.num_accepted = 0
 
     def _refuses(self, token: int) -> bool:
@@ -76,6 +81,8 @@ class RequestGrammar:
         for j in range(len(drafts) + 1):
             if live and not m.is_terminated():
                 m.fill_next_token_bitmask(bitmask, row + j)
+                if self._keep is not None:
+                    bitmask[row + j, :self._keep.shape[0]] &= self._keep
             else:
                 bitmask[row + j].fill_(-1)  # never used: all allowed
                 live = False

@@ -132,3 +132,22 @@ def test_compiled_once_per_constraint(cache: GrammarCompilerCache) -> None:
         cache.matcher(StructuredOutputsParams(json={"type": "object", "properties": {"q": {"type": "integer"}}}))
         cache.matcher(StructuredOutputsParams(json='{"properties": {"q": {"type": "integer"}}, "type": "object"}'))
     assert cache.num_compiled == before + 1
+
+
+def test_special_tokens_never_allowed_even_if_xgrammar_reads_them_as_text() -> None:
+    """xgrammar takes "<s>" (id 1) for three characters; the tokenizer's special ids are banned anyway
+    (the detokenizer would drop them: the text would not match)."""
+    chars = list("<s>a")
+    vocab = ["<unk>", "<s>", "</s>", "<pad>"] + chars
+    info = xgrammar.TokenizerInfo(vocab, vocab_size=V, stop_token_ids=[EOS])
+    spec = StructuredOutputsParams(regex="(<s>)?a")
+    loose = GrammarCompilerCache(info).matcher(spec)
+    assert 1 in allowed(loose)[0]  # the premise: xgrammar alone allows it
+    strict = GrammarCompilerCache(info, special_token_ids=[0, 1, EOS, 3]).matcher(spec)
+    assert allowed(strict)[0] == {4, 7}  # "<" and "a"
+    assert strict.validate([1, 7]) == [] and not strict.accept(1)
+    assert strict.accept(7) and allowed(strict)[0] == {EOS}  # the stop token stays allowed
+    keep = GrammarCompilerCache(info, special_token_ids=[0, 31, 32, 39]).keep  # word edges, sign bit
+    assert keep is not None
+    banned = set(torch.nonzero(~unpack_bitmask(keep[None], V)[0]).flatten().tolist())
+    assert banned == {0, 31, 32, 39} | {t for t in info.special_token_ids if t != EOS}

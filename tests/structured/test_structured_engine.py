@@ -95,3 +95,40 @@ def test_bad_constraint_fails_at_admission(ckpt: Path) -> None:
     with pytest.raises(SamplingParamsError) as e:
         llm.engine.add_request("a", "hello", SamplingParams(structured_outputs={"regex": "(("}))
     assert e.value.field == "structured_outputs.regex"
+
+
+@pytest.mark.parametrize("sample_method", ["probabilistic", "greedy"])
+def test_sampled_structured_distribution_matches_target(tmp_path: Path, sample_method: str) -> None:
+    """Under a grammar, the drafted-and-verified token follows the same (masked) distribution with and
+    without speculation: a draft model sampling from its own q (its refused drafts kept and rejected,
+    so the recovered token comes from norm(max(p - q, 0))) or proposing its argmax (refused drafts cut)."""
+    from collections import Counter
+
+    from scipy.stats import chi2_contingency
+
+    target = write_tiny_hf_checkpoint(tmp_path, "llama", std=0.2, name="target")
+    draft = write_tiny_hf_checkpoint(tmp_path, "llama", std=0.2, name="close", num_hidden_layers=1)
+    # Every printable character: most of q's mass is allowed, the rest (ids the tokenizer never makes)
+    # is refused, so norm(max(p - q, 0)) differs from p and cutting refused sampled drafts is detected.
+    params = SamplingParams(temperature=1.0, max_tokens=4, structured_outputs={"regex": "[ -~]{3}"})
+    n = 2000
+
+    def counts(llm) -> Counter:
+        outs = llm.generate([{"prompt_token_ids": [5, 6, 7]}] * n, [params.clone(seed=i) for i in range(n)],
+                            use_tqdm=False)
+        assert all(re.fullmatch("[ -~]{3}", o.outputs[0].text) for o in outs)
+        return Counter(o.outputs[0].text[1] for o in outs)  # position 1: drafted and verified
+
+    plain = counts(make_llm(target, max_num_seqs=1024))
+    spec = make_llm(target, max_num_seqs=1024, speculative_config={
+        "method": "draft_model", "model": str(draft), "num_speculative_tokens": 2, "draft_sample_method": sample_method})
+    drafted = counts(spec)
+    st = spec.engine.stats.spec
+    assert 0 < st.num_accepted_tokens < st.num_draft_tokens
+    keys = sorted(set(plain) | set(drafted))
+    common = [k for k in keys if plain[k] + drafted[k] >= 10]
+    rare = [k for k in keys if k not in common]
+    table = [[c[k] for k in common] + [sum(c[k] for k in rare)] for c in (plain, drafted)]
+    if not rare:
+        table = [row[:-1] for row in table]
+    assert chi2_contingency(table)[1] > 1e-3
