@@ -3,8 +3,9 @@
 The vocabulary comes from the HF tokenizer (``xgrammar.TokenizerInfo.from_huggingface``) with the
 model's logits width as its size — a model's embedding table may be wider than the tokenizer's
 vocabulary; the extra ids are never allowed — and the engine's EOS ids as the stop tokens (the only
-tokens that end a grammar). Compiled grammars are kept in an LRU keyed by the constraint's canonical
-``key``, so twenty requests with one schema compile it once. Built lazily: an engine that never sees a
+tokens that end a grammar); the tokenizer's other special tokens are banned from every mask. Compiled
+grammars are kept in an LRU keyed by the constraint's canonical ``key``, so twenty requests with one
+schema compile it once. Built lazily: an engine that never sees a
 structured request never builds the tokenizer info.
 """
 
