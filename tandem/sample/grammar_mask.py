@@ -28,7 +28,7 @@ def apply_grammar_bitmask(processed: torch.Tensor, raw: torch.Tensor, bitmask: t
                           rows: list[int]) -> torch.Tensor:
     """``processed`` with the rows ``rows`` masked by ``bitmask`` (a new tensor; inputs unchanged)."""
     vocab = processed.shape[1]
-    allowed = unpack_bitmask(bitmask, vocab).to(processed.device)
+    allowed = unpack_bitmask(bitmask.to(processed.device, non_blocking=True), vocab)  # packed: 32x less to copy
     idx = torch.tensor(rows, dtype=torch.long, device=processed.device)
     sub = processed.index_select(0, idx).float().masked_fill(~allowed, float("-inf"))
     dead = sub.amax(dim=-1) == float("-inf")
