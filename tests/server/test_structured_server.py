@@ -261,6 +261,16 @@ def test_auto_tool_choice_needs_the_flag(ckpt: Path) -> None:
         ae.shutdown()
 
 
+def test_auto_tool_choice_flag_needs_a_parser(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tandem.server.cli import main
+
+    assert main([str(ckpt), "--device", "cpu", "--port", "1", "--enable-auto-tool-choice"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: enable_auto_tool_choice:") and "--tool-call-parser" in err[0]
+    with pytest.raises(SystemExit):
+        main([str(ckpt), "--tool-call-parser", "mistral"])
+
+
 @pytest.mark.slow
 def test_builtin_model_json_schema_and_tools(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The built-in SmolLM2: 20 json_schema requests with and without n-gram / draft-model speculation
