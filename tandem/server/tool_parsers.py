@@ -232,3 +232,70 @@ def get_tool_parser(name: str) -> HermesToolParser:
         return TOOL_PARSERS[name]()
     except KeyError:
         raise ValueError(f"unknown tool call parser {name!r}; available: {', '.join(TOOL_PARSERS)}") from None
+
+
+# ---- tool_choice "required": a JSON array of {"name", "parameters"} (forced by the grammar) ---------------
+_REQ_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"parameters"\s*:\s*(?=\S)', re.DOTALL)
+
+
+@dataclass
+class RequiredStream:
+    """Incremental parse of ``[{"name": ..., "parameters": {...}}, ...]`` (keys in that order, as the
+    grammar of ``tool_choice: required`` writes them): a call's header once its name is complete, then
+    chunks of its ``parameters`` text, holding back trailing ``}`` / whitespace until the call closes."""
+
+    text: str = ""
+    scan: int = 0
+    depth: int = 0
+    in_str: bool = False
+    esc: bool = False
+    obj_start: int = -1  # the open call object's "{" (-1: none open)
+    args_start: int = -1  # where its parameters begin (-1: header not sent)
+    args_sent: int = 0
+    calls: list[str] = field(default_factory=list)
+
+    @property
+    def has_calls(self) -> bool:
+        return bool(self.calls)
+
+    def feed(self, delta: str) -> list[DeltaToolCall]:
+        self.text += delta
+        out: list[DeltaToolCall] = []
+        for i in range(self.scan, len(self.text)):
+            ch = self.text[i]
+            if self.in_str:
+                self.esc, self.in_str = (False, True) if self.esc else (ch == "\\", ch != '"')
+                continue
+            if ch == '"':
+                self.in_str = True
+            elif ch in "{[":
+                self.depth += 1
+                if ch == "{" and self.depth == 2:
+                    self.obj_start, self.args_start, self.args_sent = i, -1, 0
+            elif ch in "}]":
+                if ch == "}" and self.depth == 2 and self.obj_start >= 0:
+                    self._header(i, out)
+                    if self.args_start >= 0:
+                        final = self.text[self.args_start:i].rstrip()
+                        if final[self.args_sent:]:
+                            out.append(arguments_delta(len(self.calls) - 1, final[self.args_sent:]))
+                    self.obj_start = -1
+                self.depth -= 1
+        self.scan = len(self.text)
+        if self.obj_start >= 0:
+            self._header(len(self.text), out)
+            if self.args_start >= 0:
+                safe = self.text[self.args_start:].rstrip(" \t\r\n}")
+                if len(safe) > self.args_sent:
+                    out.append(arguments_delta(len(self.calls) - 1, safe[self.args_sent:]))
+                    self.args_sent = len(safe)
+        return out
+
+    def _header(self, end: int, out: list[DeltaToolCall]) -> None:
+        if self.args_start >= 0:
+            return
+        m = _REQ_HEAD.match(self.text, self.obj_start, end)
+        if m is not None:
+            self.calls.append(tool_call_id())
+            out.append(header_delta(len(self.calls) - 1, self.calls[-1], json.loads(f'"{m.group(1)}"')))
+            self.args_start = m.end()

@@ -6,7 +6,8 @@ grammar that enforces ``required`` and a named function, and the tool calls of a
 - ``auto`` (the default when tools are given): the model decides; its text is parsed by the server's
   ``--tool-call-parser``. Needs ``--enable-auto-tool-choice`` (400 otherwise, as vLLM).
 - ``required``: the output is forced (grammar) to a JSON array of ``{"name", "parameters"}`` objects,
-  one or more calls of the given tools; each becomes a tool call.
+  one or more calls of the given tools; each becomes a tool call (streamed call by call,
+  ``tool_parsers.RequiredStream``).
 - ``{"type": "function", "function": {"name": N}}``: the output is forced to N's ``parameters`` schema
   and is the call's arguments.
 ``finish_reason`` is ``tool_calls`` when the output holds calls (and did not run out of tokens).
@@ -26,6 +27,7 @@ from tandem.server.tool_parsers import (
     DeltaToolCall,
     HermesStream,
     HermesToolParser,
+    RequiredStream,
     ToolCall,
     arguments_delta,
     get_tool_parser,
@@ -79,15 +81,32 @@ class ToolMode:
         if self.kind == "required":
             try:
                 items = json.loads(text)
-                return None, [make_call(c["name"], c.get("parameters", {})) for c in items]
+                calls = [make_call(c["name"], c.get("parameters", {})) for c in items]
             except (ValueError, TypeError, KeyError):
                 return text, []  # cut short (length): not a complete array
+            raw = _joined(RequiredStream().feed(text))  # the parameters as written (what streaming sends)
+            if len(raw) == len(calls) and all(json.loads(a) == json.loads(c.function.arguments)
+                                              for (_, a), c in zip(raw, calls)):
+                for (_, a), c in zip(raw, calls):
+                    c.function.arguments = a
+            return None, calls
         if self.kind == "auto" and self.parser is not None:
             return self.parser.extract(text)
         return text, []
 
     def stream(self) -> ToolStream:
         return ToolStream(self)
+
+
+def _joined(deltas: list[DeltaToolCall]) -> list[tuple[str, str]]:
+    """(name, arguments) per call of a list of streamed deltas."""
+    calls: dict[int, list[str]] = {}
+    for d in deltas:
+        entry = calls.setdefault(d.index, ["", ""])
+        if d.function is not None:
+            entry[0] = d.function.name if d.function.name is not None else entry[0]
+            entry[1] += d.function.arguments or ""
+    return [(n, a) for _, (n, a) in sorted(calls.items())]
 
 
 def _parameters(function: dict[str, Any]) -> dict[str, Any]:
@@ -159,6 +178,7 @@ class ToolStream:
     def __init__(self, mode: ToolMode) -> None:
         self.mode = mode
         self.hermes: HermesStream | None = mode.parser.stream() if mode.kind == "auto" and mode.parser else None
+        self.required = RequiredStream() if mode.kind == "required" else None
         self.text = ""
         self.started = False
         self.has_calls = False
@@ -178,15 +198,8 @@ class ToolStream:
             if delta:
                 out.append(arguments_delta(0, delta))
             return None, out
-        if kind == "required":
-            if not finished:
-                return None, []
-            content, calls = self.mode.extract(self.text)
-            self.has_calls = bool(calls)
-            if not calls:
-                return content, []
-            out = []
-            for i, c in enumerate(calls):
-                out += [header_delta(i, c.id, c.function.name), arguments_delta(i, c.function.arguments)]
+        if self.required is not None:
+            out = self.required.feed(delta)
+            self.has_calls = self.required.has_calls
             return None, out
         return delta, []

@@ -219,6 +219,13 @@ def test_required_tool_choice(live: dict[str, SimpleNamespace]) -> None:
             check_weather_args(call.function.arguments)
         else:
             assert call.function.name == "get_time" and json.loads(call.function.arguments)["zone"] in ("utc", "cet")
+    stream = live["ngram"].client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "weather and time"}], tools=[WEATHER, TIME],
+        tool_choice="required", max_tokens=250, temperature=0, stream=True)
+    calls, finish, content = _join_tool_deltas(stream)
+    assert finish == "tool_calls" and content == ""
+    assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == [
+        (c.function.name, c.function.arguments) for c in ch.message.tool_calls]
     # tool_choice none: plain content, no calls
     r = live["ngram"].client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], tools=[WEATHER], tool_choice="none",

@@ -93,3 +93,33 @@ def test_a_block_that_is_no_call_streams_as_content() -> None:
         a, da = s.feed(text[:cut], False)
         b, db = s.feed(text[cut:], True)
         assert a + b == text and not da and not db
+
+
+@pytest.mark.parametrize("text", [
+    '[{"name": "f", "parameters": {"a": "}]", "b": [1, {"c": 2}]}}, {"name":"g","parameters":{}}]',
+    '[ {\n "name" : "f\\"x" ,\n "parameters" : { "q" : "\\\\" }\n } ]',
+])
+def test_required_stream_deltas_join_to_the_calls(text: str) -> None:
+    fn = [{"type": "function", "function": {"name": n}} for n in ("f", "g", 'f"x')]
+    mode = tool_mode(fn, "required", ToolConfig())
+    _, calls = mode.extract(text)
+    assert calls and [json.loads(c.function.arguments) for c in calls] == [c["parameters"] for c in json.loads(text)]
+    rng = random.Random(1)
+    for trial in range(40):
+        s = mode.stream()
+        got: dict[int, dict] = {}
+        i = 0
+        while i < len(text):
+            j = len(text) if trial == 0 else min(len(text), i + rng.randint(1, 4))
+            content, deltas = s.feed(text[i:j], j == len(text))
+            assert content is None
+            for d in deltas:
+                if d.index not in got:
+                    assert d.id and d.function.name is not None
+                    got[d.index] = {"name": d.function.name, "args": d.function.arguments or ""}
+                else:
+                    assert d.id is None and d.function.name is None
+                    got[d.index]["args"] += d.function.arguments
+            i = j
+        assert [(g["name"], g["args"]) for _, g in sorted(got.items())] == [
+            (c.function.name, c.function.arguments) for c in calls]

@@ -138,7 +138,8 @@ def test_sampled_structured_distribution_matches_target(tmp_path: Path, sample_m
 
     plain = counts(make_llm(target, max_num_seqs=1024))
     spec = make_llm(target, max_num_seqs=1024, speculative_config={
-        "method": "draft_model", "model": str(draft), "num_speculative_tokens": 2, "draft_sample_method": sample_method})
+        "method": "draft_model", "model": str(draft), "num_speculative_tokens": 2,
+        "draft_sample_method": sample_method})
     drafted = counts(spec)
     st = spec.engine.stats.spec
     assert 0 < st.num_accepted_tokens < st.num_draft_tokens
