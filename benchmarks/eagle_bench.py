@@ -33,7 +33,10 @@ def load_chat_prompts(path: str | None, offset: int, n: int, exclude: set[int]) 
     """ShareGPT first user turns from ``offset`` on, skipping the indices in ``exclude`` (a head's
     training and validation prompts: the indices its training.json records)."""
     if path:
-        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        import gzip
+
+        raw = gzip.decompress(Path(path).read_bytes()) if path.endswith(".gz") else Path(path).read_bytes()
+        rows = [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
         texts = [r["prompt"] if isinstance(r, dict) else str(r) for r in rows]
     else:
         from tandem.bench.datasets import load_sharegpt_records, sharegpt_pairs
