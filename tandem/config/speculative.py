@@ -25,7 +25,7 @@ Defaults that differ from vLLM, on purpose:
   chooses how many drafts each request verifies (0..``num_speculative_tokens``) to maximise expected
   tokens per second from measured step costs and acceptance (``tandem/spec_decode/policy.py``), so
   a request stops drafting while speculation does not pay and resumes when it does. Default (None):
-  on; ``false`` drafts up to k every step as vLLM does.
+  on for CUDA targets, off elsewhere; ``false`` drafts up to k every step as vLLM does.
 - ``disable_by_batch_size`` (vLLM's V0 key, honoured): no drafts in a step once the running batch
   has at least this many requests. Default None (the policy alone decides).
 - n-gram with neither ``prompt_lookup_min`` nor ``prompt_lookup_max`` given: min = 1, max = 5
@@ -107,7 +107,7 @@ class SpeculativeConfig:
     draft_sample_method: str = "greedy"  # "greedy" | "probabilistic" (draft samples, q kept)
     rejection_sample_method: str = "standard"  # "standard" | "synthetic" (benchmark only)
     synthetic_acceptance_rate: float | None = None  # required iff synthetic, in [0, 1]
-    # tandem: the goodput policy (spec_decode/policy.py) on (None / True) or off (False: k every step)
+    # tandem: the goodput policy (spec_decode/policy.py) on (True; None: on for CUDA) or off (False: k every step)
     disable_by_acceptance: bool | None = None
     disable_by_batch_size: int | None = None  # vLLM: no drafts once the batch has this many requests
 

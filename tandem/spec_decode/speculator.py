@@ -21,7 +21,7 @@ three points:
    the policy's step-cost model).
 
 ``disable_by_acceptance: false`` turns the policy off: every request drafts up to k every step, as
-vLLM does. Without speculation the engine holds a ``NoSpeculation``: no drafts, never in the way of
+vLLM does (the default on CPU; on CUDA the policy is on unless turned off). Without speculation the engine holds a ``NoSpeculation``: no drafts, never in the way of
 asynchronous decode, nothing to observe.
 """
 
@@ -40,6 +40,11 @@ from tandem.request import Request
 from tandem.scheduler import SchedulerOutput
 from tandem.spec_decode.policy import Candidate, GoodputPolicy
 from tandem.spec_decode.proposers import EngineProposer, TokenProposerAdapter
+
+
+# Where the policy is on without ``disable_by_acceptance``: CUDA. (Elsewhere a verify step costs about
+# what a decode step does for the small k used, and the CPU test suites exercise the drafting path.)
+POLICY_BY_DEFAULT_ON: tuple[str, ...] = ("cuda",)
 
 
 class StepKind(enum.Enum):
@@ -107,6 +112,8 @@ class Speculator:
             return {}
         rooms = [self._room(r) for r in reqs]
         policy = self.policy
+        if policy is None and self._capped(len(requests)):
+            return {r.request_id: Draft(()) for r in reqs}
         if policy is None:
             proposal, ks = self.proposer.propose_requests(reqs, rooms), rooms
         elif policy.free:  # host lookups: the full drafts first, then the choice
@@ -133,9 +140,9 @@ class Speculator:
 
     def will_draft(self, requests: Sequence[Request]) -> bool:
         """Whether any request may draft in its next step (its tokens, placeholders included, so far).
-        Without the policy a proposer may find drafts for anyone: always true."""
+        Without the policy a proposer may find drafts for anyone: true below ``disable_by_batch_size``."""
         if self.policy is None:
-            return True
+            return not self._capped(len(requests))
         return self.policy.wants_any(len(requests), [Candidate(r.request_id, self._room(r)) for r in requests])
 
     def observe(self, record: StepRecord) -> None:
@@ -172,6 +179,11 @@ class Speculator:
         if self.policy is not None:
             self.policy.forget(request_id)
 
+    def _capped(self, batch: int) -> bool:
+        """``disable_by_batch_size`` without the policy (the policy applies it itself)."""
+        cap = self.config.disable_by_batch_size
+        return cap is not None and batch >= cap
+
     def _room(self, r: Request) -> int:
         room = min(r.max_output_tokens - r.num_output_tokens - 1, r.max_model_len - r.num_tokens - 1)
         return max(0, min(self.k, room))
@@ -200,8 +212,8 @@ AnySpeculator = Speculator | NoSpeculation
 
 def build_speculator(config: SpeculativeConfig | None, proposer: EngineProposer | None, stats: SpecStats,
                      device: torch.device) -> AnySpeculator:
-    """The engine's speculator. The goodput policy is on unless ``disable_by_acceptance`` is false
-    (None: on). Host proposers (the token-only ones) draft at no device cost; the stateless ones
+    """The engine's speculator. The goodput policy is on where ``disable_by_acceptance`` says so
+    (None: on for the device types in ``POLICY_BY_DEFAULT_ON``). Host proposers (the token-only ones) draft at no device cost; the stateless ones
     (``drafts_on_host_for_free``: n-gram) also give the policy lazy shadow drafts. A proposer may
     declare ``draft_step_cost`` (one draft step in target decode steps); otherwise a model-based
     proposer's is measured."""
@@ -209,7 +221,8 @@ def build_speculator(config: SpeculativeConfig | None, proposer: EngineProposer 
         return NoSpeculation()
     if proposer is None:
         raise RuntimeError(f"speculative method {config.method!r} needs its proposer built at engine start")
-    if config.disable_by_acceptance is False:
+    on = config.disable_by_acceptance
+    if on is False or (on is None and device.type not in POLICY_BY_DEFAULT_ON):
         return Speculator(config, proposer, stats, None)
     declared = getattr(proposer, "draft_step_cost", None)
     free = declared == 0 if declared is not None else isinstance(proposer, TokenProposerAdapter)

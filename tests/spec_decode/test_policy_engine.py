@@ -1,5 +1,5 @@
-"""The goodput policy inside the engine (tiny fp32 model): with the default speculative config (policy
-on) the output is token-for-token the output without speculation, for n-gram and suffix, with and
+"""The goodput policy inside the engine (tiny fp32 model): with the policy on (the CUDA default;
+``disable_by_acceptance: true`` here on CPU) the output is token-for-token the output without speculation, for n-gram and suffix, with and
 without asynchronous decode; when speculation cannot pay nobody drafts (and decode steps chain
 asynchronously, the n-gram shadow drafts still scored); when it always pays requests draft; the
 decisions reach the engine's counters."""
@@ -34,9 +34,9 @@ def want(llama_dir, prompts):
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_default_policy_is_lossless(llama_dir, prompts, want, method, async_scheduling):
     llm = make_llm(llama_dir, async_scheduling=async_scheduling,
-                   speculative_config={"method": method, "num_speculative_tokens": K})
+                   speculative_config={"method": method, "num_speculative_tokens": K, "disable_by_acceptance": True})
     eng = llm.engine
-    assert eng.policy is not None  # on by default
+    assert eng.policy is not None
     assert tokens_of(llm.generate(prompts, greedy(40), use_tqdm=False)) == want
     spec = eng.stats.spec
     assert sum(spec.chosen_k) > 0 and len(spec.chosen_k) == K + 1
@@ -45,7 +45,8 @@ def test_default_policy_is_lossless(llama_dir, prompts, want, method, async_sche
 
 
 def test_policy_switches_drafting_off_and_on(llama_dir, prompts, want, monkeypatch):
-    llm = make_llm(llama_dir, async_scheduling=True, speculative_config={"method": "ngram", "num_speculative_tokens": K})
+    llm = make_llm(llama_dir, async_scheduling=True,
+                   speculative_config={"method": "ngram", "num_speculative_tokens": K, "disable_by_acceptance": True})
     eng = llm.engine
     ratio = [100.0]  # a verify step costs 100 decode steps: speculation never pays
     monkeypatch.setattr(StepCostModel, "ratio", lambda self, b, n: 1.0 if n == 0 else ratio[0])
@@ -69,7 +70,13 @@ def test_policy_off_and_batch_size_cap(llama_dir, prompts, want):
     assert tokens_of(off.generate(prompts, greedy(40), use_tqdm=False)) == want
     assert off.engine.stats.spec.num_drafts > 0
     capped = make_llm(llama_dir, speculative_config={"method": "ngram", "num_speculative_tokens": K,
-                                                     "disable_by_batch_size": 2})
+                                                     "disable_by_acceptance": True, "disable_by_batch_size": 2})
     assert tokens_of(capped.generate(prompts, greedy(40), use_tqdm=False)) == want
     # 3 requests run together until the first finishes: no drafts while 2 or more run
     assert capped.engine.stats.spec.num_drafts == 0
+    capped_off = make_llm(llama_dir, speculative_config={"method": "ngram", "num_speculative_tokens": K,
+                                                         "disable_by_acceptance": False, "disable_by_batch_size": 2})
+    assert tokens_of(capped_off.generate(prompts, greedy(40), use_tqdm=False)) == want
+    assert capped_off.engine.stats.spec.num_drafts == 0  # honoured without the policy too
+    assert tokens_of(capped_off.generate(prompts[:1], greedy(40), use_tqdm=False)) == want[:1]
+    assert capped_off.engine.stats.spec.num_drafts > 0  # alone: below the cap

@@ -41,12 +41,12 @@ def test_capabilities_are_declared_not_type_checked():
     assert ngram.propose_one([1, 2, 3, 1, 2], 3) == NgramProposer(1, 5, 3).propose_one([1, 2, 3, 1, 2], 3) == [3, 1, 2]
     assert not DraftModelProposer.drafts_on_host_for_free
     stats = SpecStats()
-    for device in (CPU, CUDA):  # the policy is on by default everywhere
-        policy = build_speculator(_cfg(), ngram, stats, device).policy
-        assert policy is not None and policy.free and policy.shadow is not None
+    policy = build_speculator(_cfg(), ngram, stats, CUDA).policy  # on by default for CUDA
+    assert policy is not None and policy.free and policy.shadow is not None
+    assert build_speculator(_cfg(), ngram, stats, CPU).policy is None  # off by default elsewhere
     assert build_speculator(_cfg(disable_by_acceptance=True), ngram, stats, CPU).policy is not None
     assert build_speculator(_cfg(disable_by_acceptance=False), ngram, stats, CUDA).policy is None
-    assert build_speculator(_cfg(disable_by_batch_size=8), ngram, stats, CPU).policy.disable_by_batch_size == 8
+    assert build_speculator(_cfg(disable_by_batch_size=8), ngram, stats, CUDA).policy.disable_by_batch_size == 8
 
     costly = TokenProposerAdapter(NgramProposer(1, 3, 3))
     costly.drafts_on_host_for_free = False  # as a stateful proposer declares: no lazy shadows
@@ -75,7 +75,8 @@ def test_drafts_only_for_new_tokens_within_the_room():
 
 def test_record_updates_counters_policy_and_forgets():
     stats = SpecStats()
-    spec = build_speculator(_cfg(), build_proposer(_cfg(), None, torch.Generator()), stats, CPU)
+    on = _cfg(disable_by_acceptance=True)
+    spec = build_speculator(on, build_proposer(on, None, torch.Generator()), stats, CPU)
     assert isinstance(spec, Speculator) and spec.policy is not None
     acc = spec.policy.acceptance
     for j in range(3):
