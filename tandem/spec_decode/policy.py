@@ -41,6 +41,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from tandem.engine.stats import SpecStats
 from tandem.spec_decode.policy_accept import AcceptanceModel, score_draft
 from tandem.spec_decode.policy_cost import StepCostModel
@@ -118,30 +120,48 @@ class GoodputPolicy:
         return (self.disable_by_batch_size is not None and batch >= self.disable_by_batch_size) or self._decode_probe > 0
 
     def _optimise(self, batch: int, candidates: Sequence[Candidate], with_reach: bool) -> list[int]:
-        slots: list[tuple[float, int, int]] = []  # (survival, position, candidate index)
-        for i, c in enumerate(candidates):
-            length = min(c.max_tokens, self.k if c.draft is None else len(c.draft))
-            for j, s in enumerate(self.acceptance.survival(c.request_id, length, with_reach or c.draft is None)):
-                slots.append((s, j, i))
-        if not slots:
-            return [0] * len(candidates)
-        slots.sort(key=lambda t: (-t[0], t[1]))
         batch = max(batch, 1)
-        best_n, best_g, gain, longest = 0, float(batch), 0.0, 0
-        taken = [0] * len(candidates)
-        for n, (s, j, i) in enumerate(slots, start=1):
-            gain += s
-            taken[i] += 1
-            longest = max(longest, taken[i])
-            g = (batch + gain) / (self.cost.ratio(batch, n) + self.draft_cost * longest)
-            if g > best_g:
-                best_n, best_g = n, g
-        if best_n == 0 or best_g < (1.0 + self.margin) * batch:
+        sigma, beta = self.cost.overhead(batch)  # ratio(batch, n) = 1 + max(0, sigma + beta n / batch)
+        lengths = [min(c.max_tokens, self.k if c.draft is None else len(c.draft)) for c in candidates]
+        if not self._may_pay(batch, candidates, lengths, sigma, beta, with_reach):
             return [0] * len(candidates)
-        ks = [0] * len(candidates)
-        for _, _, i in slots[:best_n]:
-            ks[i] += 1
-        return ks
+        n = len(candidates)
+        surv = self.acceptance.survival_matrix([c.request_id for c in candidates],
+                                               [with_reach or c.draft is None for c in candidates])
+        k = surv.shape[1]
+        # a slot below beta never raises the goodput at the margin (adding it gains s, costs G·β/B ≥ β)
+        valid = (np.arange(k)[None, :] < np.asarray(lengths)[:, None]) & (surv > beta)
+        idx = np.flatnonzero(valid)
+        if idx.size == 0:
+            return [0] * n
+        s = surv.ravel()[idx]
+        order = np.argsort(-s, kind="stable")  # ties: lower request, then lower position first
+        idx, s = idx[order], s[order]
+        count = np.arange(1, idx.size + 1)
+        longest = np.maximum.accumulate(idx % k + 1)  # survival falls along a draft: slot j → k_i = j + 1
+        g = (batch + np.cumsum(s)) / (1.0 + np.maximum(0.0, sigma + beta * count / batch) + self.draft_cost * longest)
+        best = int(np.argmax(g))
+        if g[best] < (1.0 + self.margin) * batch:
+            return [0] * n
+        return np.bincount(idx[: best + 1] // k, minlength=n).tolist()
+
+    def _may_pay(self, batch: int, candidates: Sequence[Candidate], lengths: Sequence[int], sigma: float,
+                 beta: float, with_reach: bool) -> bool:
+        """A cheap bound: with every slot as good as the best one (survival ≤ s_max), G(N) ≤
+        (B + N s_max) / (1 + σ + β N / B), monotone in N, so its largest value over N ≥ 1 is at N = 1
+        or at N = all slots. If neither beats plain decoding by the margin, nothing can."""
+        total = sum(lengths)
+        if total == 0:
+            return False
+        s_max = max((self.acceptance.first_survival(c.request_id, with_reach or c.draft is None)
+                     for c, n in zip(candidates, lengths) if n), default=0.0)
+        need = (1.0 + self.margin) * batch
+        cost = self.draft_cost * max(lengths)
+        for n in (1, total):
+            ratio = 1.0 + max(0.0, sigma + beta * n / batch)
+            if (batch + n * s_max) / (ratio + (self.draft_cost if n == 1 else cost)) >= need:
+                return True
+        return False
 
     def _count(self, ks: Sequence[int]) -> None:
         self.stats.record_choices(ks, self.k)

@@ -20,7 +20,9 @@ so choosing the best slots across requests always takes a prefix of each request
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import numpy as np
 
 PRIOR_ACCEPTANCE = 0.5
 PRIOR_WEIGHT = 2.0
@@ -30,16 +32,10 @@ GLOBAL_ALPHA = 0.02  # EWMA step of the engine-wide per-position rates
 
 @dataclass
 class _Counts:
-    acc: list[float] = field(default_factory=list)  # decayed accepted counts per position
-    seen: list[float] = field(default_factory=list)  # decayed reached counts per position
-    reach: list[float] = field(default_factory=list)  # EWMA of [proposal had token j]
+    acc: np.ndarray  # [k] decayed accepted counts per position
+    seen: np.ndarray  # [k] decayed reached counts per position
+    reach: np.ndarray  # [k] EWMA of [proposal had token j]
     num_scored: int = 0
-
-    def grow(self, n: int) -> None:
-        while len(self.acc) < n:
-            self.acc.append(0.0)
-            self.seen.append(0.0)
-            self.reach.append(1.0)
 
 
 class AcceptanceModel:
@@ -49,32 +45,33 @@ class AcceptanceModel:
             raise ValueError(f"prior acceptance must be in [0, 1], got {prior}")
         self.k = k
         self.prior_weight, self.forget, self.global_alpha = prior_weight, forget, global_alpha
-        self.global_rates = [prior] * k  # engine-wide α_j
-        self.global_reach = [1.0] * k
+        self.global_rates = np.full(k, prior)  # engine-wide α_j
+        self.global_reach = np.ones(k)
         self._reqs: dict[str, _Counts] = {}
+        self._pos = np.arange(k)
         self.num_scored = 0  # scored drafts, cumulative (real and shadow)
 
     # ---- updates ---------------------------------------------------------------------------------
     def record(self, request_id: str, draft_len: int, accepted: int, decided: bool = True) -> None:
         """A draft of ``draft_len`` tokens whose first ``accepted`` were accepted; ``decided``: the
         token after them was rejected (or the draft ended there), False when it is still unknown."""
-        st = self._reqs.setdefault(request_id, _Counts())
-        n = min(draft_len, self.k)
-        st.grow(self.k)
-        for j in range(self.k):
-            st.reach[j] += 0.3 * ((1.0 if j < draft_len else 0.0) - st.reach[j])
-            self.global_reach[j] += self.global_alpha * ((1.0 if j < draft_len else 0.0) - self.global_reach[j])
+        k = self.k
+        st = self._reqs.get(request_id)
+        if st is None:
+            st = self._reqs[request_id] = _Counts(np.zeros(k), np.zeros(k), np.ones(k))
+        had = self._pos < draft_len
+        st.reach += 0.3 * (had - st.reach)
+        self.global_reach += self.global_alpha * (had - self.global_reach)
+        n = min(draft_len, k)
         if n == 0:
             return
-        for j in range(self.k):
-            st.acc[j] *= self.forget
-            st.seen[j] *= self.forget
         last = min(accepted + 1, n) if decided else min(accepted, n)
-        for j in range(last):
-            x = 1.0 if j < accepted else 0.0
-            st.acc[j] += x
-            st.seen[j] += 1.0
-            self.global_rates[j] += self.global_alpha * (x - self.global_rates[j])
+        st.acc *= self.forget
+        st.seen *= self.forget
+        x = (self._pos[:last] < accepted).astype(np.float64)
+        st.acc[:last] += x
+        st.seen[:last] += 1.0
+        self.global_rates[:last] += self.global_alpha * (x - self.global_rates[:last])
         st.num_scored += 1
         self.num_scored += 1
 
@@ -84,23 +81,42 @@ class AcceptanceModel:
     # ---- estimates -------------------------------------------------------------------------------
     def rates(self, request_id: str) -> list[float]:
         """α[r, j] for j < k: the request's decayed counts blended with the engine-wide rates."""
+        return self._rates(request_id).tolist()
+
+    def _rates(self, request_id: str) -> np.ndarray:
         st = self._reqs.get(request_id)
+        if st is None:
+            return self.global_rates.copy()
         w = self.prior_weight
-        if st is None or not st.acc:
-            return list(self.global_rates)
-        return [(st.acc[j] + w * g) / (st.seen[j] + w) for j, g in enumerate(self.global_rates)]
+        return (st.acc + w * self.global_rates) / (st.seen + w)
+
+    def survival_matrix(self, request_ids: Sequence[str], with_reach: Sequence[bool]) -> np.ndarray:
+        """[len(request_ids), k]: s[r, j] (times reach[r, j] where ``with_reach``)."""
+        if not request_ids:
+            return np.zeros((0, self.k))
+        rows = [self._rates(r) for r in request_ids]
+        surv = np.cumprod(np.stack(rows), axis=1)
+        for i, (rid, wr) in enumerate(zip(request_ids, with_reach)):
+            if wr:
+                st = self._reqs.get(rid)
+                surv[i] *= st.reach if st is not None else self.global_reach
+        return surv
 
     def survival(self, request_id: str, length: int, with_reach: bool = False) -> list[float]:
         """s[r, j] = Π_{i≤j} α[r, i] for j < ``length``; ``with_reach`` also multiplies by the chance
         that a proposal has a token j at all (for decisions made before the draft is known)."""
-        out, s = [], 1.0
-        rates = self.rates(request_id)
+        return self.survival_matrix([request_id], [with_reach])[0, : min(length, self.k)].tolist()
+
+    def first_survival(self, request_id: str, with_reach: bool = False) -> float:
+        """s[r, 0] (times reach[r, 0] with ``with_reach``): the best slot a request has, cheaply."""
+        if not self.k:
+            return 0.0
         st = self._reqs.get(request_id)
-        reach = st.reach if st is not None and st.reach else self.global_reach
-        for j in range(min(length, self.k)):
-            s *= rates[j]
-            out.append(s * (reach[j] if with_reach else 1.0))
-        return out
+        g = float(self.global_rates[0])
+        if st is None:
+            return g * (float(self.global_reach[0]) if with_reach else 1.0)
+        rate = (float(st.acc[0]) + self.prior_weight * g) / (float(st.seen[0]) + self.prior_weight)
+        return rate * (float(st.reach[0]) if with_reach else 1.0)
 
     def expected_tokens(self, request_id: str, length: int) -> float:
         """1 + Σ_j s[r, j]: expected tokens from one verify of ``length`` drafts."""

@@ -203,9 +203,9 @@ def test_acceptance_model_positions_and_decay():
     s = a.survival("x", 3)
     assert s == sorted(s, reverse=True)
     a.record("y", 3, 2, decided=False)  # two accepted, the third not known yet
-    assert a._reqs["y"].seen == [1.0, 1.0, 0.0]
+    assert a._reqs["y"].seen.tolist() == [1.0, 1.0, 0.0]
     a.forget_request("x")
-    assert a.rates("x") == a.global_rates
+    assert a.rates("x") == a.global_rates.tolist()
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -48,15 +48,15 @@ def test_policy_switches_drafting_off_and_on(llama_dir, prompts, want, monkeypat
     llm = make_llm(llama_dir, async_scheduling=True,
                    speculative_config={"method": "ngram", "num_speculative_tokens": K, "disable_by_acceptance": True})
     eng = llm.engine
-    ratio = [100.0]  # a verify step costs 100 decode steps: speculation never pays
-    monkeypatch.setattr(StepCostModel, "ratio", lambda self, b, n: 1.0 if n == 0 else ratio[0])
+    sigma = [100.0]  # a verify step costs 100 decode steps: speculation never pays
+    monkeypatch.setattr(StepCostModel, "overhead", lambda self, b: (sigma[0], 0.0))
     assert tokens_of(llm.generate(prompts, greedy(40), use_tqdm=False)) == want
     spec = eng.stats.spec
     assert spec.num_drafts == 0 and spec.chosen_k[0] > 0 and sum(spec.chosen_k[1:]) == 0
     assert spec.num_shadow_drafts > 0  # lazy n-gram shadows while decode steps ran ahead
     assert eng.num_chained_steps > 0
 
-    ratio[0] = 1.0  # verify costs nothing extra: draft whenever a draft exists
+    sigma[0] = 0.0  # verify costs nothing extra: draft whenever a draft exists
     drafts_before = spec.num_drafts
     assert tokens_of(llm.generate(prompts, greedy(40), use_tqdm=False)) == want
     assert spec.num_drafts - drafts_before > 10
