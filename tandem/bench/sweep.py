@@ -20,7 +20,8 @@ repeated    the edit tasks asked again with small changes (chat)   0.0
 speedup over the baseline's throughput at the same workload and concurrency, acceptance (rate, mean
 acceptance length) and the policy's drafting share. Written: ``sweep.json`` and, with matplotlib
 installed, ``sweep.png`` (speedup vs concurrency per workload). The rows, table and plot live in
-``sweep_output.py``.
+``sweep_output.py``; ``--server NAME=URL`` (repeated) measures running servers instead
+(``sweep_server.py``).
 """
 
 from __future__ import annotations
@@ -35,47 +36,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from tandem.bench.sweep_spec import WORKLOADS, CellResult, Method, Workload
 from tandem.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    dataset: str
-    temperature: float
-    chat: bool
-
-
-WORKLOADS: dict[str, Workload] = {
-    "code": Workload("code", "humaneval", 0.0, chat=False),
-    "edit": Workload("edit", "edit", 0.0, chat=True),
-    "chat": Workload("chat", "sharegpt", 0.8, chat=True),
-    "repeated": Workload("repeated", "repeated_task", 0.0, chat=True),
-}
-
-
-@dataclass(frozen=True)
-class Method:
-    name: str
-    speculative_config: dict[str, Any] | None  # None: no speculation
-
-
-@dataclass(frozen=True)
-class CellResult:
-    workload: str
-    concurrency: int
-    method: str
-    num_requests: int
-    output_tokens: int
-    duration_s: float
-    output_throughput: float  # output tokens / s
-    mean_tpot_ms: float
-    mean_itl_ms: float
-    mean_ttft_ms: float
-    acceptance_rate: float | None  # accepted / drafted tokens; None without drafts
-    mean_acceptance_length: float | None  # 1 + accepted / drafts
-    drafting_share: float | None  # the policy's decisions that drafted; None without the policy
-    num_errors: int = 0
 
 
 # ---- methods -------------------------------------------------------------------------------------
@@ -139,9 +101,10 @@ def parse_int_list(flag: str, text: str) -> list[int]:
 
 # ---- prompts -------------------------------------------------------------------------------------
 def workload_prompts(engine: Any, workload: Workload, num_prompts: int, seed: int, output_len: int,
-                     repeats: int = 4) -> list[list[int]]:
+                     repeats: int = 4, max_prompt_len: int | None = None) -> list[list[int]]:
     """Token ids of the workload's prompts (chat workloads through the chat template if any). Prompts
-    longer than ``max_model_len − output_len`` keep their last tokens (a warning says how many)."""
+    longer than ``max_model_len − output_len`` (or ``max_prompt_len``) keep their last tokens (a
+    warning says how many)."""
     from tandem.bench.datasets import sample_requests
     from tandem.loader.tokenizer import apply_chat_template
 
@@ -159,13 +122,15 @@ def workload_prompts(engine: Any, workload: Workload, num_prompts: int, seed: in
         else:
             out.append(engine.encode(text))
     limit = engine.max_model_len - output_len
+    if max_prompt_len:
+        limit = min(limit, max_prompt_len)
     if limit < 8:
         raise ConfigError("--output-len", f"{output_len} leaves no room for a prompt within max_model_len "
                           f"{engine.max_model_len}")
     cut = sum(1 for ids in out if len(ids) > limit)
     if cut:
         print(f"warning: {workload.name}: {cut} of {len(out)} prompts cut to their last {limit} tokens "
-              f"(max_model_len {engine.max_model_len} - output_len {output_len})")
+              f"(max_model_len {engine.max_model_len}, output_len {output_len}, --max-prompt-len {max_prompt_len})")
     return [list(ids[-limit:]) if len(ids) > limit else list(ids) for ids in out]
 
 
@@ -277,8 +242,6 @@ def run_cell(engine: Any, workload: Workload, method: str, prompts: Sequence[Seq
 # ---- the sweep -----------------------------------------------------------------------------------
 def run_sweep(args: argparse.Namespace) -> int:
     from tandem.bench.sweep_output import format_table, speedup_rows, write_plot
-    from tandem.engine.args import engine_kwargs
-    from tandem.engine.llm import LLM
 
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     for w in workloads:
@@ -287,18 +250,48 @@ def run_sweep(args: argparse.Namespace) -> int:
     concurrencies = parse_int_list("--concurrency", args.concurrency)
     if args.num_prompts < 1 or args.output_len < 1:
         raise ConfigError("--num-prompts" if args.num_prompts < 1 else "--output-len", "must be >= 1")
+    out_dir = Path(args.result_dir or f"bench_results/sweep-{datetime.now():%Y%m%d-%H%M%S}")
+    if args.server:
+        from tandem.bench.sweep_server import parse_servers, run_server_cells
+
+        servers = parse_servers(args.server)
+        cells = run_server_cells(servers, workloads, concurrencies, args)
+        names = [n for n, _ in servers]
+        meta: dict[str, Any] = {"servers": dict(servers)}
+    else:
+        cells, names, meta = _run_offline(args, workloads, concurrencies)
+    rows = speedup_rows(cells, baseline=names[0])
+    print()
+    print(format_table(rows, workloads, concurrencies, names))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta.update({
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "num_prompts": args.num_prompts,
+        "output_len": args.output_len, "seed": args.seed, "runs": args.runs, "warmup": args.warmup,
+        "policy": args.policy, "baseline": names[0], "workloads": workloads, "concurrencies": concurrencies,
+        "temperatures": {w: (args.code_temperature if w == "code" else WORKLOADS[w].temperature) for w in workloads},
+    })
+    (out_dir / "sweep.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n", encoding="utf-8")
+    print(f"results: {out_dir / 'sweep.json'}")
+    plot = write_plot(rows, workloads, out_dir / "sweep.png")
+    print(f"plot: {plot}" if plot else "plot skipped: matplotlib is not installed (pip install matplotlib)")
+    return 1 if any(c.num_errors for c in cells) else 0
+
+
+def _run_offline(args: argparse.Namespace, workloads: Sequence[str], concurrencies: Sequence[int]
+                 ) -> tuple[list[CellResult], list[str], dict[str, Any]]:
+    from tandem.config.speculative import DEPRECATED_KWARGS
+    from tandem.engine.args import engine_kwargs
+    from tandem.engine.llm import LLM
+
     k = getattr(args, "num_speculative_tokens", None) or 4  # the engine's --num-speculative-tokens
     methods = method_presets([m.strip() for m in args.methods.split(",") if m.strip()], k, args.policy)
     methods += [parse_config(c, args.policy) for c in args.config or []]
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
         raise ConfigError("--config", f"method names must be unique, got {names}")
-    from tandem.config.speculative import DEPRECATED_KWARGS
-
     kw = engine_kwargs(args)
     for key in ("speculative_config", *DEPRECATED_KWARGS):  # speculation comes from the methods
         kw.pop(key, None)
-    out_dir = Path(args.result_dir or f"bench_results/sweep-{datetime.now():%Y%m%d-%H%M%S}")
     cells: list[CellResult] = []
     meta: dict[str, Any] = {}
     for method in methods:
@@ -307,7 +300,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         meta = meta or {"model": args.model, "device": str(eng.device), "dtype": str(eng.dtype).replace("torch.", "")}
         for w in workloads:
             prompts = workload_prompts(eng, WORKLOADS[w], args.num_prompts, args.seed, args.output_len,
-                                       args.repeated_task_repeats)
+                                       args.repeated_task_repeats, args.max_prompt_len)
             temp = args.code_temperature if w == "code" else None
             for c in concurrencies:
                 cell = run_cell(eng, WORKLOADS[w], method.name, prompts, c, args.output_len, runs=args.runs,
@@ -318,23 +311,8 @@ def run_sweep(args: argparse.Namespace) -> int:
                       flush=True)
         del llm, eng
         _free_memory()
-    rows = speedup_rows(cells, baseline=methods[0].name)
-    print()
-    print(format_table(rows, workloads, concurrencies, [m.name for m in methods]))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    meta.update({
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "num_prompts": args.num_prompts,
-        "output_len": args.output_len, "seed": args.seed, "runs": args.runs, "warmup": args.warmup,
-        "policy": args.policy, "baseline": methods[0].name, "workloads": workloads,
-        "concurrencies": concurrencies,
-        "methods": {m.name: m.speculative_config for m in methods},
-        "temperatures": {w: (args.code_temperature if w == "code" else WORKLOADS[w].temperature) for w in workloads},
-    })
-    (out_dir / "sweep.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n", encoding="utf-8")
-    print(f"results: {out_dir / 'sweep.json'}")
-    plot = write_plot(rows, workloads, out_dir / "sweep.png")
-    print(f"plot: {plot}" if plot else "plot skipped: matplotlib is not installed (pip install matplotlib)")
-    return 1 if any(c.num_errors for c in cells) else 0
+    meta["methods"] = {m.name: m.speculative_config for m in methods}
+    return cells, names, meta
 
 
 def _free_memory() -> None:
@@ -371,9 +349,13 @@ def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--code-temperature", type=float, default=0.0, help="the code workload's temperature (<= 0.5)")
     p.add_argument("--repeated-task-repeats", type=int, default=4)
+    p.add_argument("--max-prompt-len", type=int, default=None,
+                   help="prompts longer than this many tokens keep their last ones (default: what fits)")
     p.add_argument("--runs", type=int, default=1, help="timed runs per cell (the best counts)")
     p.add_argument("--warmup", type=int, default=1, help="untimed random-token warm-up batches per cell")
     p.add_argument("--result-dir", default=None, help="default: bench_results/sweep-DATE")
+    p.add_argument("--server", action="append", default=None, metavar="NAME=URL",
+                   help="measure running servers instead (one per method, the first is the baseline); repeat")
     add_engine_args(p)
     p.set_defaults(func=run_sweep)
     return p

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tandem.bench.sweep import CellResult
+    from tandem.bench.sweep_spec import CellResult
 
 
 def speedup_rows(cells: Sequence[CellResult], baseline: str) -> list[dict[str, Any]]:

@@ -11,7 +11,8 @@ import pytest
 from tiny_models import write_tiny_hf_checkpoint
 
 from tandem.bench.datasets import sample_requests
-from tandem.bench.sweep import CellResult, method_presets, parse_config, parse_int_list
+from tandem.bench.sweep import method_presets, parse_config, parse_int_list
+from tandem.bench.sweep_spec import CellResult
 from tandem.bench.sweep_output import format_table, speedup_rows, write_plot
 from tandem.bench.tasks import load_humaneval_functions
 from tandem.cli import main
@@ -126,3 +127,52 @@ def test_sweep_end_to_end(model_dir, tmp_path, capsys):
     assert data["meta"]["methods"]["ngram"]["disable_by_acceptance"] is True
     assert data["meta"]["temperatures"] == {"code": 0.0, "repeated": 0.0}
     assert (out / "sweep.png").stat().st_size > 1000
+
+
+def _serve(llm, name: str):  # a real tandem server on a free port, in a thread
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from tandem.server.api import build_app
+    from tandem.server.async_engine import AsyncEngine
+
+    ae = AsyncEngine(llm.engine, name)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(build_app(ae, [name], None), log_level="critical"))
+    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.02)
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", server, ae
+
+
+def test_sweep_against_running_servers(model_dir, tmp_path, capsys):
+    from engine_utils import make_llm
+
+    servers = []
+    try:
+        for name, spec in (("base", None), ("ng", {"method": "ngram", "num_speculative_tokens": 3,
+                                                   "disable_by_acceptance": True})):
+            servers.append((name, *_serve(make_llm(model_dir, speculative_config=spec), name)))
+        out = tmp_path / "srv"
+        rc = main(["bench", "sweep", "--workloads", "code,edit", "--concurrency", "1,2", "--num-prompts", "2",
+                   "--output-len", "5", "--tokenizer", str(model_dir), "--result-dir", str(out),
+                   "--max-prompt-len", "200",
+                   *[a for name, url, _, _ in servers for a in ("--server", f"{name}={url}")]])
+        assert rc == 0
+        rows = json.loads((out / "sweep.json").read_text())["rows"]
+        assert {(r["method"], r["workload"], r["concurrency"]) for r in rows} == {
+            (m, w, c) for m in ("base", "ng") for w in ("code", "edit") for c in (1, 2)}
+        assert all(r["output_tokens"] == 10 and r["num_errors"] == 0 for r in rows)
+        assert all(r["speedup"] == 1.0 for r in rows if r["method"] == "base")
+        assert "speedup of ng over base" in capsys.readouterr().out
+    finally:
+        for _, _, server, ae in servers:
+            server.should_exit = True
+            ae.shutdown()
