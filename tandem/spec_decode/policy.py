@@ -32,8 +32,11 @@ steps) without changing anything but the freshness of the estimates.
 
 Safety valves: ``disable_by_batch_size`` (vLLM's key: no drafts once the batch reaches it); while
 no proposal is made (asynchronous decode), a proposal round is forced every ``probe_every`` steps for
-proposers without lazy shadows; and when a batch-size bucket has not timed a plain decode step for
-``probe_every`` steps (everyone drafting), ``decode_probe_steps`` plain steps re-measure the baseline.
+proposers without lazy shadows; a model proposer, which has no shadow drafts to learn from, drafts
+the full k for every request once no request has drafted for ``probe_every`` steps (exploration:
+otherwise estimates that say "does not pay" could never be corrected); and when a batch-size
+bucket has not timed a plain decode step for ``decode_probe_every`` steps (everyone drafting),
+``decode_probe_steps`` plain steps re-measure the baseline (~1% of the steps).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from tandem.spec_decode.policy_cost import StepCostModel
 
 MARGIN = 0.05
 PROBE_EVERY = 64
+DECODE_PROBE_EVERY = 256
 DECODE_PROBE_STEPS = 3
 DRAFT_COST_ALPHA = 0.2
 PRIOR_DRAFT_COST = 0.1  # a model-based proposer's draft step, in target decode steps, until measured
@@ -72,7 +76,8 @@ class _Pending:
 class GoodputPolicy:
     def __init__(self, k: int, *, free: bool, shadow: ShadowDraft | None = None, stats: SpecStats | None = None,
                  margin: float = MARGIN, disable_by_batch_size: int | None = None,
-                 probe_every: int = PROBE_EVERY, decode_probe_steps: int = DECODE_PROBE_STEPS,
+                 probe_every: int = PROBE_EVERY, decode_probe_every: int = DECODE_PROBE_EVERY,
+                 decode_probe_steps: int = DECODE_PROBE_STEPS,
                  draft_cost: float | None = None, cost: StepCostModel | None = None,
                  acceptance: AcceptanceModel | None = None) -> None:
         self.k = k
@@ -82,6 +87,7 @@ class GoodputPolicy:
         self.margin = margin
         self.disable_by_batch_size = disable_by_batch_size
         self.probe_every, self.decode_probe_steps = probe_every, decode_probe_steps
+        self.decode_probe_every = decode_probe_every
         self.cost = cost if cost is not None else StepCostModel(max_k=k)
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel(k)
         self.measure_draft_cost = draft_cost is None and not free
@@ -90,6 +96,7 @@ class GoodputPolicy:
         self._shadow_at: dict[str, int] = {}  # lazy shadows: the next position to draft from
         self._decode_probe = 0  # plain steps left to re-measure the decode time
         self._steps_since_proposal = 0
+        self._steps_since_draft = 0  # model proposers: steps since any request drafted
 
     # ---- decisions ------------------------------------------------------------------------------
     def choose(self, batch: int, candidates: Sequence[Candidate]) -> list[int]:
@@ -99,11 +106,15 @@ class GoodputPolicy:
         if self._off(batch):
             self._count(ks)
             return ks
-        if self.cost.decode_is_stale(batch, self.probe_every):
+        if self.cost.decode_is_stale(batch, self.decode_probe_every):
             self._decode_probe = self.decode_probe_steps
             self._count(ks)
             return ks
         ks = self._optimise(batch, candidates, with_reach=False)
+        if not self.free and not any(ks) and self._steps_since_draft >= self.probe_every:
+            ks = [c.max_tokens for c in candidates]  # explore: a model proposer has no shadow drafts
+        if any(ks):
+            self._steps_since_draft = 0
         self._count(ks)
         return ks
 
@@ -114,6 +125,8 @@ class GoodputPolicy:
             return False
         if self.shadow is None and self._steps_since_proposal >= self.probe_every:
             return True  # no lazy shadows: refresh the estimates now and then
+        if not self.free and self._steps_since_draft >= self.probe_every:
+            return True  # a model proposer's exploration round is due
         return any(self._optimise(batch, candidates, with_reach=True))
 
     def _off(self, batch: int) -> bool:
@@ -212,6 +225,7 @@ class GoodputPolicy:
         which ``draft_seconds`` drafting ``draft_steps`` tokens deep); ``timed`` False for steps the
         cost model must not learn from (prefill, mixed)."""
         self._steps_since_proposal += 1
+        self._steps_since_draft += 1
         if not timed:
             return
         verify_seconds = seconds - (draft_seconds if not self.free else 0.0)

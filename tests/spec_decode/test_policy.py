@@ -36,8 +36,9 @@ class Sim:
     ``alpha()`` (the true rate, may change over time). Drafts are always k long (free proposer)."""
 
     def __init__(self, policy: GoodputPolicy, batch: int, step_time: StepTime, alpha: Callable[[], float],
-                 seed: int = 0) -> None:
+                 seed: int = 0, draft_step: float = 0.0) -> None:
         self.policy, self.batch, self.step_time, self.alpha = policy, batch, step_time, alpha
+        self.draft_step = draft_step  # > 0: a model proposer (k chosen first, each draft step costs this)
         self.rng = random.Random(seed)
         self.tokens = {f"r{i}": [0] for i in range(batch)}
         self.next_id = 1
@@ -58,9 +59,15 @@ class Sim:
                 m += 1
             real[rid] = list(d[:m]) + [self._fresh() for _ in range(K + 1 - m)]
             drafts[rid] = d
-            self.policy.proposed(rid, len(toks), d)
+            if not self.draft_step:
+                self.policy.proposed(rid, len(toks), d)
         rids = list(self.tokens)
-        ks = self.policy.choose(self.batch, [Candidate(r, K, drafts[r]) for r in rids])
+        if self.draft_step:
+            ks = self.policy.choose(self.batch, [Candidate(r, K) for r in rids])
+            for rid, k in zip(rids, ks):
+                self.policy.proposed(rid, len(self.tokens[rid]), drafts[rid][:k])
+        else:
+            ks = self.policy.choose(self.batch, [Candidate(r, K, drafts[r]) for r in rids])
         self.ks.append(ks)
         for rid, k in zip(rids, ks):
             cont = real[rid]
@@ -70,9 +77,10 @@ class Sim:
             self.tokens[rid] += cont[: acc + 1]
             self.emitted += acc + 1
             self.policy.on_tokens(rid, self.tokens[rid])
-        t = self.step_time(self.batch, sum(ks))
+        drafting = self.draft_step * max(ks) if self.draft_step else 0.0
+        t = self.step_time(self.batch, sum(ks)) + drafting
         self.seconds += t
-        self.policy.on_step(self.batch, self.batch + sum(ks), t)
+        self.policy.on_step(self.batch, self.batch + sum(ks), t, drafting, max(ks))
 
     def run(self, steps: int) -> Sim:
         for _ in range(steps):
@@ -166,11 +174,24 @@ def test_stats_histogram_and_share():
 
 
 def test_decode_probe_re_measures_the_baseline():
-    policy = _policy(probe_every=20, decode_probe_steps=2)
+    policy = _policy(decode_probe_every=20, decode_probe_steps=2)
     sim = Sim(policy, 1, GPU_SMALL, lambda: 0.95).run(200)
     plain = [i for i, ks in enumerate(sim.ks) if ks == [0]]
     assert len(plain) >= 200 // 25  # a few plain steps every ~20 steps
     assert sim.drafting_share(200) > 0.85
+
+
+def test_model_proposer_explores_then_drafts_when_it_pays():
+    policy = GoodputPolicy(K, free=False, stats=SpecStats(), probe_every=16)
+    policy.acceptance.global_rates[:] = 0.05  # the prior says "never pays": only exploration can fix it
+    sim = Sim(policy, 2, GPU_SMALL, lambda: 0.9, draft_step=0.05 * GPU_SMALL(2, 0), seed=1).run(200)
+    assert sim.ks[0] == [0, 0] and sim.ks[16] == [K, K]  # the exploration round after 16 plain steps
+    assert sim.drafting_share(100) > 0.9  # then it drafts: the evidence says it pays
+    assert policy.draft_cost == pytest.approx(0.05, rel=0.3)  # the measured draft step, in decode steps
+    bad = GoodputPolicy(K, free=False, stats=SpecStats(), probe_every=16)
+    sim = Sim(bad, 2, GPU_SMALL, lambda: 0.0, draft_step=0.2 * GPU_SMALL(2, 0), seed=1).run(200)
+    assert sim.drafting_share(100) <= 1 / 16 + 0.01  # only the exploration rounds
+    assert sim.goodput() >= 0.9 * 2 / GPU_SMALL(2, 0)
 
 
 # ---- the models ----------------------------------------------------------------------------------

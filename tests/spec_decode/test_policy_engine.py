@@ -80,3 +80,30 @@ def test_policy_off_and_batch_size_cap(llama_dir, prompts, want):
     assert capped_off.engine.stats.spec.num_drafts == 0  # honoured without the policy too
     assert tokens_of(capped_off.generate(prompts[:1], greedy(40), use_tqdm=False)) == want[:1]
     assert capped_off.engine.stats.spec.num_drafts > 0  # alone: below the cap
+
+
+def test_draft_model_with_policy_is_lossless_and_chooses_per_request(tmp_path_factory, monkeypatch):
+    """A model proposer: k chosen before drafting (some requests 0, some k), requests catching up
+    after rounds without drafts; output equal to no speculation."""
+    base = tmp_path_factory.mktemp("policy_draft")
+    target = write_tiny_hf_checkpoint(base, "llama", std=0.2, name="target")
+    close = write_tiny_hf_checkpoint(base, "llama", std=0.2, name="close", num_hidden_layers=1)
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(6, 100, lo=2, hi=30, seed=5)]
+    want = tokens_of(make_llm(target).generate(prompts, greedy(24), use_tqdm=False))
+    llm = make_llm(target, speculative_config={"method": "draft_model", "model": str(close),
+                                               "num_speculative_tokens": K, "disable_by_acceptance": True})
+    policy = llm.engine.policy
+    assert policy is not None and not policy.free and policy.shadow is None
+    policy.probe_every = 4  # explore after 4 steps without drafts (the prior alone says "no" here)
+    calls = [0]
+    real = policy._optimise
+
+    def alternate(batch, candidates, with_reach):  # every other round: nobody drafts
+        calls[0] += 1
+        return [0] * len(candidates) if calls[0] % 2 else real(batch, candidates, with_reach)
+
+    monkeypatch.setattr(policy, "_optimise", alternate)
+    assert tokens_of(llm.generate(prompts, greedy(24), use_tqdm=False)) == want
+    spec = llm.engine.stats.spec
+    assert spec.chosen_k[0] > 0 and spec.num_drafts > 0  # both kinds of rounds happened
+    assert policy.acceptance.num_scored > 0 and policy.draft_cost > 0
