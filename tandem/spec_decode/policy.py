@@ -107,6 +107,7 @@ class GoodputPolicy:
             self._count(ks)
             return ks
         if self.cost.decode_is_stale(batch, self.decode_probe_every):
+            self.cost.probing(batch)
             self._decode_probe = self.decode_probe_steps
             self._count(ks)
             return ks
@@ -226,12 +227,11 @@ class GoodputPolicy:
         cost model must not learn from (prefill, mixed)."""
         self._steps_since_proposal += 1
         self._steps_since_draft += 1
+        self._decode_probe = max(0, self._decode_probe - 1)  # a probe lasts its steps, timed or not
         if not timed:
             return
         verify_seconds = seconds - (draft_seconds if not self.free else 0.0)
         self.cost.observe(batch, num_query_tokens, verify_seconds)
-        if num_query_tokens == batch and self._decode_probe > 0:
-            self._decode_probe -= 1
         if self.measure_draft_cost and draft_steps > 0 and draft_seconds > 0:
             d = self.cost.decode_seconds(batch)
             if d:

@@ -44,7 +44,8 @@ class _Bucket:
     decode: float | None = None  # EWMA of decode-step seconds
     num_decode: int = 0
     num_verify: int = 0
-    steps_since_decode: int = 0  # steps timed in this bucket since its last decode step
+    steps_since_decode: int = 0  # steps timed in this bucket since its last decode step (or probe)
+    probed: bool = False  # a plain-decode probe was asked for
     verifies: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=MAX_VERIFIES))
     fit: tuple[float, float] | None = None  # (σ, β) cached until the next measurement
 
@@ -115,11 +116,17 @@ class StepCostModel:
 
     def decode_is_stale(self, batch: int, every: int) -> bool:
         """Whether ``batch``'s bucket needs a plain decode step timed: verify steps were timed but no
-        decode step yet (from the second one), or none for ``every`` steps."""
+        decode step yet (from the second one, once), or none for ``every`` steps."""
         b = self._buckets.get(bucket_of(batch))
         if b is None:
             return False
-        return b.steps_since_decode >= (2 if b.decode is None else every)
+        return b.steps_since_decode >= (2 if b.decode is None and not b.probed else every)
+
+    def probing(self, batch: int) -> None:
+        """The policy decodes plainly for a few steps now; ask again only ``every`` steps later, even
+        if those steps were not timed as plain decode steps (prefill mixed in)."""
+        b = self._bucket(batch)
+        b.probed, b.steps_since_decode = True, 0
 
     # ---- internals --------------------------------------------------------------------------------
     def _bucket(self, batch: int) -> _Bucket:

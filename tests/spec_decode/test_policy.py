@@ -39,6 +39,7 @@ class Sim:
                  seed: int = 0, draft_step: float = 0.0) -> None:
         self.policy, self.batch, self.step_time, self.alpha = policy, batch, step_time, alpha
         self.draft_step = draft_step  # > 0: a model proposer (k chosen first, each draft step costs this)
+        self.timed = True  # False: plain steps are not timed (prefill mixed in); verify steps still are
         self.rng = random.Random(seed)
         self.tokens = {f"r{i}": [0] for i in range(batch)}
         self.next_id = 1
@@ -80,7 +81,7 @@ class Sim:
         drafting = self.draft_step * max(ks) if self.draft_step else 0.0
         t = self.step_time(self.batch, sum(ks)) + drafting
         self.seconds += t
-        self.policy.on_step(self.batch, self.batch + sum(ks), t, drafting, max(ks))
+        self.policy.on_step(self.batch, self.batch + sum(ks), t, drafting, max(ks), timed=self.timed or sum(ks) > 0)
 
     def run(self, steps: int) -> Sim:
         for _ in range(steps):
@@ -192,6 +193,15 @@ def test_model_proposer_explores_then_drafts_when_it_pays():
     sim = Sim(bad, 2, GPU_SMALL, lambda: 0.0, draft_step=0.2 * GPU_SMALL(2, 0), seed=1).run(200)
     assert sim.drafting_share(100) <= 1 / 16 + 0.01  # only the exploration rounds
     assert sim.goodput() >= 0.9 * 2 / GPU_SMALL(2, 0)
+
+
+def test_decode_probe_ends_even_if_no_plain_step_is_timed():
+    policy = _policy(decode_probe_every=20, decode_probe_steps=2)
+    sim = Sim(policy, 1, GPU_SMALL, lambda: 0.95)
+    sim.run(10)
+    sim.timed = False  # from now on no plain step is ever timed (verify steps still are)
+    sim.run(150)
+    assert sim.drafting_share(100) > 0.85  # each probe lasts its 2 steps: the policy is not stuck off
 
 
 # ---- the models ----------------------------------------------------------------------------------
