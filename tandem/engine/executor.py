@@ -21,6 +21,8 @@ step sampled — whose ids are fed on the device from it (``feed``), never read 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 
 from tandem.engine.async_decode import InflightStep
@@ -50,6 +52,24 @@ class Executor:
         self.generator = generator  # for random rows of requests without their own seed
         # benchmark mode: drafts accepted at this rate whatever the models say (outputs not lossless)
         self.synthetic_acceptance_rate = synthetic_acceptance_rate
+        # EAGLE: every target forward also returns these layers' input hidden states for every query
+        # row, handed with the step's schedule to ``feature_sink`` (the proposer's record_features)
+        self.feature_layers: tuple[int, ...] = ()
+        self.feature_sink: Callable[[SchedulerOutput, torch.Tensor], None] | None = None
+
+    def attach_features(self, layers: tuple[int, ...], sink: Callable[[SchedulerOutput, torch.Tensor], None]) -> None:
+        self.feature_layers, self.feature_sink = tuple(layers), sink
+
+    def _forward(self, sched: SchedulerOutput, chunks: list[SeqChunk], rows: Sequence[int],
+                 token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The target forward: logits of ``rows``; with features attached, also hands the features
+        of every query row to the sink."""
+        if not self.feature_layers or self.feature_sink is None:
+            return self.runner.forward_logits(chunks, rows, token_ids=token_ids)
+        step = self.runner.forward(chunks, rows, token_ids=token_ids, aux_layers=self.feature_layers)
+        aux = step.aux_hidden
+        self.feature_sink(sched, aux[0] if len(aux) == 1 else torch.cat(aux, dim=-1))
+        return step.logits
 
     # ---- synchronous: sample on the host ---------------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -68,7 +88,7 @@ class Executor:
                 n = len(s.spec_token_ids) + 1
                 rows.extend(range(t + s.num_new_tokens - n, t + s.num_new_tokens))
             t += s.num_new_tokens
-        logits = self.runner.forward_logits(chunks, rows)  # [len(rows), V] float32
+        logits = self._forward(sched, chunks, rows)  # [len(rows), V] float32
 
         n = len(sched.scheduled)
         prompt_lps: list[PromptLogprobs | None] = [None] * n
@@ -166,11 +186,11 @@ class Executor:
         if feed is None:
             chunks = [SeqChunk(r.token_ids[s.start:s.start + 1], s.start, r.block_ids)
                       for s, r in zip(sched.scheduled, reqs)]
-            logits = self.runner.forward_logits(chunks, range(len(chunks)))
+            logits = self._forward(sched, chunks, range(len(chunks)))
             return InflightStep.launch(sched, logits)
         if any(s.start != len(r.token_ids) or s.num_new_tokens != 1 for s, r in zip(sched.scheduled, reqs)):
             raise RuntimeError("a step fed on the device must decode one placeholder per request")
         chunks = [SeqChunk((0,), s.start, r.block_ids) for s, r in zip(sched.scheduled, reqs)]  # ids fed below
-        logits = self.runner.forward_logits(chunks, range(len(chunks)), token_ids=feed.device_ids(reqs))
+        logits = self._forward(sched, chunks, range(len(chunks)), token_ids=feed.device_ids(reqs))
         return InflightStep.launch(sched, logits)
 
