@@ -33,8 +33,9 @@ steps) without changing anything but the freshness of the estimates.
 Safety valves: ``disable_by_batch_size`` (vLLM's key: no drafts once the batch reaches it); while
 no proposal is made (asynchronous decode), a proposal round is forced every ``probe_every`` steps for
 proposers without lazy shadows; a model proposer, which has no shadow drafts to learn from, drafts
-the full k for every request once no request has drafted for ``probe_every`` steps (exploration:
-otherwise estimates that say "does not pay" could never be corrected); and when a batch-size
+the full k for every request in its first proposal round and again once no request has drafted for
+``probe_every`` steps (exploration: otherwise estimates that say "does not pay" could never be
+corrected); and when a batch-size
 bucket has not timed a plain decode step for ``decode_probe_every`` steps (everyone drafting),
 ``decode_probe_steps`` plain steps re-measure the baseline (~1% of the steps).
 """
@@ -96,7 +97,8 @@ class GoodputPolicy:
         self._shadow_at: dict[str, int] = {}  # lazy shadows: the next position to draft from
         self._decode_probe = 0  # plain steps left to re-measure the decode time
         self._steps_since_proposal = 0
-        self._steps_since_draft = 0  # model proposers: steps since any request drafted
+        # model proposers: steps since any request drafted; the first round explores (full k for all)
+        self._steps_since_draft = probe_every
 
     # ---- decisions ------------------------------------------------------------------------------
     def choose(self, batch: int, candidates: Sequence[Candidate]) -> list[int]:

@@ -186,7 +186,7 @@ def test_model_proposer_explores_then_drafts_when_it_pays():
     policy = GoodputPolicy(K, free=False, stats=SpecStats(), probe_every=16)
     policy.acceptance.global_rates[:] = 0.05  # the prior says "never pays": only exploration can fix it
     sim = Sim(policy, 2, GPU_SMALL, lambda: 0.9, draft_step=0.05 * GPU_SMALL(2, 0), seed=1).run(200)
-    assert sim.ks[0] == [0, 0] and sim.ks[16] == [K, K]  # the exploration round after 16 plain steps
+    assert sim.ks[0] == [K, K]  # the first round explores, though the prior says it does not pay
     assert sim.drafting_share(100) > 0.9  # then it drafts: the evidence says it pays
     assert policy.draft_cost == pytest.approx(0.05, rel=0.3)  # the measured draft step, in decode steps
     bad = GoodputPolicy(K, free=False, stats=SpecStats(), probe_every=16)
