@@ -1,7 +1,9 @@
 """``tandem bench sweep``: the speculation workload table in one command (offline, in-process engine).
 
 For every method (``baseline`` = no speculation, ``ngram``, ``suffix``, or any ``--config`` JSON) one
-engine is built; for every workload and every concurrency its state is reset (a fresh proposer and
+engine is built — all at once, and each cell measures the methods back to back (``--interleave``, the
+default: a shared machine's load drifts between cells, not between the methods of one cell); for
+every workload and every concurrency its state is reset (a fresh proposer and
 policy: the suffix proposer's global tree must not remember the previous cell's answers to the same
 prompts), a few untimed random-token requests warm it up, and the workload runs ``--runs`` times with
 at most ``concurrency`` requests in flight (the best run counts). Workloads:
@@ -294,25 +296,46 @@ def _run_offline(args: argparse.Namespace, workloads: Sequence[str], concurrenci
         kw.pop(key, None)
     cells: list[CellResult] = []
     meta: dict[str, Any] = {}
-    for method in methods:
-        llm = LLM(args.model, **kw, speculative_config=method.speculative_config)
-        eng = llm.engine
-        meta = meta or {"model": args.model, "device": str(eng.device), "dtype": str(eng.dtype).replace("torch.", "")}
+
+    def measure(llm: Any, method: Method, w: str, prompts: list[list[int]], c: int) -> None:
+        cell = run_cell(llm.engine, WORKLOADS[w], method.name, prompts, c, args.output_len, runs=args.runs,
+                        warmup=args.warmup, seed=args.seed, ignore_eos=args.ignore_eos,
+                        temperature=args.code_temperature if w == "code" else None)
+        cells.append(cell)
+        print(f"[{method.name}] {w} c={c}: {cell.output_throughput:.1f} tok/s, TPOT {cell.mean_tpot_ms:.2f} ms"
+              + (f", acceptance {cell.acceptance_rate:.2f}" if cell.acceptance_rate is not None else ""), flush=True)
+
+    def prompts_for(llm: Any, w: str) -> list[list[int]]:
+        return workload_prompts(llm.engine, WORKLOADS[w], args.num_prompts, args.seed, args.output_len,
+                                args.repeated_task_repeats, args.max_prompt_len)
+
+    if args.interleave:  # every engine at once; each cell measures the methods back to back
+        llms = [LLM(args.model, **kw, speculative_config=m.speculative_config) for m in methods]
         for w in workloads:
-            prompts = workload_prompts(eng, WORKLOADS[w], args.num_prompts, args.seed, args.output_len,
-                                       args.repeated_task_repeats, args.max_prompt_len)
-            temp = args.code_temperature if w == "code" else None
+            prompts = prompts_for(llms[0], w)
             for c in concurrencies:
-                cell = run_cell(eng, WORKLOADS[w], method.name, prompts, c, args.output_len, runs=args.runs,
-                                warmup=args.warmup, seed=args.seed, ignore_eos=args.ignore_eos, temperature=temp)
-                cells.append(cell)
-                print(f"[{method.name}] {w} c={c}: {cell.output_throughput:.1f} tok/s, TPOT {cell.mean_tpot_ms:.2f} ms"
-                      + (f", acceptance {cell.acceptance_rate:.2f}" if cell.acceptance_rate is not None else ""),
-                      flush=True)
-        del llm, eng
+                for llm, method in zip(llms, methods):
+                    measure(llm, method, w, prompts, c)
+        meta = _engine_meta(args, llms[0].engine)
+        del llms
         _free_memory()
+    else:  # one engine at a time (less memory; slow drift of the machine shows between methods)
+        for method in methods:
+            llm = LLM(args.model, **kw, speculative_config=method.speculative_config)
+            meta = meta or _engine_meta(args, llm.engine)
+            for w in workloads:
+                prompts = prompts_for(llm, w)
+                for c in concurrencies:
+                    measure(llm, method, w, prompts, c)
+            del llm
+            _free_memory()
     meta["methods"] = {m.name: m.speculative_config for m in methods}
     return cells, names, meta
+
+
+def _engine_meta(args: argparse.Namespace, eng: Any) -> dict[str, Any]:
+    return {"model": args.model, "device": str(eng.device), "dtype": str(eng.dtype).replace("torch.", ""),
+            "interleave": args.interleave}
 
 
 def _free_memory() -> None:
@@ -352,6 +375,9 @@ def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-prompt-len", type=int, default=None,
                    help="prompts longer than this many tokens keep their last ones (default: what fits)")
     p.add_argument("--runs", type=int, default=1, help="timed runs per cell (the best counts)")
+    p.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=True,
+                   help="load every method's engine at once and measure each cell's methods back to back "
+                        "(default; --no-interleave: one engine at a time, less memory)")
     p.add_argument("--warmup", type=int, default=1, help="untimed random-token warm-up batches per cell")
     p.add_argument("--result-dir", default=None, help="default: bench_results/sweep-DATE")
     p.add_argument("--server", action="append", default=None, metavar="NAME=URL",

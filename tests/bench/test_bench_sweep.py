@@ -124,9 +124,16 @@ def test_sweep_end_to_end(model_dir, tmp_path, capsys):
             assert r["drafting_share"] is not None  # the policy decided
         else:
             assert r["drafting_share"] is None and r["acceptance_rate"] is not None  # drafts every step
-    assert data["meta"]["methods"]["ngram"]["disable_by_acceptance"] is True
+    assert data["meta"]["methods"]["ngram"]["disable_by_acceptance"] is True and data["meta"]["interleave"]
     assert data["meta"]["temperatures"] == {"code": 0.0, "repeated": 0.0}
     assert (out / "sweep.png").stat().st_size > 1000
+    # one engine at a time: the same rows
+    rc = main(["bench", "sweep", "--model", str(model_dir), *ENGINE, "--workloads", "code", "--concurrency", "1",
+               "--methods", "baseline,ngram", "--no-interleave", "--num-prompts", "1", "--output-len", "4",
+               "--result-dir", str(out / "seq")])
+    data = json.loads((out / "seq" / "sweep.json").read_text())
+    assert rc == 0 and not data["meta"]["interleave"]
+    assert [(r["method"], r["output_tokens"]) for r in data["rows"]] == [("baseline", 4), ("ngram", 4)]
 
 
 def _serve(llm, name: str):  # a real tandem server on a free port, in a thread
