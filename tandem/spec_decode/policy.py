@@ -35,7 +35,9 @@ no proposal is made (asynchronous decode), a proposal round is forced every ``pr
 proposers without lazy shadows; a model proposer, which has no shadow drafts to learn from, drafts
 the full k for every request in its first proposal round and again once no request has drafted for
 ``probe_every`` steps (exploration: otherwise estimates that say "does not pay" could never be
-corrected); and when a batch-size
+corrected); likewise a host proposer verifies its whole drafts once per ``verify_probe_every`` steps
+without a verify when its acceptance would pay under the prior cost model (the measured cost may be an outlier that nobody
+re-measures; measurements also fade with age); and when a batch-size
 bucket has not timed a plain decode step for ``decode_probe_every`` steps (everyone drafting),
 ``decode_probe_steps`` plain steps re-measure the baseline (~1% of the steps).
 """
@@ -54,6 +56,7 @@ from tandem.spec_decode.policy_cost import StepCostModel
 MARGIN = 0.05
 PROBE_EVERY = 64
 DECODE_PROBE_EVERY = 256
+VERIFY_PROBE_EVERY = 256
 DECODE_PROBE_STEPS = 3
 DRAFT_COST_ALPHA = 0.2
 PRIOR_DRAFT_COST = 0.1  # a model-based proposer's draft step, in target decode steps, until measured
@@ -78,7 +81,7 @@ class GoodputPolicy:
     def __init__(self, k: int, *, free: bool, shadow: ShadowDraft | None = None, stats: SpecStats | None = None,
                  margin: float = MARGIN, disable_by_batch_size: int | None = None,
                  probe_every: int = PROBE_EVERY, decode_probe_every: int = DECODE_PROBE_EVERY,
-                 decode_probe_steps: int = DECODE_PROBE_STEPS,
+                 decode_probe_steps: int = DECODE_PROBE_STEPS, verify_probe_every: int = VERIFY_PROBE_EVERY,
                  draft_cost: float | None = None, cost: StepCostModel | None = None,
                  acceptance: AcceptanceModel | None = None) -> None:
         self.k = k
@@ -88,7 +91,7 @@ class GoodputPolicy:
         self.margin = margin
         self.disable_by_batch_size = disable_by_batch_size
         self.probe_every, self.decode_probe_steps = probe_every, decode_probe_steps
-        self.decode_probe_every = decode_probe_every
+        self.decode_probe_every, self.verify_probe_every = decode_probe_every, verify_probe_every
         self.cost = cost if cost is not None else StepCostModel(max_k=k)
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel(k)
         self.measure_draft_cost = draft_cost is None and not free
@@ -114,8 +117,14 @@ class GoodputPolicy:
             self._count(ks)
             return ks
         ks = self._optimise(batch, candidates, with_reach=False)
-        if not self.free and not any(ks) and self._steps_since_draft >= self.probe_every:
-            ks = [c.max_tokens for c in candidates]  # explore: a model proposer has no shadow drafts
+        if not any(ks) and self._steps_since_draft >= self.probe_every:
+            if not self.free:
+                ks = [c.max_tokens for c in candidates]  # explore: a model proposer has no shadow drafts
+            elif self.cost.verify_is_stale(batch, self.verify_probe_every) and any(
+                    self._optimise(batch, candidates, with_reach=False, cost=self.cost.prior_overhead())):
+                # the measured cost says no, but it is old and the prior cost says yes: verify the
+                # whole drafts once (long verifies beside short ones separate σ from β in the fit)
+                ks = [min(c.max_tokens, len(c.draft or ())) for c in candidates]
         if any(ks):
             self._steps_since_draft = 0
         self._count(ks)
@@ -135,9 +144,10 @@ class GoodputPolicy:
     def _off(self, batch: int) -> bool:
         return (self.disable_by_batch_size is not None and batch >= self.disable_by_batch_size) or self._decode_probe > 0
 
-    def _optimise(self, batch: int, candidates: Sequence[Candidate], with_reach: bool) -> list[int]:
+    def _optimise(self, batch: int, candidates: Sequence[Candidate], with_reach: bool,
+                  cost: tuple[float, float] | None = None) -> list[int]:
         batch = max(batch, 1)
-        sigma, beta = self.cost.overhead(batch)  # ratio(batch, n) = 1 + max(0, sigma + beta n / batch)
+        sigma, beta = cost or self.cost.overhead(batch)  # ratio(batch, n) = 1 + max(0, sigma + beta n / batch)
         lengths = [min(c.max_tokens, self.k if c.draft is None else len(c.draft)) for c in candidates]
         if not self._may_pay(batch, candidates, lengths, sigma, beta, with_reach):
             return [0] * len(candidates)

@@ -8,9 +8,10 @@ Per batch-size bucket (powers of two: 1, 2, 4, …) the model keeps
   tokens in the step (query tokens − B): σ is what a verify step costs for being a verify (on CUDA
   it runs synchronously while plain decode steps overlap the host's work), β the price of one more
   query token per request. The fit is a
-  ridge least-squares fit with exponential forgetting, pulled towards the prior (σ₀, β₀) (which is
-  all there is before a verify and a decode step were timed) and overridden by measurements within
-  a few dozen steps.
+  ridge least-squares fit with exponential forgetting (per verify step, and with age: 0.995 per timed
+  step, so a measurement nobody repeats fades), pulled towards the prior (σ₀, β₀) (which is all
+  there is before a verify and a decode step were timed) and overridden by measurements within a
+  few dozen steps. A bucket's first verify step is not used (new shapes: a cold start, not a cost).
 
 A bucket without measurements borrows the nearest measured bucket's fit, and its decode time from
 its neighbours (scaled with B). Everything the policy compares is a ratio to D(B), so it can decide
@@ -31,6 +32,7 @@ PRIOR_BETA = 0.25
 PRIOR_WEIGHT = 1.0  # ridge weight of the prior, in verify steps
 FORGET = 0.95  # per verify observation: ~20 steps of memory
 MAX_VERIFIES = 64  # verify steps kept per bucket
+AGE_DECAY = 0.995  # per timed step: a verify measured 140 steps ago weighs half (no verify since: the prior returns)
 DECODE_ALPHA = 0.1
 
 
@@ -46,7 +48,8 @@ class _Bucket:
     num_verify: int = 0
     steps_since_decode: int = 0  # steps timed in this bucket since its last decode step (or probe)
     probed: bool = False  # a plain-decode probe was asked for
-    verifies: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=MAX_VERIFIES))
+    steps_since_verify: int = 0  # steps timed in this bucket since its last verify step
+    verifies: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=MAX_VERIFIES))
     fit: tuple[float, float] | None = None  # (σ, β) cached until the next measurement
 
 
@@ -58,6 +61,7 @@ class StepCostModel:
         self.prior_sigma, self.prior_beta = prior_sigma, prior_beta
         self.forget, self.decode_alpha, self.max_k = forget, decode_alpha, max(1, max_k)
         self._buckets: dict[int, _Bucket] = {}
+        self._steps = 0  # timed steps, all buckets: the clock verify observations age by
 
     # ---- measurements ------------------------------------------------------------------------------
     def observe(self, batch: int, num_query_tokens: int, seconds: float) -> None:
@@ -67,15 +71,20 @@ class StepCostModel:
             return
         b = self._bucket(batch)
         n = num_query_tokens - batch
-        b.fit = None
+        self._steps += 1
+        for other in self._buckets.values():
+            other.fit = None  # the data aged
         if n == 0:
             b.decode = seconds if b.decode is None else (1 - self.decode_alpha) * b.decode + self.decode_alpha * seconds
             b.num_decode += 1
             b.steps_since_decode = 0
+            b.steps_since_verify += 1
             return
         b.steps_since_decode += 1
+        b.steps_since_verify = 0
         b.num_verify += 1
-        b.verifies.append((n / batch, seconds))
+        if b.num_verify > 1:  # a bucket's first verify step is a cold start (new shapes), not a cost
+            b.verifies.append((n / batch, seconds, self._steps))
 
     # ---- predictions -------------------------------------------------------------------------------
     def decode_seconds(self, batch: int) -> float | None:
@@ -122,6 +131,15 @@ class StepCostModel:
             return False
         return b.steps_since_decode >= (2 if b.decode is None and not b.probed else every)
 
+    def verify_is_stale(self, batch: int, every: int) -> bool:
+        """Whether ``batch``'s bucket has timed ``every`` or more steps since its last verify step (its
+        fit has faded towards the prior: the policy may explore a verify)."""
+        b = self._buckets.get(bucket_of(batch))
+        return b is None or b.steps_since_verify >= every
+
+    def prior_overhead(self) -> tuple[float, float]:
+        return self.prior_sigma, self.prior_beta
+
     def probing(self, batch: int) -> None:
         """The policy decodes plainly for a few steps now; ask again only ``every`` steps later, even
         if those steps were not timed as plain decode steps (prefill mixed in)."""
@@ -142,9 +160,10 @@ class StepCostModel:
         lam = PRIOR_WEIGHT
         w = sx = sy = sxx = sxy = 0.0
         weight = 1.0
-        for x, t in reversed(b.verifies):
+        for x, t, step in reversed(b.verifies):
             y = t / d - 1.0
-            w, sx, sy, sxx, sxy = w + weight, sx + weight * x, sy + weight * y, sxx + weight * x * x, sxy + weight * x * y
+            wt = weight * AGE_DECAY ** (self._steps - step)
+            w, sx, sy, sxx, sxy = w + wt, sx + wt * x, sy + wt * y, sxx + wt * x * x, sxy + wt * x * y
             weight *= self.forget
         a11, a12, a22 = w + lam, sx, sxx + lam
         r1, r2 = sy + lam * self.prior_sigma, sxy + lam * self.prior_beta

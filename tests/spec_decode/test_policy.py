@@ -195,6 +195,20 @@ def test_model_proposer_explores_then_drafts_when_it_pays():
     assert sim.goodput() >= 0.9 * 2 / GPU_SMALL(2, 0)
 
 
+def test_recovers_from_slow_first_verifies():
+    """Cold verify steps (new shapes, allocations) measured 4x their cost must not stop speculation
+    for good: the first is ignored, the rest fade, and a verify is explored again."""
+    seen = [0]
+
+    def device(batch: int, n: int) -> float:
+        if n:
+            seen[0] += 1
+        return GPU_SMALL(batch, n) * (4.0 if n and seen[0] <= 3 else 1.0)
+
+    sim = Sim(_policy(verify_probe_every=64), 1, device, lambda: 0.85).run(600)
+    assert seen[0] > 3 and sim.drafting_share(100) > 0.9
+
+
 def test_decode_probe_ends_even_if_no_plain_step_is_timed():
     policy = _policy(decode_probe_every=20, decode_probe_steps=2)
     sim = Sim(policy, 1, GPU_SMALL, lambda: 0.95)
