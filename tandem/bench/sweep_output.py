@@ -44,12 +44,13 @@ def format_table(rows: Sequence[dict[str, Any]], workloads: Sequence[str], concu
         )
     by = {(r["method"], r["workload"], r["concurrency"]): r for r in rows}
     for m in methods[1:]:
-        lines += ["", f"speedup of {m} over {methods[0]} (output throughput)", "",
+        lines += ["", f"speedup of {m} over {methods[0]}: output throughput / TPOT", "",
                   "| workload | " + " | ".join(str(c) for c in concurrencies) + " |",
                   "|---|" + "---|" * len(concurrencies)]
         for w in workloads:
             cells = [by.get((m, w, c)) for c in concurrencies]
-            lines.append(f"| {w} | " + " | ".join(_mark(r["speedup"]) if r else "-" for r in cells) + " |")
+            lines.append(f"| {w} | " + " | ".join(
+                f"{_mark(r['speedup'])} / {_f(r['tpot_speedup'], '.2f')}×" if r else "-" for r in cells) + " |")
     return "\n".join(lines)
 
 
