@@ -5,8 +5,7 @@ same prompts, one process.
 Engines (same target, dtype, defaults otherwise): ``baseline`` (no speculation: asynchronous decode
 on CUDA), ``ngram`` (k = 4, tandem's defaults), and ``eagle k=K`` for each ``--ks``. Two workloads:
 ``code`` (HumanEval prompts, raw completion) and ``chat`` (ShareGPT first user turns through the
-chat template, from ``--sharegpt-offset`` on: pass the index past the prompts the head was trained on,
-see the head's TRAINING.md). Greedy, ``--max-tokens`` each, every prompt alone (batch 1), the order
+chat template, skipping every prompt the head's training.json lists as trained on or validated on). Greedy, ``--max-tokens`` each, every prompt alone (batch 1), the order
 of engines alternating per prompt; each engine first runs 3 prompts untimed (graphs, JIT).
 
 Per engine and workload: decode time (sum of finish − first token), speedup over the baseline on
@@ -30,7 +29,9 @@ from datetime import date
 from pathlib import Path
 
 
-def load_chat_prompts(path: str | None, offset: int, n: int) -> list[str]:
+def load_chat_prompts(path: str | None, offset: int, n: int, exclude: set[int]) -> list[str]:
+    """ShareGPT first user turns from ``offset`` on, skipping the indices in ``exclude`` (a head's
+    training and validation prompts: the indices its training.json records)."""
     if path:
         rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
         texts = [r["prompt"] if isinstance(r, dict) else str(r) for r in rows]
@@ -38,7 +39,18 @@ def load_chat_prompts(path: str | None, offset: int, n: int) -> list[str]:
         from tandem.bench.datasets import load_sharegpt_records, sharegpt_pairs
 
         texts = [p for p, _ in sharegpt_pairs(load_sharegpt_records())]
-    return [t for t in texts[offset:] if len(t) < 4000][:n]
+    return [t for i, t in enumerate(texts) if i >= offset and i not in exclude and len(t) < 4000][:n]
+
+
+def head_prompt_indices(head: str) -> set[int]:
+    """Prompt indices a head was trained or validated on (its training.json), if it has one."""
+    from tandem.loader.heads import resolve_head
+
+    info = resolve_head(head) / "training.json"
+    if not info.is_file():
+        return set()
+    data = json.loads(info.read_text()).get("data", {})
+    return set(data.get("train_prompt_indices", [])) | set(data.get("val_prompt_indices", []))
 
 
 def timed(llm, prompt, max_tokens: int):  # type: ignore[no-untyped-def]
@@ -97,7 +109,7 @@ def main() -> None:
     ap.add_argument("--head", default="smollm2-135m-instruct-eagle3")
     ap.add_argument("--humaneval", default=None)
     ap.add_argument("--sharegpt-prompts", default=None, help="JSONL of {'prompt': ...} (default: the ShareGPT package)")
-    ap.add_argument("--sharegpt-offset", type=int, default=16000)
+    ap.add_argument("--sharegpt-offset", type=int, default=0)
     ap.add_argument("--num-prompts", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--ks", default="3,5")
@@ -124,7 +136,8 @@ def main() -> None:
         work["code"] = load_humaneval_prompts(args.humaneval)[: args.num_prompts]
     if "chat" in args.workloads:
         work["chat"] = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-                        for p in load_chat_prompts(args.sharegpt_prompts, args.sharegpt_offset, args.num_prompts)]
+                        for p in load_chat_prompts(args.sharegpt_prompts, args.sharegpt_offset, args.num_prompts,
+                                                   head_prompt_indices(args.head))]
     dev = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or platform.machine()
     print(f"{date.today()} {dev}, torch {torch.__version__}, {dtype}, threads {torch.get_num_threads()}; engines built "
           f"in {time.perf_counter() - t0:.1f} s; {args.max_tokens} tokens per prompt, batch 1")

@@ -199,8 +199,8 @@ class SpeculativeConfig:
         if method in ("ngram", "suffix", *EAGLE_METHODS) and self.draft_sample_method != "greedy":
             raise ConfigError(
                 "draft_sample_method",
-                f"{method} drafts are argmax picks without probabilities (lossless with rejection "
-                f"sampling all the same), so only 'greedy' applies to method {method!r}",
+                f"{method} drafts carry no probabilities (one-hot q: lossless all the same), so only "
+                f"'greedy' applies to method {method!r}",
                 allowed=["greedy"],
             )
         check_str("rejection_sample_method", self.rejection_sample_method)

@@ -11,8 +11,10 @@ output so far plus the drafts before that row, so every sampling parameter appli
 distribution p at every verified position; ``rejection_sample`` accepts drafts and emits the
 recovered / bonus token (requests without drafts are its k = 0 case). When every request of the step
 is greedy (and acceptance is not synthetic) ``greedy_verify`` gives the same tokens straight from
-the argmax. Logprobs come from the raw logits of the emitted tokens' rows. Nothing here mutates a
-request: the scheduler and the output processor apply the ``ModelRunnerOutput``.
+the argmax. Structured requests' rows are masked by their grammar first (k + 1 masks per verify,
+``structured/step_masks.py``), so a draft outside the grammar is rejected. Logprobs come from the raw
+logits of the emitted tokens' rows. Nothing here mutates a request: the scheduler and the output processor
+apply the ``ModelRunnerOutput``.
 
 Asynchronous decode (``launch``): a steady greedy decode step keeps its argmax on the device
 (``InflightStep``). A step scheduled while another is in flight decodes placeholders — tokens that
@@ -27,11 +29,13 @@ import torch
 
 from tandem.engine.async_decode import InflightStep
 from tandem.outputs import ModelRunnerOutput, PromptLogprobs, SampleLogprobs
+from tandem.sample.grammar_mask import apply_grammar_bitmask
 from tandem.sample.logits import probs_from_logits, process_logits
 from tandem.sample.logprobs import compute_logprobs
 from tandem.sample.rejection import greedy_verify, rejection_sample
 from tandem.sample.rows import SamplingRow
 from tandem.scheduler import ScheduledRequest, SchedulerOutput
+from tandem.structured.step_masks import step_bitmask
 from tandem.worker.batch import SeqChunk
 from tandem.worker.runner import ModelRunner
 
@@ -65,6 +69,8 @@ class Executor:
         """The target forward: logits of ``rows``; with features attached, also hands the features
         of every query row to the sink."""
         if not self.feature_layers or self.feature_sink is None:
+            if token_ids is None:
+                return self.runner.forward_logits(chunks, rows)
             return self.runner.forward_logits(chunks, rows, token_ids=token_ids)
         step = self.runner.forward(chunks, rows, token_ids=token_ids, aux_layers=self.feature_layers)
         aux = step.aux_hidden
@@ -141,11 +147,15 @@ class Executor:
             raw = logits.index_select(0, torch.tensor(row_idx, device=logits.device))
         synthetic = self.synthetic_acceptance_rate
         greedy = [s.request.params.greedy for s, _ in sampling]
+        processed = process_logits(raw, srows)
+        masks = step_bitmask([(s.request.grammar, s.spec_token_ids) for s, _ in sampling])
+        if masks is not None:  # structured output: tokens outside the grammar get p = 0 at every row
+            processed = apply_grammar_bitmask(processed, raw, *masks)
         if synthetic is None and all(greedy):
-            result = greedy_verify(process_logits(raw, srows), drafts)
+            result = greedy_verify(processed, drafts)
         else:
             result = rejection_sample(
-                probs_from_logits(process_logits(raw, srows), srows), drafts,
+                probs_from_logits(processed, srows), drafts,
                 self._draft_probs(sampling, logits.shape[-1], logits.device), greedy,
                 [s.request.generator or self.generator for s, _ in sampling],
                 synthetic_acceptance_rate=synthetic,

@@ -120,9 +120,10 @@ class EagleHead(nn.Module):
                 f"EAGLE head vocabulary {self.cfg.layer.vocab_size} does not match the target's "
                 f"{embed.weight.shape[0]}"
             )
-        self._target_embed = embed
+        # object.__setattr__: shared, not registered as this module's parameters (state_dict, .to())
+        object.__setattr__(self, "_target_embed", embed)
         self._target_embed_scale = embed_scale
-        self._target_lm_head = lm_head_weight
+        object.__setattr__(self, "_target_lm_head", lm_head_weight)
 
     def set_vocab_map(self, d2t: torch.Tensor) -> None:
         """EAGLE-3 offsets: target id = draft id + d2t[draft id]."""

@@ -10,7 +10,8 @@ three points:
    at most ``min(k, room)``, the room keeping the drafts and the bonus token within ``max_tokens`` and
    ``max_model_len``; the policy chooses within it. Host proposers (n-gram, suffix) are asked for the
    full k first and their drafts truncated to the policy's choice (the rest is scored in the shadow);
-   model-based proposers draft only what the policy grants. An empty draft is always allowed.
+   model-based proposers draft only what the policy grants. An empty draft is always allowed. A
+   request with structured output gets its drafts cut at the first token its grammar refuses.
 2. ``will_draft(requests)``: whether any of these requests may draft in its next step. Drafts are
    proposed from read tokens, so the engine schedules a decode step before the previous step's tokens
    are read (asynchronous decode) only when none will.
@@ -134,8 +135,12 @@ class Speculator:
         for r, toks, k in zip(reqs, proposal.token_ids, ks):
             n = min(len(toks), k)
             probs = proposal.probs[off:off + n] if proposal.probs is not None and n else None
-            drafts[r.request_id] = Draft(tuple(toks[:n]), probs)
             off += len(toks)
+            toks = list(toks[:n])
+            if r.grammar is not None and toks:  # structured output: cut at the first token the grammar refuses
+                toks = r.grammar.validate(toks, keep_refused=probs is not None)
+                probs = probs[:len(toks)] if probs is not None and toks else None
+            drafts[r.request_id] = Draft(tuple(toks), probs)
         return drafts
 
     def will_draft(self, requests: Sequence[Request]) -> bool:
