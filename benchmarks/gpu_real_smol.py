@@ -120,8 +120,8 @@ def main() -> None:
         "identical_outputs_ungated": sum(r["identical_ungated"] for r in rows),
         "acceptance_ungated": (sum(r["ungated_accepted"] for r in rows)
                                / max(1, sum(r["ungated_drafted"] for r in rows))),
-        "gate_shadow_drafts": engines["ngram"].engine.gate.num_shadow_drafts if engines["ngram"].engine.gate else None,
-        "gate_cost_ratio": engines["ngram"].engine.gate.cost_ratio if engines["ngram"].engine.gate else None,
+        "policy_shadow_drafts": engines["ngram"].engine.stats.spec.num_shadow_drafts,
+        "policy_drafting_share": engines["ngram"].engine.stats.spec.drafting_share,
         "prompts": len(rows),
         "acceptance": sum(r["ngram_accepted"] for r in rows) / max(1, sum(r["ngram_drafted"] for r in rows)),
         "gaps_at_first_diff": [r["top2_logprob_gap_at_diff"] for r in rows if r["first_diff"] is not None],

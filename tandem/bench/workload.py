@@ -79,5 +79,8 @@ def sample_from_args(args: argparse.Namespace, tokenizer: Any) -> list[SampleReq
             "output_len": args.prefix_repetition_output_len,
         },
         "custom": {"path": args.dataset_path, "output_len": args.custom_output_len},
+        "edit": {"output_len": args.edit_output_len, "path": args.dataset_path},
+        "repeated_task": {"output_len": args.edit_output_len, "repeats": args.repeated_task_repeats,
+                          "path": args.dataset_path},
     }
     return sample_requests(name, tokenizer, args.num_prompts, seed=args.seed, **per_dataset[name])

@@ -21,9 +21,13 @@ spelling.
 
 Defaults that differ from vLLM, on purpose:
 
-- ``disable_by_acceptance`` (tandem only; n-gram): a request stops drafting while its acceptance is
-  too low for speculation to pay and resumes when it rises (``tandem/spec_decode/gate.py``). Default: on
-  for CUDA targets, off elsewhere; ``false`` drafts every step as vLLM does.
+- ``disable_by_acceptance`` (tandem only, every method): the goodput policy on or off. On, each step
+  chooses how many drafts each request verifies (0..``num_speculative_tokens``) to maximise expected
+  tokens per second from measured step costs and acceptance (``tandem/spec_decode/policy.py``), so
+  a request stops drafting while speculation does not pay and resumes when it does. Default (None):
+  on for CUDA targets, off elsewhere; ``false`` drafts up to k every step as vLLM does.
+- ``disable_by_batch_size`` (vLLM's V0 key, honoured): no drafts in a step once the running batch
+  has at least this many requests. Default None (the policy alone decides).
 - n-gram with neither ``prompt_lookup_min`` nor ``prompt_lookup_max`` given: min = 1, max = 5
   (vLLM: 5 and 5). Longest matches are still preferred; min = 1 lets a single repeated token trigger
   a draft, as Hugging Face's prompt-lookup does. One of them given: the other copies it (as vLLM).
@@ -104,10 +108,9 @@ class SpeculativeConfig:
     draft_sample_method: str = "greedy"  # "greedy" | "probabilistic" (draft samples, q kept)
     rejection_sample_method: str = "standard"  # "standard" | "synthetic" (benchmark only)
     synthetic_acceptance_rate: float | None = None  # required iff synthetic, in [0, 1]
-    # tandem: per-request drafting off while it does not pay (spec_decode/gate.py); ngram only (the
-    # gate's shadow drafts are stateless lookups; suffix drafts come from per-request trees).
-    # None = on for CUDA targets, off elsewhere (decided by the engine).
+    # tandem: the goodput policy (spec_decode/policy.py) on (True; None: on for CUDA) or off (False: k every step)
     disable_by_acceptance: bool | None = None
+    disable_by_batch_size: int | None = None  # vLLM: no drafts once the batch has this many requests
 
     def __post_init__(self) -> None:
         # --- types -------------------------------------------------------------------------------
@@ -174,13 +177,7 @@ class SpeculativeConfig:
             for key in SUFFIX_DEFAULTS:
                 if getattr(self, key) is not None:
                     raise ConfigError(key, f"only applies to method 'suffix'; drop it for {method!r}")
-        if self.disable_by_acceptance and method != "ngram":
-            raise ConfigError(
-                "disable_by_acceptance",
-                f"applies to method 'ngram' only (its shadow drafts are stateless lookups that cost "
-                f"nothing), not {method!r}",
-                allowed=[False, None],
-            )
+        check_int("disable_by_batch_size", self.disable_by_batch_size, optional=True, minimum=1)
 
         if self.draft_tensor_parallel_size not in SUPPORTED_DRAFT_TENSOR_PARALLEL_SIZES:
             raise ConfigError(

@@ -7,7 +7,7 @@ A step is a pipeline of typed stages (vLLM V1's shape)::
     out = executor.execute(sched)                   ModelRunnerOutput: one forward, (rejection) sampling
     scheduler.update_from_output(sched, out)        rollback of rejected drafts by count
     outputs = output_processor.process(sched, out)  detokenize, stops, RequestOutputs
-    speculator.observe(record)                      counters, acceptance gate
+    speculator.observe(record)                      counters, goodput policy
 
 Speculation is inside the continuous batch: a request with drafts contributes k + 1 sampled rows,
 one without contributes 1, and prefill chunks, decodes and verifies ride in the same forward.
@@ -45,7 +45,7 @@ from tandem.outputs import ModelRunnerOutput, RequestOutput
 from tandem.request import Request, RequestStatus
 from tandem.sampling_params import SamplingParams
 from tandem.scheduler import SchedulerOutput
-from tandem.spec_decode.gate import AcceptanceGate
+from tandem.spec_decode.policy import GoodputPolicy
 from tandem.spec_decode.speculator import (AnySpeculator, SampledTokens, StepKind, StepRecord, build_speculator,
                                            step_kind)
 
@@ -95,9 +95,9 @@ class LLMEngine:
         self._use(build_speculator(config, self.proposer, self.stats.spec, self.device))
 
     @property
-    def gate(self) -> AcceptanceGate | None:
-        """The speculator's acceptance gate (spec_decode/gate.py), if on."""
-        return self.speculator.gate
+    def policy(self) -> GoodputPolicy | None:
+        """The speculator's goodput policy (spec_decode/policy.py), if on."""
+        return self.speculator.policy
 
     # ---- requests ------------------------------------------------------------------------------
     def new_request_id(self) -> str:
@@ -159,10 +159,11 @@ class LLMEngine:
         if prev is not None and prev.finished:
             prev = None  # every request of the step in flight finished or was aborted meanwhile
         kind = StepKind.DECODE
+        timed = prev.sched if prev is not None else None  # the step this call reads
         if prev is None:
             self._propose()
             sched = self._schedule()
-            kind = step_kind(sched)
+            kind, timed = step_kind(sched), sched
             if self.async_scheduling and launchable(sched):
                 prev = self._launch(sched)
             elif not sched.empty:
@@ -178,7 +179,8 @@ class LLMEngine:
                     self.num_chained_steps += 1
             outputs += self._process(prev.sched, prev.read(), sampled)  # the host sync
         finished, self._finished = tuple(self._finished), []
-        self.speculator.observe(StepRecord(kind, time.perf_counter() - t0, tuple(sampled), finished))
+        size = (len(timed.scheduled), timed.num_batched_tokens) if timed is not None else (0, 0)
+        self.speculator.observe(StepRecord(kind, time.perf_counter() - t0, tuple(sampled), finished, *size))
         if self._log is not None:
             self._log.maybe_log(self.stats, self.num_running, self.num_waiting, self.kv_usage)
         return outputs

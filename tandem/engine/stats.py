@@ -20,6 +20,25 @@ class SpecStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    # the goodput policy (spec_decode/policy.py): per proposal round, how many requests got k drafts
+    chosen_k: list[int] = field(default_factory=list)  # chosen_k[k] = decisions for k, cumulative
+    last_drafting: int = 0  # requests given drafts in the latest proposal round
+    last_decided: int = 0  # requests decided in it
+    num_shadow_drafts: int = 0  # lazy shadow drafts proposed (n-gram while decode runs ahead)
+
+    def record_choices(self, ks: list[int] | tuple[int, ...], k: int) -> None:
+        if len(self.chosen_k) < k + 1:
+            self.chosen_k.extend([0] * (k + 1 - len(self.chosen_k)))
+        for x in ks:
+            self.chosen_k[min(x, k)] += 1
+        self.last_decided = len(ks)
+        self.last_drafting = sum(1 for x in ks if x > 0)
+
+    @property
+    def drafting_share(self) -> float:
+        """Share of the policy's decisions (request x proposal round) that drafted, since start."""
+        total = sum(self.chosen_k)
+        return (total - self.chosen_k[0]) / total if total else 0.0
 
     def record(self, num_draft: int, num_accepted: int) -> None:
         if num_draft <= 0:
@@ -46,7 +65,8 @@ class SpecStats:
 
     def copy(self) -> SpecStats:
         return SpecStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
-                         list(self.accepted_per_pos))
+                         list(self.accepted_per_pos), list(self.chosen_k), self.last_drafting,
+                         self.last_decided, self.num_shadow_drafts)
 
 
 @dataclass
@@ -105,6 +125,11 @@ class PeriodicLogger:
                 f"Draft acceptance rate: {100 * d_acc / max(d_tok, 1):.1f}%, "
                 f"Per-position acceptance rate: {', '.join(f'{r:.3f}' for r in per_pos)}"
             )
+        d_k = [c - (self._last_spec.chosen_k[i] if i < len(self._last_spec.chosen_k) else 0)
+               for i, c in enumerate(spec.chosen_k)]
+        if sum(d_k):
+            msg += (f" | Policy: drafting {100 * (sum(d_k) - d_k[0]) / sum(d_k):.1f}% of requests, "
+                    f"chosen k: {' '.join(f'{k}:{c}' for k, c in enumerate(d_k) if c)}")
         logger.info(msg)
         self._last = now
         self._last_prompt = stats.prompt_tokens

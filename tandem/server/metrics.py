@@ -16,6 +16,10 @@ Where the numbers come from:
   (before the step's outputs are handed to clients), so once a client sees its request finish, the
   counters already include it, and at any quiet moment they equal the engine's counts exactly.
 - Gauges (running, waiting, KV usage, acceptance rate) are set by the same call.
+- The goodput policy's decisions (tandem only): ``spec_decode_policy_chosen_k{k}`` counts requests
+  given k drafts per proposal round (a histogram of the chosen k, 0 = not drafting);
+  ``spec_decode_drafting_requests`` is the latest round's drafting requests and
+  ``spec_decode_drafting_ratio`` the share of decisions that drafted since start.
 - Histograms come from per-request timings, all ``time.monotonic()`` stamps taken on the engine
   thread when a step's outputs exist (:meth:`ServerMetrics.observe_outputs`):
   TTFT = first output carrying tokens − arrival; ITL = gap between successive outputs of one request
@@ -134,6 +138,14 @@ class ServerMetrics:
                                      "Accepted tokens per draft position.", ["position"])
         self.spec_acceptance_rate = gauge("spec_decode_draft_acceptance_rate",
                                           "Accepted draft tokens / proposed draft tokens, since start.").labels(m)
+        # tandem's goodput policy (spec_decode/policy.py): its decisions, per request and proposal round
+        self._spec_chosen_k = counter("spec_decode_policy_chosen_k",
+                                      "Goodput policy decisions (request x proposal round) by draft tokens chosen.",
+                                      ["k"])
+        self.spec_drafting_requests = gauge("spec_decode_drafting_requests",
+                                            "Requests given draft tokens in the latest proposal round.").labels(m)
+        self.spec_drafting_ratio = gauge("spec_decode_drafting_ratio",
+                                         "Share of the goodput policy's decisions that drafted, since start.").labels(m)
         self.time_to_first_token = histogram("time_to_first_token_seconds",
                                              "Histogram of time to first token in seconds.", TTFT_BUCKETS).labels(m)
         self.inter_token_latency = histogram("inter_token_latency_seconds",
@@ -148,10 +160,13 @@ class ServerMetrics:
             self._request_success.labels(m, reason)
         for pos in range(num_speculative_tokens):
             self._spec_per_pos.labels(m, str(pos))
+        for k in range(num_speculative_tokens + 1 if num_speculative_tokens else 0):
+            self._spec_chosen_k.labels(m, str(k))
 
         self._lock = threading.Lock()
         self._seen = EngineStats()  # the engine counts already added to the counters
         self._seen_per_pos: list[int] = []
+        self._seen_chosen_k: list[int] = []
         self._timings: dict[str, _Timing] = {}
 
     # ---- engine counters (deltas) ----------------------------------------------------------------
@@ -184,6 +199,14 @@ class ServerMetrics:
                 self._seen_per_pos[pos] = count
             if sp.num_draft_tokens:
                 self.spec_acceptance_rate.set(sp.num_accepted_tokens / sp.num_draft_tokens)
+            for k, count in enumerate(list(sp.chosen_k)):
+                if k >= len(self._seen_chosen_k):
+                    self._seen_chosen_k.append(0)
+                _add(self._spec_chosen_k.labels(self.model_name, str(k)), count - self._seen_chosen_k[k])
+                self._seen_chosen_k[k] = count
+            if sp.chosen_k:
+                self.spec_drafting_requests.set(sp.last_drafting)
+                self.spec_drafting_ratio.set(sp.drafting_share)
             self.num_requests_running.set(engine.num_running)
             self.num_requests_waiting.set(engine.num_waiting)
             self.kv_cache_usage_perc.set(engine.kv_usage)

@@ -13,10 +13,10 @@ requests; it answers with a :class:`DraftProposal`. Invariants:
 
 Capabilities are declared, never inferred from the class: ``drafts_on_host_for_free`` is true for a
 proposer whose drafts cost a host-side lookup and no forward, asked statelessly as ``(tokens, k)``
-(n-gram). The speculator's acceptance policy drafts with such a proposer in the shadow for requests
-that are not speculating (``spec_decode/gate.py``). The suffix proposer's drafts are host lookups
-too, but come from per-request state that already holds tokens the shadow drafts must not see, so it
-declares false.
+(n-gram). The speculator's goodput policy (``spec_decode/policy.py``) drafts with such a proposer in
+the shadow, from earlier prefixes, while decode steps run ahead. The suffix proposer's drafts are
+host lookups too, but come from per-request state that already holds tokens those shadow drafts
+must not see, so it declares false.
 
 A proposer may keep per-request state (suffix: a trie per request and one over finished outputs):
 ``forget(request_id, output_token_ids)`` tells it that a request finished (or was aborted) with that

@@ -1,32 +1,35 @@
 """Speculator: everything the engine needs to know about speculation, behind one small interface.
 
-It owns the proposer (what drafts), the acceptance policy (whether a request drafts at all: the
-acceptance gate, ``gate.py``) and the engine-wide speculation counters (``SpecStats``; a request's own
+It owns the proposer (what drafts), the goodput policy (how many drafts each request verifies this
+step, 0..k: ``policy.py``) and the engine-wide speculation counters (``SpecStats``; a request's own
 drafted / accepted counts are settled by the scheduler with the rollback). The engine calls it at
 three points:
 
 1. ``drafts_for(running)``, before scheduling a step while every token is on the host: drafts for the
-   requests that got tokens since their last proposal and are in the decode phase. k is chosen per
-   request: ``min(k, room)`` where the room keeps the drafts and the bonus token within
-   ``max_tokens`` and ``max_model_len``, and 0 while the gate says speculation does not pay for the
-   request (it is then shadowed). An empty draft is always allowed: the request just decodes. A
+   requests that got tokens since their last proposal and are in the decode phase. A request's k is
+   at most ``min(k, room)``, the room keeping the drafts and the bonus token within ``max_tokens`` and
+   ``max_model_len``; the policy chooses within it. Host proposers (n-gram, suffix) are asked for the
+   full k first and their drafts truncated to the policy's choice (the rest is scored in the shadow);
+   model-based proposers draft only what the policy grants. An empty draft is always allowed. A
    request with structured output gets its drafts cut at the first token its grammar refuses.
 2. ``will_draft(requests)``: whether any of these requests may draft in its next step. Drafts are
    proposed from read tokens, so the engine schedules a decode step before the previous step's tokens
    are read (asynchronous decode) only when none will.
 3. ``observe(StepRecord)``, after every step: per request that got tokens, its drafted / accepted
-   counts (``on_verified``) and its new tokens (``on_tokens``: shadow scoring while it does not
-   draft, and a proposal next time); the requests that finished (``forget``: the gate drops them, the
-   proposer gets their output, which the suffix proposer caches); the step's kind and wall time
-   (``on_step``: the gate's verify / decode cost ratio).
+   counts (``on_verified``: the counters) and its new tokens (``on_tokens``: the policy scores the
+   request's last proposal against them); the requests that finished (``forget``: the proposer gets
+   their output, which the suffix proposer caches); the step's kind, size and wall time (``on_step``:
+   the policy's step-cost model).
 
-Without speculation the engine holds a ``NoSpeculation``: no drafts, never in the way of
+``disable_by_acceptance: false`` turns the policy off: every request drafts up to k every step, as
+vLLM does (the default on CPU; on CUDA the policy is on unless turned off). Without speculation the engine holds a ``NoSpeculation``: no drafts, never in the way of
 asynchronous decode, nothing to observe.
 """
 
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,8 +39,13 @@ from tandem.config.speculative import SpeculativeConfig
 from tandem.engine.stats import SpecStats
 from tandem.request import Request
 from tandem.scheduler import SchedulerOutput
-from tandem.spec_decode.gate import AcceptanceGate
-from tandem.spec_decode.proposers import EngineProposer
+from tandem.spec_decode.policy import Candidate, GoodputPolicy
+from tandem.spec_decode.proposers import EngineProposer, TokenProposerAdapter
+
+
+# Where the policy is on without ``disable_by_acceptance``: CUDA. (Elsewhere a verify step costs about
+# what a decode step does for the small k used, and the CPU test suites exercise the drafting path.)
+POLICY_BY_DEFAULT_ON: tuple[str, ...] = ("cuda",)
 
 
 class StepKind(enum.Enum):
@@ -75,18 +83,21 @@ class StepRecord:
     seconds: float  # wall time of the engine step
     sampled: tuple[SampledTokens, ...]
     finished: tuple[str, ...]  # request ids finished (stopped, length, aborted) since the last record
+    num_requests: int = 0  # requests in the timed step's batch
+    num_query_tokens: int = 0  # its query tokens (drafts included)
 
 
 class Speculator:
     def __init__(self, config: SpeculativeConfig, proposer: EngineProposer, stats: SpecStats,
-                 gate: AcceptanceGate | None = None) -> None:
+                 policy: GoodputPolicy | None = None) -> None:
         self.config = config
         self.proposer = proposer
         self.stats = stats
-        self.gate = gate
+        self.policy = policy
         self.k = config.num_speculative_tokens
         self._new_tokens: set[str] = set()  # requests that got tokens since their last proposal
         self._requests: dict[str, Request] = {}  # requests that got tokens, until forgotten
+        self._draft_seconds, self._draft_steps = 0.0, 0  # model drafting in the step being timed
 
     @property
     def synthetic_acceptance_rate(self) -> float | None:
@@ -100,12 +111,32 @@ class Speculator:
         self._new_tokens.clear()
         if not reqs:
             return {}
-        proposal = self.proposer.propose_requests(reqs, [self._num_drafts(r) for r in reqs])
+        rooms = [self._room(r) for r in reqs]
+        policy = self.policy
+        if policy is None and self._capped(len(requests)):
+            return {r.request_id: Draft(()) for r in reqs}
+        if policy is None:
+            proposal, ks = self.proposer.propose_requests(reqs, rooms), rooms
+        elif policy.free:  # host lookups: the full drafts first, then the choice
+            proposal = self.proposer.propose_requests(reqs, rooms)
+            for r, toks in zip(reqs, proposal.token_ids):
+                policy.proposed(r.request_id, len(r.token_ids), toks)
+            ks = policy.choose(len(requests), [Candidate(r.request_id, room, tuple(toks))
+                                               for r, room, toks in zip(reqs, rooms, proposal.token_ids)])
+        else:  # drafting costs forwards: choose first, draft what was granted
+            ks = policy.choose(len(requests), [Candidate(r.request_id, room) for r, room in zip(reqs, rooms)])
+            t0 = time.perf_counter()
+            proposal = self.proposer.propose_requests(reqs, ks)
+            self._draft_seconds, self._draft_steps = time.perf_counter() - t0, max(ks, default=0)
+            for r, toks in zip(reqs, proposal.token_ids):
+                policy.proposed(r.request_id, len(r.token_ids), toks)
         drafts: dict[str, Draft] = {}
         off = 0
-        for r, toks in zip(reqs, proposal.token_ids):
-            probs = proposal.probs[off:off + len(toks)] if proposal.probs is not None and toks else None
+        for r, toks, k in zip(reqs, proposal.token_ids, ks):
+            n = min(len(toks), k)
+            probs = proposal.probs[off:off + n] if proposal.probs is not None and n else None
             off += len(toks)
+            toks = list(toks[:n])
             if r.grammar is not None and toks:  # structured output: cut at the first token the grammar refuses
                 toks = r.grammar.validate(toks, keep_refused=probs is not None)
                 probs = probs[:len(toks)] if probs is not None and toks else None
@@ -114,10 +145,10 @@ class Speculator:
 
     def will_draft(self, requests: Sequence[Request]) -> bool:
         """Whether any request may draft in its next step (its tokens, placeholders included, so far).
-        Without the gate a proposer may find drafts for anyone: always true."""
-        if self.gate is None:
-            return True
-        return any(self.gate.wants(r.request_id, r.num_tokens) for r in requests)
+        Without the policy a proposer may find drafts for anyone: true below ``disable_by_batch_size``."""
+        if self.policy is None:
+            return not self._capped(len(requests))
+        return self.policy.wants_any(len(requests), [Candidate(r.request_id, self._room(r)) for r in requests])
 
     def observe(self, record: StepRecord) -> None:
         for s in record.sampled:
@@ -125,39 +156,42 @@ class Speculator:
             self.on_tokens(s.request)
         for rid in record.finished:
             self.forget(rid)
-        self.on_step(record.kind, record.seconds)
+        self.on_step(record)
 
     # ---- what observe() is made of -------------------------------------------------------------
     def on_verified(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         self.stats.record(num_drafted, num_accepted)
-        if self.gate is not None:
-            self.gate.record_verify(request.request_id, num_drafted, num_accepted)
 
     def on_tokens(self, request: Request) -> None:
         self._requests[request.request_id] = request  # its output goes to the proposer at forget
         if request.status.finished:
             return
         self._new_tokens.add(request.request_id)
-        if self.gate is not None:
-            self.gate.observe(request.request_id, request.token_ids, self.k)
+        if self.policy is not None:
+            self.policy.on_tokens(request.request_id, request.token_ids)
 
-    def on_step(self, kind: StepKind, seconds: float) -> None:
-        if self.gate is not None and kind is not StepKind.OTHER:
-            self.gate.record_step(seconds, verified=kind is StepKind.VERIFY)
+    def on_step(self, record: StepRecord) -> None:
+        if self.policy is not None:
+            self.policy.on_step(record.num_requests, record.num_query_tokens, record.seconds,
+                                self._draft_seconds, self._draft_steps,
+                                timed=record.kind is not StepKind.OTHER and record.num_requests > 0)
+        self._draft_seconds, self._draft_steps = 0.0, 0
 
     def forget(self, request_id: str) -> None:
         self._new_tokens.discard(request_id)
         request = self._requests.pop(request_id, None)
         self.proposer.forget(request_id, request.output_token_ids if request is not None else ())
-        if self.gate is not None:
-            self.gate.forget(request_id)
+        if self.policy is not None:
+            self.policy.forget(request_id)
 
-    def _num_drafts(self, r: Request) -> int:
+    def _capped(self, batch: int) -> bool:
+        """``disable_by_batch_size`` without the policy (the policy applies it itself)."""
+        cap = self.config.disable_by_batch_size
+        return cap is not None and batch >= cap
+
+    def _room(self, r: Request) -> int:
         room = min(r.max_output_tokens - r.num_output_tokens - 1, r.max_model_len - r.num_tokens - 1)
-        k = max(0, min(self.k, room))
-        if k and self.gate is not None and not self.gate.wants(r.request_id, r.num_tokens):
-            return 0  # not paying for this request now: shadow drafts only
-        return k
+        return max(0, min(self.k, room))
 
 
 class NoSpeculation:
@@ -165,7 +199,7 @@ class NoSpeculation:
 
     config: SpeculativeConfig | None = None
     proposer: EngineProposer | None = None
-    gate: AcceptanceGate | None = None
+    policy: GoodputPolicy | None = None
     synthetic_acceptance_rate: float | None = None
 
     def drafts_for(self, requests: Sequence[Request]) -> dict[str, Draft]:
@@ -183,17 +217,22 @@ AnySpeculator = Speculator | NoSpeculation
 
 def build_speculator(config: SpeculativeConfig | None, proposer: EngineProposer | None, stats: SpecStats,
                      device: torch.device) -> AnySpeculator:
-    """The engine's speculator. The acceptance gate is on where ``disable_by_acceptance`` says so
-    (None: on for CUDA targets) and the proposer drafts on the host for free (its shadow drafts must
-    cost nothing)."""
+    """The engine's speculator. The goodput policy is on where ``disable_by_acceptance`` says so
+    (None: on for the device types in ``POLICY_BY_DEFAULT_ON``). Host proposers (the token-only ones) draft at no device cost; the stateless ones
+    (``drafts_on_host_for_free``: n-gram) also give the policy lazy shadow drafts. A proposer may
+    declare ``draft_step_cost`` (one draft step in target decode steps); otherwise a model-based
+    proposer's is measured."""
     if config is None:
         return NoSpeculation()
     if proposer is None:
         raise RuntimeError(f"speculative method {config.method!r} needs its proposer built at engine start")
-    gate_on = config.disable_by_acceptance
-    if gate_on is None:
-        gate_on = device.type == "cuda"
-    gate = None
-    if gate_on and proposer.drafts_on_host_for_free:
-        gate = AcceptanceGate(proposer.propose_one)  # type: ignore[attr-defined]
-    return Speculator(config, proposer, stats, gate)
+    on = config.disable_by_acceptance
+    if on is False or (on is None and device.type not in POLICY_BY_DEFAULT_ON):
+        return Speculator(config, proposer, stats, None)
+    declared = getattr(proposer, "draft_step_cost", None)
+    free = declared == 0 if declared is not None else isinstance(proposer, TokenProposerAdapter)
+    shadow = proposer.propose_one if proposer.drafts_on_host_for_free else None  # type: ignore[attr-defined]
+    policy = GoodputPolicy(config.num_speculative_tokens, free=free, shadow=shadow, stats=stats,
+                           disable_by_batch_size=config.disable_by_batch_size,
+                           draft_cost=None if free else declared)
+    return Speculator(config, proposer, stats, policy)

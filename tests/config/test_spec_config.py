@@ -578,7 +578,8 @@ def test_suffix_defaults_are_vllms() -> None:
     ("num_speculative_tokens", 0, "must be > 0"),
     ("model", "x", "uses no draft model"),
     ("prompt_lookup_max", 3, "only applies to method 'ngram'"),
-    ("disable_by_acceptance", True, "'ngram' only"),
+    ("disable_by_acceptance", "yes", "expected true, false or null"),
+    ("disable_by_batch_size", 0, ">= 1"),
     ("draft_sample_method", "probabilistic", "only 'greedy'"),
 ])
 def test_suffix_bad_values_name_the_key(key: str, value: Any, fragment: str) -> None:

@@ -1,6 +1,6 @@
 """The Speculator (spec_decode/speculator.py) without weights: which requests get drafts and how
-many (k per request within max_tokens / max_model_len, 0 while the gate says no), the asynchronous
-decode predicate, what one step's record updates, and the null speculator."""
+many (k per request within max_tokens / max_model_len; the goodput policy's own tests are
+test_policy.py), the asynchronous decode predicate, what one step's record updates, and the null speculator."""
 
 from __future__ import annotations
 
@@ -41,20 +41,25 @@ def test_capabilities_are_declared_not_type_checked():
     assert ngram.propose_one([1, 2, 3, 1, 2], 3) == NgramProposer(1, 5, 3).propose_one([1, 2, 3, 1, 2], 3) == [3, 1, 2]
     assert not DraftModelProposer.drafts_on_host_for_free
     stats = SpecStats()
-    assert build_speculator(_cfg(), ngram, stats, CUDA).gate is not None  # default: on for CUDA
-    assert build_speculator(_cfg(), ngram, stats, CPU).gate is None
-    assert build_speculator(_cfg(disable_by_acceptance=True), ngram, stats, CPU).gate is not None
-    assert build_speculator(_cfg(disable_by_acceptance=False), ngram, stats, CUDA).gate is None
+    policy = build_speculator(_cfg(), ngram, stats, CUDA).policy  # on by default for CUDA
+    assert policy is not None and policy.free and policy.shadow is not None
+    assert build_speculator(_cfg(), ngram, stats, CPU).policy is None  # off by default elsewhere
+    assert build_speculator(_cfg(disable_by_acceptance=True), ngram, stats, CPU).policy is not None
+    assert build_speculator(_cfg(disable_by_acceptance=False), ngram, stats, CUDA).policy is None
+    assert build_speculator(_cfg(disable_by_batch_size=8), ngram, stats, CUDA).policy.disable_by_batch_size == 8
 
     costly = TokenProposerAdapter(NgramProposer(1, 3, 3))
-    costly.drafts_on_host_for_free = False  # as a proposer whose drafts cost forwards declares
-    assert build_speculator(_cfg(), costly, stats, CUDA).gate is None  # no free shadow drafts: no gate
+    costly.drafts_on_host_for_free = False  # as a stateful proposer declares: no lazy shadows
+    costly.draft_step_cost = 0.3  # type: ignore[attr-defined]  # drafting costs forwards
+    policy = build_speculator(_cfg(), costly, stats, CUDA).policy
+    assert policy is not None and policy.shadow is None and not policy.free and policy.draft_cost == 0.3
     assert isinstance(build_speculator(None, ngram, stats, CUDA), NoSpeculation)
 
 
 def test_drafts_only_for_new_tokens_within_the_room():
     stats = SpecStats()
-    spec = build_speculator(_cfg(), build_proposer(_cfg(), None, torch.Generator()), stats, CPU)
+    off = _cfg(disable_by_acceptance=False)  # no policy: k within the room every step
+    spec = build_speculator(off, build_proposer(off, None, torch.Generator()), stats, CPU)
     loop = [5, 6, 7, 8] * 4
     a, b, c = _req("a", loop), _req("b", loop, max_tokens=16), _req("c", loop)
     assert spec.drafts_for([a, b, c]) == {}  # nobody got tokens yet
@@ -65,29 +70,33 @@ def test_drafts_only_for_new_tokens_within_the_room():
     assert drafts["a"].token_ids == (5, 6, 7) and drafts["a"].probs is None
     assert drafts["b"].token_ids == (5,)  # 14 outputs of 16: one draft + the bonus token
     assert spec.drafts_for([a, b, c]) == {}  # asked once per new tokens
-    assert spec.will_draft([a]) and not NoSpeculation().will_draft([a])  # no gate: anyone may draft
+    assert spec.will_draft([a]) and not NoSpeculation().will_draft([a])  # no policy: anyone may draft
 
 
-def test_record_updates_counters_gate_and_forgets():
+def test_record_updates_counters_policy_and_forgets():
     stats = SpecStats()
-    spec = build_speculator(_cfg(disable_by_acceptance=True), build_proposer(_cfg(), None, torch.Generator()),
-                            stats, CPU)
-    assert isinstance(spec, Speculator) and spec.gate is not None
+    on = _cfg(disable_by_acceptance=True)
+    spec = build_speculator(on, build_proposer(on, None, torch.Generator()), stats, CPU)
+    assert isinstance(spec, Speculator) and spec.policy is not None
+    acc = spec.policy.acceptance
+    for j in range(3):
+        acc.global_rates[j] = 0.0  # nothing has ever been accepted: nobody drafts
+    acc.prior_weight = 0.5  # a request's own evidence counts quickly
     loop = [5, 6, 7, 8] * 4
     a = _req("a", loop)
     spec.observe(_record(SampledTokens(a, 0, 0)))
-    assert spec.drafts_for([a])["a"].token_ids == ()  # new requests start in the shadow
-    assert not spec.will_draft([a])
-    a.token_ids += [5, 6, 7]  # the shadow draft [5, 6, 7] came true: 4 tokens per verify
+    assert spec.drafts_for([a])["a"].token_ids == ()  # proposal [5, 6, 7] kept in the shadow
+    assert stats.chosen_k == [1, 0, 0, 0] and stats.last_drafting == 0
+    a.token_ids += [5, 6, 7]  # the shadow draft came true (a plain decode step, then two more)
     a.num_computed_tokens += 3
-    spec.observe(_record(SampledTokens(a, 0, 0), kind=StepKind.DECODE))
-    assert spec.gate.tokens_per_verify("a") == 4.0 and spec.gate.decode_cost.count == 1
-    assert spec.will_draft([a]) and spec.drafts_for([a])["a"].token_ids == (8, 5, 6)
-    spec.observe(_record(SampledTokens(a, 3, 1), kind=StepKind.VERIFY))
-    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, 3, 1)
-    assert spec.gate.verify_cost.count == 1
+    spec.observe(StepRecord(StepKind.DECODE, 0.01, (SampledTokens(a, 0, 0),), (), 1, 1))
+    assert acc.num_scored_for("a") == 1 and acc.rates("a")[0] > 0.5
+    drafts = spec.drafts_for([a])["a"].token_ids
+    assert drafts == (8, 5, 6)[: len(drafts)] and len(drafts) >= 1  # now it pays
+    spec.observe(StepRecord(StepKind.VERIFY, 0.012, (SampledTokens(a, len(drafts), 1),), (), 1, 1 + len(drafts)))
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, len(drafts), 1)
     spec.observe(_record(finished=("a",)))
-    assert spec.gate.tokens_per_verify("a") is None and spec.drafts_for([a]) == {}
+    assert acc.num_scored_for("a") == 0 and "a" not in spec.policy._pending and spec.drafts_for([a]) == {}
 
 
 def test_step_kind():
@@ -102,11 +111,13 @@ def test_step_kind():
     assert step_kind(sched()) is StepKind.OTHER
 
 
-def test_suffix_proposer_learns_finished_outputs_and_has_no_gate():
+def test_suffix_proposer_learns_finished_outputs_without_lazy_shadows():
     cfg = SpeculativeConfig(method="suffix", num_speculative_tokens=3)
     proposer = build_proposer(cfg, None, torch.Generator())
     assert isinstance(proposer, TokenProposerAdapter) and not proposer.drafts_on_host_for_free
-    assert build_speculator(cfg, proposer, SpecStats(), CUDA).gate is None  # no stateless shadow drafts
+    policy = build_speculator(cfg, proposer, SpecStats(), CUDA).policy
+    assert policy is not None and policy.free and policy.shadow is None  # no stateless shadow drafts
+    cfg = SpeculativeConfig(method="suffix", num_speculative_tokens=3, disable_by_acceptance=False)
     spec = build_speculator(cfg, proposer, SpecStats(), CPU)
     a = _req("a", [1, 2, 3, 4])
     a.prompt_token_ids = [1, 2]

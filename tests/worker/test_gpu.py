@@ -408,8 +408,8 @@ def test_speculative_engine_on_cuda(tmp_path):
 
 
 def test_ngram_acceptance_gate_on_cuda(tmp_path):
-    """n-gram on CUDA gates drafting by acceptance by default (spec/gate.py); gated, ungated and plain
-    decoding give (near-)identical bf16 tokens (verify rows take the same skinny matmuls as decode
+    """n-gram on CUDA drafts under the goodput policy by default (spec_decode/policy.py); with it,
+    without it and plain decoding give (near-)identical bf16 tokens (verify rows take the same skinny matmuls as decode
     rows on small models; attention over k + 1 queries may still round differently)."""
     from engine_utils import greedy, tokens_of
     from tiny_models import write_tiny_hf_checkpoint
@@ -422,7 +422,7 @@ def test_ngram_acceptance_gate_on_cuda(tmp_path):
     plain = LLM(str(path), **kw)
     gated = LLM(str(path), speculative_config=ngram, **kw)
     ungated = LLM(str(path), speculative_config={**ngram, "disable_by_acceptance": False}, **kw)
-    assert gated.engine.gate is not None and ungated.engine.gate is None
+    assert gated.engine.policy is not None and ungated.engine.policy is None
     prompts = [[5, 9, 17, 33, 40] * 4, [7, 7, 7, 7], [3, 11, 29, 60, 61, 62]]
     want = [tokens_of(plain.generate([p], greedy(40)))[0] for p in prompts]  # batch 1, as below
     for llm in (gated, ungated):
@@ -430,4 +430,5 @@ def test_ngram_acceptance_gate_on_cuda(tmp_path):
         same = sum(x == y for p, q in zip(want, got) for x, y in zip(p, q))
         assert same >= 0.9 * sum(len(p) for p in want)
         assert llm.engine.stats.spec.num_drafts > 0
-    assert gated.engine.gate.verify_cost.count > 0 and not gated.engine.gate._states
+    policy = gated.engine.policy
+    assert policy.acceptance.num_scored > 0 and not policy._pending and not policy.acceptance._reqs

@@ -1,0 +1,256 @@
+"""The goodput policy: how many draft tokens each request verifies this step (0..k), for every method.
+
+Each step it maximises expected tokens per second over the batch,
+
+    G(k_1..k_B) = Σ_i (1 + Σ_{j<k_i} s[i, j]) / T(B, Σ_i k_i)
+
+with ``s[i, j]`` the survival (expected acceptance) of request i's draft slot j
+(``policy_accept.py``) and T the step time (``policy_cost.py``, in units of a decode step of B
+requests, plus ``draft_cost`` per draft step for a model-based proposer). Because survival never
+increases along a draft, the optimum takes the N best slots over the whole batch for some N: the
+policy sorts the slots, evaluates G at every N (N = 0 — plain decoding — included) and keeps N* only
+if it beats plain decoding by ``margin`` (5%: estimation error must not make speculation slower).
+So at batch 1 with repetitive text every request verifies k, and as the batch grows (each draft
+token costs more of a step) or acceptance falls, k shrinks per request until nobody drafts.
+
+Where drafts come from:
+
+- Host proposers (n-gram, suffix; ``draft_cost`` 0): the speculator asks for the full k for every
+  request first, then the policy chooses from the *actual* drafts and the speculator truncates them.
+  The whole proposal is scored against the tokens the target produced afterwards (``score_draft``:
+  its longest prefix equal to the real continuation, exactly what greedy verification would have
+  accepted, and the same in distribution when sampling), so a request learns its acceptance while
+  it does not draft — the acceptance gate's *shadow drafts*, now part of the policy.
+- Stateless host proposers (``shadow``: n-gram's ``propose_one(tokens, k)``): while decode steps run
+  asynchronously (no proposal), the policy also drafts lazily from earlier prefixes, position after
+  position, as the gate did, so evidence keeps coming without giving up asynchronous decode.
+- Model-based proposers: the policy chooses k from the estimates first (the drafting costs
+  forwards), and the granted drafts are scored the same way.
+
+The decision uses only the estimates as they stand: outcomes may arrive one step late (asynchronous
+steps) without changing anything but the freshness of the estimates.
+
+Safety valves: ``disable_by_batch_size`` (vLLM's key: no drafts once the batch reaches it); while
+no proposal is made (asynchronous decode), a proposal round is forced every ``probe_every`` steps for
+proposers without lazy shadows; a model proposer, which has no shadow drafts to learn from, drafts
+the full k for every request in its first proposal round and again once no request has drafted for
+``probe_every`` steps (exploration: otherwise estimates that say "does not pay" could never be
+corrected); likewise a host proposer verifies its whole drafts once per ``verify_probe_every`` steps
+without a verify when its acceptance would pay under the prior cost model (the measured cost may be an outlier that nobody
+re-measures; measurements also fade with age); and when a batch-size
+bucket has not timed a plain decode step for ``decode_probe_every`` steps (everyone drafting),
+``decode_probe_steps`` plain steps re-measure the baseline (~1% of the steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tandem.engine.stats import SpecStats
+from tandem.spec_decode.policy_accept import AcceptanceModel, score_draft
+from tandem.spec_decode.policy_cost import StepCostModel
+
+MARGIN = 0.05
+PROBE_EVERY = 64
+DECODE_PROBE_EVERY = 256
+VERIFY_PROBE_EVERY = 256
+DECODE_PROBE_STEPS = 3
+DRAFT_COST_ALPHA = 0.2
+PRIOR_DRAFT_COST = 0.1  # a model-based proposer's draft step, in target decode steps, until measured
+
+ShadowDraft = Callable[[Sequence[int], int], list[int]]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    request_id: str
+    max_tokens: int  # k within the request's room (max_tokens / max_model_len)
+    draft: tuple[int, ...] | None = None  # the proposal when known before choosing (host proposers)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    at: int  # proposed from token_ids[:at]
+    draft: tuple[int, ...]
+
+
+class GoodputPolicy:
+    def __init__(self, k: int, *, free: bool, shadow: ShadowDraft | None = None, stats: SpecStats | None = None,
+                 margin: float = MARGIN, disable_by_batch_size: int | None = None,
+                 probe_every: int = PROBE_EVERY, decode_probe_every: int = DECODE_PROBE_EVERY,
+                 decode_probe_steps: int = DECODE_PROBE_STEPS, verify_probe_every: int = VERIFY_PROBE_EVERY,
+                 draft_cost: float | None = None, cost: StepCostModel | None = None,
+                 acceptance: AcceptanceModel | None = None) -> None:
+        self.k = k
+        self.free = free  # drafts are host lookups: propose the full k, then choose
+        self.shadow = shadow
+        self.stats = stats if stats is not None else SpecStats()
+        self.margin = margin
+        self.disable_by_batch_size = disable_by_batch_size
+        self.probe_every, self.decode_probe_steps = probe_every, decode_probe_steps
+        self.decode_probe_every, self.verify_probe_every = decode_probe_every, verify_probe_every
+        self.cost = cost if cost is not None else StepCostModel(max_k=k)
+        self.acceptance = acceptance if acceptance is not None else AcceptanceModel(k)
+        self.measure_draft_cost = draft_cost is None and not free
+        self.draft_cost = 0.0 if free else (PRIOR_DRAFT_COST if draft_cost is None else draft_cost)
+        self._pending: dict[str, _Pending] = {}
+        self._shadow_at: dict[str, int] = {}  # lazy shadows: the next position to draft from
+        self._decode_probe = 0  # plain steps left to re-measure the decode time
+        self._steps_since_proposal = 0
+        # model proposers: steps since any request drafted; the first round explores (full k for all)
+        self._steps_since_draft = probe_every
+
+    # ---- decisions ------------------------------------------------------------------------------
+    def choose(self, batch: int, candidates: Sequence[Candidate]) -> list[int]:
+        """k per candidate for a step of ``batch`` running requests (a proposal round)."""
+        self._steps_since_proposal = 0
+        ks = [0] * len(candidates)
+        if self._off(batch):
+            self._count(ks)
+            return ks
+        if self.cost.decode_is_stale(batch, self.decode_probe_every):
+            self.cost.probing(batch)
+            self._decode_probe = self.decode_probe_steps
+            self._count(ks)
+            return ks
+        ks = self._optimise(batch, candidates, with_reach=False)
+        if not any(ks) and self._steps_since_draft >= self.probe_every:
+            if not self.free:
+                ks = [c.max_tokens for c in candidates]  # explore: a model proposer has no shadow drafts
+            elif self.cost.verify_is_stale(batch, self.verify_probe_every) and any(
+                    self._optimise(batch, candidates, with_reach=False, cost=self.cost.prior_overhead())):
+                # the measured cost says no, but it is old and the prior cost says yes: verify the
+                # whole drafts once (long verifies beside short ones separate σ from β in the fit)
+                ks = [min(c.max_tokens, len(c.draft or ())) for c in candidates]
+        if any(ks):
+            self._steps_since_draft = 0
+        self._count(ks)
+        return ks
+
+    def wants_any(self, batch: int, candidates: Sequence[Candidate]) -> bool:
+        """Whether a proposal round now would likely draft for anyone (drafts unknown yet: expected
+        draft lengths from the requests' history). False keeps decode steps asynchronous."""
+        if self._off(batch):
+            return False
+        if self.shadow is None and self._steps_since_proposal >= self.probe_every:
+            return True  # no lazy shadows: refresh the estimates now and then
+        if not self.free and self._steps_since_draft >= self.probe_every:
+            return True  # a model proposer's exploration round is due
+        return any(self._optimise(batch, candidates, with_reach=True))
+
+    def _off(self, batch: int) -> bool:
+        return (self.disable_by_batch_size is not None and batch >= self.disable_by_batch_size) or self._decode_probe > 0
+
+    def _optimise(self, batch: int, candidates: Sequence[Candidate], with_reach: bool,
+                  cost: tuple[float, float] | None = None) -> list[int]:
+        batch = max(batch, 1)
+        sigma, beta = cost or self.cost.overhead(batch)  # ratio(batch, n) = 1 + max(0, sigma + beta n / batch)
+        lengths = [min(c.max_tokens, self.k if c.draft is None else len(c.draft)) for c in candidates]
+        if not self._may_pay(batch, candidates, lengths, sigma, beta, with_reach):
+            return [0] * len(candidates)
+        n = len(candidates)
+        surv = self.acceptance.survival_matrix([c.request_id for c in candidates],
+                                               [with_reach or c.draft is None for c in candidates])
+        k = surv.shape[1]
+        # a slot below beta never raises the goodput at the margin (adding it gains s, costs G·β/B ≥ β)
+        valid = (np.arange(k)[None, :] < np.asarray(lengths)[:, None]) & (surv > beta)
+        idx = np.flatnonzero(valid)
+        if idx.size == 0:
+            return [0] * n
+        s = surv.ravel()[idx]
+        order = np.argsort(-s, kind="stable")  # ties: lower request, then lower position first
+        idx, s = idx[order], s[order]
+        count = np.arange(1, idx.size + 1)
+        longest = np.maximum.accumulate(idx % k + 1)  # survival falls along a draft: slot j → k_i = j + 1
+        g = (batch + np.cumsum(s)) / (1.0 + np.maximum(0.0, sigma + beta * count / batch) + self.draft_cost * longest)
+        best = int(np.argmax(g))
+        if g[best] < (1.0 + self.margin) * batch:
+            return [0] * n
+        return np.bincount(idx[: best + 1] // k, minlength=n).tolist()
+
+    def _may_pay(self, batch: int, candidates: Sequence[Candidate], lengths: Sequence[int], sigma: float,
+                 beta: float, with_reach: bool) -> bool:
+        """A cheap bound: with every slot as good as the best one (survival ≤ s_max), G(N) ≤
+        (B + N s_max) / (1 + σ + β N / B), monotone in N, so its largest value over N ≥ 1 is at N = 1
+        or at N = all slots. If neither beats plain decoding by the margin, nothing can."""
+        total = sum(lengths)
+        if total == 0:
+            return False
+        s_max = max((self.acceptance.first_survival(c.request_id, with_reach or c.draft is None)
+                     for c, n in zip(candidates, lengths) if n), default=0.0)
+        need = (1.0 + self.margin) * batch
+        cost = self.draft_cost * max(lengths)
+        for n in (1, total):
+            ratio = 1.0 + max(0.0, sigma + beta * n / batch)
+            if (batch + n * s_max) / (ratio + (self.draft_cost if n == 1 else cost)) >= need:
+                return True
+        return False
+
+    def _count(self, ks: Sequence[int]) -> None:
+        self.stats.record_choices(ks, self.k)
+
+    # ---- evidence -------------------------------------------------------------------------------
+    def proposed(self, request_id: str, at: int, draft: Sequence[int]) -> None:
+        """A proposal from the request's first ``at`` tokens (the full draft, before truncation)."""
+        self._shadow_at.pop(request_id, None)
+        old = self._pending.pop(request_id, None)
+        if old is not None and old.draft and at > old.at:
+            # superseded undecided: every token produced since matched (else on_tokens decided it)
+            self.acceptance.record(request_id, len(old.draft), min(at - old.at, len(old.draft)), decided=False)
+        self._pending[request_id] = _Pending(at, tuple(int(t) for t in draft))
+
+    def on_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
+        """New tokens of a request: score its pending proposal, then (lazy shadows) propose and score
+        from each earlier prefix the tokens have gone past."""
+        n = len(token_ids)
+        p = self._pending.get(request_id)
+        if p is None and self.shadow is not None and self._shadow_at.get(request_id, n) < n:
+            p = self._shadow(request_id, self._shadow_at.pop(request_id), token_ids)
+        while p is not None:
+            r = score_draft(p.draft, p.at, token_ids)
+            if r is None:
+                return
+            acc, decided = r
+            if not decided:
+                return
+            self.acceptance.record(request_id, len(p.draft), acc)
+            del self._pending[request_id]
+            at = p.at + acc + 1  # where a verify of this draft would have left the request
+            p = None
+            if self.shadow is not None:
+                if at < n:
+                    p = self._shadow(request_id, at, token_ids)
+                else:
+                    self._shadow_at[request_id] = at
+
+    def _shadow(self, request_id: str, at: int, token_ids: Sequence[int]) -> _Pending:
+        assert self.shadow is not None
+        p = self._pending[request_id] = _Pending(at, tuple(self.shadow(token_ids[:at], self.k)))
+        self.stats.num_shadow_drafts += 1
+        return p
+
+    def on_step(self, batch: int, num_query_tokens: int, seconds: float, draft_seconds: float = 0.0,
+                draft_steps: int = 0, timed: bool = True) -> None:
+        """One engine step: ``batch`` requests, ``num_query_tokens`` query tokens, its wall time (of
+        which ``draft_seconds`` drafting ``draft_steps`` tokens deep); ``timed`` False for steps the
+        cost model must not learn from (prefill, mixed)."""
+        self._steps_since_proposal += 1
+        self._steps_since_draft += 1
+        self._decode_probe = max(0, self._decode_probe - 1)  # a probe lasts its steps, timed or not
+        if not timed:
+            return
+        verify_seconds = seconds - (draft_seconds if not self.free else 0.0)
+        self.cost.observe(batch, num_query_tokens, verify_seconds)
+        if self.measure_draft_cost and draft_steps > 0 and draft_seconds > 0:
+            d = self.cost.decode_seconds(batch)
+            if d:
+                x = draft_seconds / (draft_steps * d)
+                self.draft_cost += DRAFT_COST_ALPHA * (x - self.draft_cost)
+
+    def forget(self, request_id: str) -> None:
+        self._pending.pop(request_id, None)
+        self._shadow_at.pop(request_id, None)
+        self.acceptance.forget_request(request_id)

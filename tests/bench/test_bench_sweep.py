@@ -1,0 +1,185 @@
+"""``tandem bench sweep``: the workload table (methods x workloads x concurrency) offline on a tiny
+checkpoint, its rows / speedups / table / plot, the method configs, and the task datasets (edit,
+repeated_task)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from tiny_models import write_tiny_hf_checkpoint
+
+from tandem.bench.datasets import sample_requests
+from tandem.bench.sweep import method_presets, parse_config, parse_int_list
+from tandem.bench.sweep_spec import CellResult
+from tandem.bench.sweep_output import format_table, speedup_rows, write_plot
+from tandem.bench.tasks import load_humaneval_functions
+from tandem.cli import main
+from tandem.errors import ConfigError
+
+ENGINE = ["--device", "cpu", "--dtype", "float32", "--kv-cache-memory-bytes", str(64 << 20), "--block-size", "4"]
+
+
+class WordTokenizer:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [len(w) for w in text.split()]
+
+
+def _cell(method: str, workload: str, conc: int, tput: float, tpot: float) -> CellResult:
+    return CellResult(workload, conc, method, 4, 100, 1.0, tput, tpot, tpot, 10.0,
+                      None if method == "base" else 0.5, None if method == "base" else 2.0,
+                      None if method == "base" else 0.25)
+
+
+def test_rows_speedups_and_table():
+    cells = [_cell("base", "code", 1, 100, 10), _cell("base", "code", 8, 400, 20),
+             _cell("ngram", "code", 1, 150, 6), _cell("ngram", "code", 8, 380, 21)]
+    rows = speedup_rows(cells, "base")
+    by = {(r["method"], r["concurrency"]): r for r in rows}
+    assert by[("base", 1)]["speedup"] == 1.0
+    assert by[("ngram", 1)]["speedup"] == pytest.approx(1.5)
+    assert by[("ngram", 1)]["tpot_speedup"] == pytest.approx(10 / 6)
+    assert by[("ngram", 8)]["speedup"] == pytest.approx(0.95)
+    table = format_table(rows, ["code"], [1, 8], ["base", "ngram"])
+    assert "| code | 1.50× / 1.67× | **0.95×** / 0.95× |" in table  # throughput below 0.98: bold
+    assert "| code | 1 | ngram | 6.00 | 6.00 | 150.0 | 1.500× | 0.50 | 2.00 | 25% |" in table
+
+
+def test_plot_written_or_skipped(tmp_path, monkeypatch):
+    rows = speedup_rows([_cell("base", "code", 1, 100, 10), _cell("ngram", "code", 1, 150, 6)], "base")
+    path = write_plot(rows, ["code"], tmp_path / "p.png")
+    assert path is not None and path.stat().st_size > 1000
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    assert write_plot(rows, ["code"], tmp_path / "q.png") is None and not (tmp_path / "q.png").exists()
+
+
+def test_methods_and_configs(tmp_path):
+    ms = method_presets(["baseline", "ngram", "suffix"], 3, "on")
+    assert ms[0].speculative_config is None
+    assert ms[1].speculative_config == {"method": "ngram", "num_speculative_tokens": 3, "disable_by_acceptance": True}
+    assert ms[2].speculative_config == {"method": "suffix", "disable_by_acceptance": True}
+    assert method_presets(["ngram"], 4, "default")[0].speculative_config == {"method": "ngram", "num_speculative_tokens": 4}
+    with pytest.raises(ConfigError) as e:
+        method_presets(["eagle"], 4, "on")
+    assert e.value.key == "--methods"
+    m = parse_config('{"name": "ng2", "method": "ngram", "num_speculative_tokens": 2}', "off")
+    assert m.name == "ng2" and m.speculative_config == {"method": "ngram", "num_speculative_tokens": 2,
+                                                        "disable_by_acceptance": False}
+    f = tmp_path / "c.json"
+    f.write_text('{"name": "plain", "speculative_config": null}')
+    assert parse_config(str(f), "on").speculative_config is None
+    for bad, key in (('{"method": "ngram"}', "--config"), ("nope", "--config"),
+                     ('{"name": "x", "method": "ngram", "num_speculative_tokens": 2, "bogus": 1}', "bogus")):
+        with pytest.raises(ConfigError) as e:
+            parse_config(bad, "on")
+        assert e.value.key == key
+    assert parse_int_list("--concurrency", "1,8") == [1, 8]
+    with pytest.raises(ConfigError):
+        parse_int_list("--concurrency", "0,2")
+
+
+def test_repeated_task_dataset_asks_tasks_again_with_small_changes():
+    tok = WordTokenizer()
+    reqs = sample_requests("repeated-task", tok, 9, seed=3, repeats=3, output_len=64)
+    assert len(reqs) == 9 and all(r.expected_output_len == 64 for r in reqs)
+    assert reqs == sample_requests("repeated_task", tok, 9, seed=3, repeats=3, output_len=64)  # deterministic
+    funcs = dict(load_humaneval_functions())
+    for task in range(3):  # rounds: tasks 0,1,2 then again 0,1,2 (renamed, reworded) ...
+        first, again = reqs[task].prompt, reqs[task + 3].prompt
+        name = next(n for n in funcs if f"def {n}(" in first)
+        assert f"def {name}_v1(" in again and first != again
+        shared = sum(1 for a, b in zip(first.splitlines(), again.splitlines()) if a == b)
+        assert shared >= len(first.splitlines()) // 2  # a small change, not a new task
+    edit = sample_requests("edit", tok, 2, seed=0)
+    assert edit[0].prompt.startswith("Rewrite this function") and "```python\ndef " in edit[0].prompt
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return write_tiny_hf_checkpoint(tmp_path_factory.mktemp("bench_sweep"), "llama", std=0.2)
+
+
+def test_sweep_end_to_end(model_dir, tmp_path, capsys):
+    out = tmp_path / "res"
+    rc = main(["bench", "sweep", "--model", str(model_dir), *ENGINE, "--workloads", "code,repeated",
+               "--concurrency", "1,2", "--methods", "baseline,ngram", "--policy", "on", "--num-prompts", "2",
+               "--output-len", "6", "--num-speculative-tokens", "3", "--warmup", "1", "--result-dir", str(out),
+               "--config", '{"name": "ngram_every_step", "method": "ngram", "num_speculative_tokens": 3, '
+                           '"disable_by_acceptance": false}'])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "speedup of ngram over baseline" in text and "speedup of ngram_every_step over baseline" in text
+    data = json.loads((out / "sweep.json").read_text())
+    rows = data["rows"]
+    assert len(rows) == 3 * 2 * 2
+    assert {(r["method"], r["workload"], r["concurrency"]) for r in rows} == {
+        (m, w, c) for m in ("baseline", "ngram", "ngram_every_step") for w in ("code", "repeated") for c in (1, 2)}
+    for r in rows:
+        assert r["output_tokens"] == 2 * 6 and r["num_errors"] == 0 and r["output_throughput"] > 0
+        assert r["mean_tpot_ms"] > 0 and r["speedup"] > 0
+        if r["method"] == "baseline":
+            assert r["speedup"] == 1.0 and r["acceptance_rate"] is None and r["drafting_share"] is None
+        elif r["method"] == "ngram":
+            assert r["drafting_share"] is not None  # the policy decided
+        else:
+            assert r["drafting_share"] is None and r["acceptance_rate"] is not None  # drafts every step
+    assert data["meta"]["methods"]["ngram"]["disable_by_acceptance"] is True and data["meta"]["interleave"]
+    assert data["meta"]["temperatures"] == {"code": 0.0, "repeated": 0.0}
+    assert (out / "sweep.png").stat().st_size > 1000
+    # one engine at a time: the same rows
+    rc = main(["bench", "sweep", "--model", str(model_dir), *ENGINE, "--workloads", "code", "--concurrency", "1",
+               "--methods", "baseline,ngram", "--no-interleave", "--num-prompts", "1", "--output-len", "4",
+               "--result-dir", str(out / "seq")])
+    data = json.loads((out / "seq" / "sweep.json").read_text())
+    assert rc == 0 and not data["meta"]["interleave"]
+    assert [(r["method"], r["output_tokens"]) for r in data["rows"]] == [("baseline", 4), ("ngram", 4)]
+
+
+def _serve(llm, name: str):  # a real tandem server on a free port, in a thread
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from tandem.server.api import build_app
+    from tandem.server.async_engine import AsyncEngine
+
+    ae = AsyncEngine(llm.engine, name)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(build_app(ae, [name], None), log_level="critical"))
+    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.02)
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", server, ae
+
+
+def test_sweep_against_running_servers(model_dir, tmp_path, capsys):
+    from engine_utils import make_llm
+
+    servers = []
+    try:
+        for name, spec in (("base", None), ("ng", {"method": "ngram", "num_speculative_tokens": 3,
+                                                   "disable_by_acceptance": True})):
+            servers.append((name, *_serve(make_llm(model_dir, speculative_config=spec), name)))
+        out = tmp_path / "srv"
+        rc = main(["bench", "sweep", "--workloads", "code,edit", "--concurrency", "1,2", "--num-prompts", "2",
+                   "--output-len", "5", "--tokenizer", str(model_dir), "--result-dir", str(out),
+                   "--max-prompt-len", "200",
+                   *[a for name, url, _, _ in servers for a in ("--server", f"{name}={url}")]])
+        assert rc == 0
+        rows = json.loads((out / "sweep.json").read_text())["rows"]
+        assert {(r["method"], r["workload"], r["concurrency"]) for r in rows} == {
+            (m, w, c) for m in ("base", "ng") for w in ("code", "edit") for c in (1, 2)}
+        assert all(r["output_tokens"] == 10 and r["num_errors"] == 0 for r in rows)
+        assert all(r["speedup"] == 1.0 for r in rows if r["method"] == "base")
+        assert "speedup of ng over base" in capsys.readouterr().out
+    finally:
+        for _, _, server, ae in servers:
+            server.should_exit = True
+            ae.shutdown()

@@ -1,0 +1,290 @@
+"""The goodput policy (spec_decode/policy.py) against a simulated engine: no weights, a step-time
+function standing in for the device and requests whose drafts are accepted at a chosen rate.
+
+It must draft when it pays (high acceptance, small batch), stop when it does not (low acceptance,
+large batch / expensive verify), recover when acceptance rises, choose smaller k at larger batch,
+honour disable_by_batch_size, and learn the step-cost model and per-position acceptance it decides
+from. Shadow scoring must match greedy verification exactly."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+
+from tandem.engine.stats import SpecStats
+from tandem.spec_decode.ngram import NgramProposer
+from tandem.spec_decode.policy import Candidate, GoodputPolicy
+from tandem.spec_decode.policy_accept import AcceptanceModel, score_draft
+from tandem.spec_decode.policy_cost import StepCostModel, bucket_of
+
+K = 4
+StepTime = Callable[[int, int], float]  # (batch, draft tokens) -> seconds
+
+
+def linear_cost(decode: float, per_row: float, sync: float, per_token: float) -> StepTime:
+    """A device: D(B) = decode + per_row·B; a verify adds ``sync``·D(B) + ``per_token`` per draft token."""
+    def t(batch: int, n: int) -> float:
+        d = decode + per_row * batch
+        return d if n == 0 else d * (1 + sync) + per_token * n
+    return t
+
+
+class Sim:
+    """``batch`` requests decoding forever; each draft position is accepted with probability
+    ``alpha()`` (the true rate, may change over time). Drafts are always k long (free proposer)."""
+
+    def __init__(self, policy: GoodputPolicy, batch: int, step_time: StepTime, alpha: Callable[[], float],
+                 seed: int = 0, draft_step: float = 0.0) -> None:
+        self.policy, self.batch, self.step_time, self.alpha = policy, batch, step_time, alpha
+        self.draft_step = draft_step  # > 0: a model proposer (k chosen first, each draft step costs this)
+        self.timed = True  # False: plain steps are not timed (prefill mixed in); verify steps still are
+        self.rng = random.Random(seed)
+        self.tokens = {f"r{i}": [0] for i in range(batch)}
+        self.next_id = 1
+        self.emitted = 0
+        self.seconds = 0.0
+        self.ks: list[list[int]] = []
+
+    def _fresh(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def step(self) -> None:
+        drafts, real = {}, {}
+        for rid, toks in self.tokens.items():
+            d = tuple(self._fresh() for _ in range(K))
+            m = 0  # how far the target's continuation follows the draft
+            while m < K and self.rng.random() < self.alpha():
+                m += 1
+            real[rid] = list(d[:m]) + [self._fresh() for _ in range(K + 1 - m)]
+            drafts[rid] = d
+            if not self.draft_step:
+                self.policy.proposed(rid, len(toks), d)
+        rids = list(self.tokens)
+        if self.draft_step:
+            ks = self.policy.choose(self.batch, [Candidate(r, K) for r in rids])
+            for rid, k in zip(rids, ks):
+                self.policy.proposed(rid, len(self.tokens[rid]), drafts[rid][:k])
+        else:
+            ks = self.policy.choose(self.batch, [Candidate(r, K, drafts[r]) for r in rids])
+        self.ks.append(ks)
+        for rid, k in zip(rids, ks):
+            cont = real[rid]
+            acc = 0
+            while acc < k and cont[acc] == drafts[rid][acc]:
+                acc += 1
+            self.tokens[rid] += cont[: acc + 1]
+            self.emitted += acc + 1
+            self.policy.on_tokens(rid, self.tokens[rid])
+        drafting = self.draft_step * max(ks) if self.draft_step else 0.0
+        t = self.step_time(self.batch, sum(ks)) + drafting
+        self.seconds += t
+        self.policy.on_step(self.batch, self.batch + sum(ks), t, drafting, max(ks), timed=self.timed or sum(ks) > 0)
+
+    def run(self, steps: int) -> Sim:
+        for _ in range(steps):
+            self.step()
+        return self
+
+    def goodput(self) -> float:
+        return self.emitted / self.seconds
+
+    def drafting_share(self, last: int) -> float:
+        window = self.ks[-last:]
+        return sum(1 for ks in window for k in ks if k) / sum(len(ks) for ks in window)
+
+    def mean_k(self, last: int) -> float:
+        window = self.ks[-last:]
+        return sum(sum(ks) for ks in window) / sum(len(ks) for ks in window)
+
+
+def _policy(**kw) -> GoodputPolicy:
+    return GoodputPolicy(K, free=True, stats=SpecStats(), **kw)
+
+
+GPU_SMALL = linear_cost(decode=5e-3, per_row=2e-5, sync=0.05, per_token=2e-5)  # memory-bound: tokens cheap
+COMPUTE_BOUND = linear_cost(decode=1e-3, per_row=2e-4, sync=0.3, per_token=2e-4)  # each token costs a row
+
+
+def test_drafts_when_it_pays_high_acceptance_small_batch():
+    sim = Sim(_policy(), 1, GPU_SMALL, lambda: 0.85).run(300)
+    assert sim.drafting_share(200) > 0.9
+    assert sim.mean_k(200) > 3.0  # the whole k: extra tokens are nearly free at batch 1
+    baseline = 1 / GPU_SMALL(1, 0)
+    assert sim.goodput() > 2.0 * baseline
+
+
+@pytest.mark.parametrize("batch,step_time,alpha", [
+    (4, GPU_SMALL, 0.02),  # acceptance too low
+    (64, COMPUTE_BOUND, 0.5),  # verify too expensive at a large batch
+])
+def test_stops_when_it_does_not_pay(batch, step_time, alpha):
+    sim = Sim(_policy(), batch, step_time, lambda: alpha).run(300)
+    assert sim.drafting_share(200) < 0.05
+    baseline = batch / step_time(batch, 0)
+    assert sim.goodput() >= 0.97 * baseline  # the few probe drafts at the start cost little
+
+
+def test_recovers_when_acceptance_rises():
+    rate = [0.02]
+    sim = Sim(_policy(), 2, GPU_SMALL, lambda: rate[0])
+    sim.run(200)
+    assert sim.drafting_share(100) < 0.05
+    rate[0] = 0.9  # the text turns repetitive: the shadow drafts notice
+    sim.run(30)
+    assert sim.drafting_share(10) > 0.9
+    rate[0] = 0.0  # and stops repeating
+    sim.run(60)
+    assert sim.drafting_share(20) < 0.1
+
+
+def test_smaller_k_at_larger_batch():
+    device = linear_cost(decode=2e-3, per_row=2e-5, sync=0.05, per_token=3e-5)  # a token's share grows with B
+    ks = {}
+    for batch in (1, 8, 32, 64):
+        ks[batch] = Sim(_policy(), batch, device, lambda: 0.7, seed=batch).run(250).mean_k(150)
+    assert ks[1] > ks[8] > ks[32] > ks[64]
+    assert ks[1] > 3.5 and ks[64] < 1.5
+
+
+def test_never_slower_than_plain_decoding_across_regimes():
+    for batch, device, alpha in [(1, GPU_SMALL, 0.3), (8, GPU_SMALL, 0.5), (32, COMPUTE_BOUND, 0.6),
+                                 (16, COMPUTE_BOUND, 0.2), (1, COMPUTE_BOUND, 0.1)]:
+        sim = Sim(_policy(), batch, device, lambda: alpha, seed=batch).run(400)
+        assert sim.goodput() >= 0.97 * batch / device(batch, 0), (batch, alpha)
+
+
+def test_disable_by_batch_size():
+    policy = _policy(disable_by_batch_size=8)
+    sim = Sim(policy, 8, GPU_SMALL, lambda: 0.95).run(50)
+    assert sim.drafting_share(50) == 0.0
+    assert not policy.wants_any(8, [Candidate("r0", K)])
+    sim = Sim(_policy(disable_by_batch_size=8), 7, GPU_SMALL, lambda: 0.95).run(50)
+    assert sim.drafting_share(30) > 0.9
+
+
+def test_stats_histogram_and_share():
+    policy = _policy()
+    sim = Sim(policy, 1, GPU_SMALL, lambda: 0.9).run(100)
+    st = policy.stats
+    assert sum(st.chosen_k) == 100 and len(st.chosen_k) == K + 1
+    assert st.drafting_share == pytest.approx(sum(1 for ks in sim.ks if ks[0]) / 100)
+    assert st.last_decided == 1
+
+
+def test_decode_probe_re_measures_the_baseline():
+    policy = _policy(decode_probe_every=20, decode_probe_steps=2)
+    sim = Sim(policy, 1, GPU_SMALL, lambda: 0.95).run(200)
+    plain = [i for i, ks in enumerate(sim.ks) if ks == [0]]
+    assert len(plain) >= 200 // 25  # a few plain steps every ~20 steps
+    assert sim.drafting_share(200) > 0.85
+
+
+def test_model_proposer_explores_then_drafts_when_it_pays():
+    policy = GoodputPolicy(K, free=False, stats=SpecStats(), probe_every=16)
+    policy.acceptance.global_rates[:] = 0.05  # the prior says "never pays": only exploration can fix it
+    sim = Sim(policy, 2, GPU_SMALL, lambda: 0.9, draft_step=0.05 * GPU_SMALL(2, 0), seed=1).run(200)
+    assert sim.ks[0] == [K, K]  # the first round explores, though the prior says it does not pay
+    assert sim.drafting_share(100) > 0.9  # then it drafts: the evidence says it pays
+    assert policy.draft_cost == pytest.approx(0.05, rel=0.3)  # the measured draft step, in decode steps
+    bad = GoodputPolicy(K, free=False, stats=SpecStats(), probe_every=16)
+    sim = Sim(bad, 2, GPU_SMALL, lambda: 0.0, draft_step=0.2 * GPU_SMALL(2, 0), seed=1).run(200)
+    assert sim.drafting_share(100) <= 1 / 16 + 0.01  # only the exploration rounds
+    assert sim.goodput() >= 0.9 * 2 / GPU_SMALL(2, 0)
+
+
+def test_recovers_from_slow_first_verifies():
+    """Cold verify steps (new shapes, allocations) measured 4x their cost must not stop speculation
+    for good: the first is ignored, the rest fade, and a verify is explored again."""
+    seen = [0]
+
+    def device(batch: int, n: int) -> float:
+        if n:
+            seen[0] += 1
+        return GPU_SMALL(batch, n) * (4.0 if n and seen[0] <= 3 else 1.0)
+
+    sim = Sim(_policy(verify_probe_every=64), 1, device, lambda: 0.85).run(600)
+    assert seen[0] > 3 and sim.drafting_share(100) > 0.9
+
+
+def test_decode_probe_ends_even_if_no_plain_step_is_timed():
+    policy = _policy(decode_probe_every=20, decode_probe_steps=2)
+    sim = Sim(policy, 1, GPU_SMALL, lambda: 0.95)
+    sim.run(10)
+    sim.timed = False  # from now on no plain step is ever timed (verify steps still are)
+    sim.run(150)
+    assert sim.drafting_share(100) > 0.85  # each probe lasts its 2 steps: the policy is not stuck off
+
+
+# ---- the models ----------------------------------------------------------------------------------
+def test_cost_model_learns_overhead_from_steps():
+    m = StepCostModel(max_k=K)
+    assert m.ratio(8, 0) == 1.0 and m.overhead(8) == (m.prior_sigma, m.prior_beta)
+    device = linear_cost(decode=1e-3, per_row=1e-4, sync=0.4, per_token=1e-4)  # B=8: D=1.8ms
+    rng = random.Random(0)
+    for _ in range(100):
+        m.observe(8, 8, device(8, 0))
+        n = rng.randrange(1, 4 * 8)
+        m.observe(8, 8 + n, device(8, n))
+    sigma, beta = m.overhead(8)
+    assert sigma == pytest.approx(0.4, abs=0.06)  # (the prior, 0.1, pulls a little)
+    assert beta == pytest.approx(1e-4 * 8 / 1.8e-3, rel=0.1)  # per token per request, in units of D
+    assert m.decode_seconds(8) == pytest.approx(1.8e-3)
+    assert m.decode_seconds(5) == pytest.approx(1.8e-3)  # same bucket
+    assert m.decode_seconds(32) == pytest.approx(1.8e-3 * 4)  # larger: scaled, never cheaper
+    assert m.overhead(64) == (sigma, beta)  # the nearest fitted bucket
+    assert [bucket_of(b) for b in (0, 1, 2, 3, 8, 9)] == [1, 1, 2, 4, 8, 16]
+
+
+def test_acceptance_model_positions_and_decay():
+    a = AcceptanceModel(3, prior=0.5, prior_weight=1.0, forget=1.0)
+    assert a.rates("x") == [0.5, 0.5, 0.5] and a.expected_tokens("x", 3) == pytest.approx(1.875)
+    for _ in range(20):
+        a.record("x", 3, 1)  # first accepted, second rejected, third never reached
+    r = a.rates("x")
+    assert r[0] > 0.95 and r[1] < 0.05 and r[2] == pytest.approx(a.global_rates[2])
+    s = a.survival("x", 3)
+    assert s == sorted(s, reverse=True)
+    a.record("y", 3, 2, decided=False)  # two accepted, the third not known yet
+    assert a._reqs["y"].seen.tolist() == [1.0, 1.0, 0.0]
+    a.forget_request("x")
+    assert a.rates("x") == a.global_rates.tolist()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_shadow_scoring_matches_greedy_verification(seed):
+    """Lazy shadow drafts (n-gram, while nothing is proposed) score each draft as greedy verification
+    of it would have: same accepted lengths, from the same positions."""
+    rng = random.Random(seed)
+    motif = [rng.randrange(20) for _ in range(6)]
+    tokens = [rng.randrange(20) for _ in range(8)]
+    while len(tokens) < 120:
+        tokens += motif if rng.random() < 0.6 else [rng.randrange(20) for _ in range(rng.randrange(1, 5))]
+    ng = NgramProposer(1, 3, 3)
+    want, p = [], 10
+    while p < len(tokens):
+        d = ng.propose_one(tokens[:p], 3)
+        r = score_draft(d, p, tokens)
+        if r is None or not r[1]:
+            break
+        want.append((len(d), r[0]))
+        p += r[0] + 1
+    got: list[tuple[int, int]] = []
+    policy = GoodputPolicy(3, free=True, shadow=ng.propose_one)
+    policy.acceptance.record = lambda rid, n, acc, decided=True: got.append((n, acc))  # type: ignore[method-assign]
+    policy.proposed("r", 10, ng.propose_one(tokens[:10], 3))
+    for n in range(11, len(tokens) + 1, 3):  # tokens arrive a few at a time (chained decode steps)
+        policy.on_tokens("r", tokens[:n])
+    policy.on_tokens("r", tokens)
+    assert got == want and len(want) > 10
+    assert policy.stats.num_shadow_drafts == len(want) - 1 or policy.stats.num_shadow_drafts == len(want)
+
+
+def test_score_draft():
+    assert score_draft([1, 2, 3], 2, [0, 0]) is None
+    assert score_draft([1, 2, 3], 2, [0, 0, 1, 2]) == (2, False)  # not decided yet
+    assert score_draft([1, 2, 3], 2, [0, 0, 1, 5]) == (1, True)
+    assert score_draft([1, 2, 3], 2, [0, 0, 1, 2, 3]) == (3, True)
+    assert score_draft([], 2, [0, 0, 7]) == (0, True)
