@@ -29,7 +29,7 @@ from tandem.errors import ConfigError
 from tandem.kv.block_pool import BlockPool
 from tandem.kv.kv_cache import allocate_kv_cache, bytes_per_block, kv_budget_bytes
 from tandem.loader.arch import ModelArch
-from tandem.loader.checkpoint import open_checkpoint
+from tandem.loader.checkpoint import open_checkpoint, resolve_quantization
 from tandem.models.decoder import CausalLM
 from tandem.scheduler import Scheduler
 from tandem.spec_decode.proposers import EngineProposer, build_proposer
@@ -80,10 +80,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
     torch.manual_seed(model_cfg.seed)
     generator = torch.Generator(device=device)
     generator.manual_seed(model_cfg.seed)
-    model = build_model(arch, ckpt.weights(), dtype, device, max_model_len)
+    quant = resolve_quantization(model_cfg.quantization, ckpt, device)
+    model = build_model(arch, ckpt.weights(packed=quant is not None), dtype, device, max_model_len, quant)
 
     k = spec.num_speculative_tokens if spec is not None else 0
-    draft_arch = draft_weights = None
+    draft_arch = draft_weights = draft_quant = None
     if spec is not None and spec.method == "draft_model":
         # The draft follows the target's load format when that is "dummy" (benchmarks at real
         # shapes without weights), as in vLLM; otherwise it is detected from its own files.
@@ -94,17 +95,19 @@ def build_engine(config: EngineConfig) -> EngineParts:
             spec, target_vocab_size=arch.vocab_size, draft_vocab_size=draft_arch.vocab_size,
             target_max_model_len=max_model_len, draft_max_model_len=draft_arch.max_position_embeddings,
         )
-        draft_weights = dckpt.weights()
+        draft_quant = resolve_quantization(spec.quantization, dckpt, device, key="speculative_config.quantization")
+        draft_weights = dckpt.weights(packed=draft_quant is not None)
 
     # ---- KV cache sizing: target (+ draft) share one block table --------------------------------
     block_size = cache.block_size
     bpb = bytes_per_block(arch, block_size, dtype)
     if draft_arch is not None:
         bpb += bytes_per_block(draft_arch, block_size, dtype)
-    budget, source = kv_budget_bytes(device, cache.gpu_memory_utilization, cache.kv_cache_memory_bytes)
-    num_blocks = budget // bpb
     lookahead = k if draft_arch is not None else 0
     need = -(-(max_model_len + lookahead) // block_size)
+    budget, source = kv_budget_bytes(device, cache.gpu_memory_utilization, cache.kv_cache_memory_bytes,
+                                     cpu_demand=need * bpb * sched_cfg.max_num_seqs)
+    num_blocks = budget // bpb
     if num_blocks < need:
         raise ConfigError(
             "kv_cache_memory_bytes" if cache.kv_cache_memory_bytes is not None else "gpu_memory_utilization",
@@ -121,7 +124,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
     runners = [runner]
     draft_runner = None
     if draft_arch is not None and spec is not None:
-        draft_model = build_model(draft_arch, draft_weights, dtype, device, spec.max_model_len or max_model_len)
+        draft_model = build_model(draft_arch, draft_weights, dtype, device, spec.max_model_len or max_model_len,
+                                  draft_quant)
         draft_runner = make_runner(draft_model, allocate_kv_cache(draft_arch, num_blocks, block_size, dtype, device),
                                    block_size, device, spec.draft_runner_config(runner_cfg),
                                    max_model_len=max_model_len, lookahead=lookahead)  # the target's block tables
