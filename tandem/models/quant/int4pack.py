@@ -5,9 +5,9 @@ The kernel computes ``W[n, k] = (q[n, k] − 8) · scale[g, n] + zero[g, n]`` wi
 that is 5–20× slower, docs/quant_notes.md). A :class:`QuantizedWeight` maps onto it exactly:
 
 - ≤ 4 bits: the same codes, ``scale = s``, ``zero = offset + 8·s``;
-- 5–8 bits (Q5_x, Q8_0, 8-bit groups): two 4-bit planes side by side along K, ``code = 16·hi + lo``:
-  ``hi`` with ``scale 16·s, zero = offset + 128·s`` and ``lo`` with ``scale s, zero 8·s``. The input
-  is fed twice (``[x, x]``), so one kernel call sums both planes;
+- 5–8 bits (Q5_x, Q8_0, 8-bit groups): two 4-bit planes side by side along K, ``code = 16·hi + lo``
+  (``hi`` with scale ``16·s``, ``lo`` with scale ``s``; the offset goes to the ``lo`` plane's zero,
+  see ``__init__``). The input is fed twice (``[x, x]``), so one kernel call sums both planes;
 - the kernel group is the largest of 256/128/64/32 dividing the format's group and K; scales are
   replicated down to it (exact). Formats whose group is not a multiple of 32 (Q6_K's 16) do not fit.
 
@@ -51,9 +51,16 @@ class Int4PackLinear(nn.Module):
             codes, scale, zero = qw.codes, s, o + 8 * s
             self.planes = 1
         else:
-            codes = torch.cat([qw.codes >> 4, qw.codes & 15], dim=1)
+            # hi plane: codes hi + c, scale 16·s, zero 0 -> 16·s·hi + 16·s·(c − 8); lo plane: scale s,
+            # zero o + (136 − 16·c)·s. c (per group, keeping hi + c ≤ 15) brings the lo zero within
+            # ±8·s, where bf16 rounds it like a 4-bit format's (Q8_0, Q5_0: exactly 8·s / −8·s).
+            hi_max = (1 << (qw.bits - 4)) - 1
+            ratio = torch.where(s != 0, o / torch.where(s != 0, s, torch.ones_like(s)), torch.zeros_like(s))
+            c = ((ratio + 136) / 16).round().clamp(0, 15 - hi_max)
+            hi = (qw.codes >> 4) + c.to(torch.uint8).repeat_interleave(group, 1)
+            codes = torch.cat([hi, qw.codes & 15], dim=1)
             scale = torch.cat([16 * s, s], dim=1)
-            zero = torch.cat([o + 128 * s, 8 * s], dim=1)
+            zero = torch.cat([torch.zeros_like(o), o + (136 - 16 * c) * s], dim=1)
             self.planes = 2
         self.in_features, self.out_features, self.group = k, n, group
         self.source = qw.source
