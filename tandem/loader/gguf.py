@@ -26,8 +26,10 @@ weights); ``lm_head.weight`` is absent exactly when the file has no ``output.wei
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 import re
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ from tandem.models.quant.gguf_blocks import NATIVE_TYPES, parse_blocks
 from tandem.models.quant.weights import QuantizedWeight
 
 Q = GGMLQuantizationType
+logger = logging.getLogger("tandem")
 
 # GGUF general.architecture → HF "architectures" entry.
 GGUF_ARCHITECTURES: dict[str, str] = {
@@ -312,10 +315,13 @@ class GGUFCheckpoint:
         ``packed``, layer linears of a native block type come as QuantizedWeight (module docstring)."""
         heads = int(self.config["num_attention_heads"])
         kv_heads = int(self.config["num_key_value_heads"])
+        unpacked: Counter[str] = Counter()
         for t in self.reader.tensors:
             hf = self._hf_names[t.name]
-            native = (packed and t.tensor_type.name in NATIVE_TYPES and hf.startswith("model.layers.")
-                      and hf.endswith("_proj.weight"))
+            linear = hf.startswith("model.layers.") and hf.endswith("_proj.weight")
+            native = packed and linear and t.tensor_type.name in NATIVE_TYPES
+            if packed and linear and not native and t.tensor_type not in (Q.F32, Q.F16, Q.BF16):
+                unpacked[t.tensor_type.name] += 1
             w: torch.Tensor | QuantizedWeight
             if native:
                 w = self._blocks(t)
@@ -333,6 +339,9 @@ class GGUFCheckpoint:
             if self.architecture == "gemma3" and t.name.endswith("norm.weight"):
                 w = w - 1.0
             yield hf, w
+        if unpacked:
+            logger.info("%s: layer linears without a packed kernel, dequantized to float: %s", self.path.name,
+                        ", ".join(f"{n}× {k}" for k, n in sorted(unpacked.items())))
 
     def _release(self, t: Any) -> None:
         """Drop the file pages of a tensor already copied out from this process's RSS (the memory map
