@@ -71,17 +71,18 @@ def build_engine(config: EngineConfig) -> EngineParts:
     ckpt = open_checkpoint(model_cfg.model, load_format=model_cfg.load_format, tokenizer=model_cfg.tokenizer,
                            revision=model_cfg.revision)
     arch = ckpt.arch
-    tokenizer = None if model_cfg.skip_tokenizer_init else ckpt.load_tokenizer()  # None: token-id prompts only
     dtype = resolve_dtype(model_cfg.dtype, device, arch.torch_dtype)
     max_model_len = resolve_max_model_len(model_cfg.max_model_len, arch.max_position_embeddings)
-    eos = set(arch.eos_token_ids)
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        eos.add(int(tokenizer.eos_token_id))
     torch.manual_seed(model_cfg.seed)
     generator = torch.Generator(device=device)
     generator.manual_seed(model_cfg.seed)
     quant = resolve_quantization(model_cfg.quantization, ckpt, device)
     model = build_model(arch, ckpt.weights(packed=quant is not None), dtype, device, max_model_len, quant)
+    # After the weights: the load's temporaries are gone before the tokenizer's ~50 MB arrive (peak RSS).
+    tokenizer = None if model_cfg.skip_tokenizer_init else ckpt.load_tokenizer()  # None: token-id prompts only
+    eos = set(arch.eos_token_ids)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        eos.add(int(tokenizer.eos_token_id))
 
     k = spec.num_speculative_tokens if spec is not None else 0
     draft_arch = draft_weights = draft_quant = None

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from collections.abc import Iterator
 
 import torch
 
 from tandem.loader.arch import ModelArch
 from tandem.loader.dummy import generate_on
+from tandem.loader.memory import return_free_memory
 from tandem.models.decoder import CausalLM
 from tandem.models.quant.attach import ON_THE_FLY, quantize_linears
 from tandem.models.quant.weights import QuantizedWeight
@@ -40,14 +40,5 @@ def build_model(arch: ModelArch, weights: Iterator[tuple[str, torch.Tensor | Qua
     if quantization in ON_THE_FLY:
         quantize_linears(model, quantization)
     if torch.device(device).type == "cpu":
-        _return_free_memory()
+        return_free_memory()  # the load's temporaries (SmolLM2 GGUF: ~300 MB of RSS)
     return model.eval()
-
-
-def _return_free_memory() -> None:
-    """Hand the load's freed temporaries back to the OS: glibc keeps them in its heap otherwise, and
-    they count in the process's RSS (SmolLM2 GGUF: ~300 MB)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass

@@ -40,6 +40,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from tandem.errors import ModelLoadError, UnsupportedArchitectureError
+from tandem.loader.memory import return_free_memory
 from tandem.models.quant.gguf_blocks import NATIVE_TYPES, parse_blocks
 from tandem.models.quant.weights import QuantizedWeight
 
@@ -168,6 +169,7 @@ class GGUFCheckpoint:
         # vocabulary); the tokenizer is built from the file by transformers, so drop them now.
         for key in _VOCAB_FIELDS:
             self.reader.fields.pop(key, None)
+        return_free_memory()
 
     # ---- metadata --------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from tandem.errors import ModelLoadError
+from tandem.loader.memory import return_free_memory
 from tandem.models.quant.kernels import make_quant_linear
 from tandem.models.quant.weights import QuantizedWeight, concat_rows, quantize_float
 
@@ -104,6 +105,9 @@ class QuantizedLinears:
         if new is not None:
             _replace(model, name, new)
             self.kernels[f"{new.kernel} ({stacked.source})"] += 1
+            # Packing leaves freed temporaries (int32 codes, planes) in glibc's heap; returning them as
+            # we go keeps the load's peak RSS near its final size (SmolLM2: ~100 MB lower).
+            return_free_memory()
         else:
             self._dequantize_into(module, order, parts)
         self.loaded.add(f"{name}.weight")
