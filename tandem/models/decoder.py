@@ -165,6 +165,7 @@ class CausalLM(nn.Module):
         loaded: set[str] = set()
         packed_loaded: dict[str, set[str]] = {}
         quant = QuantizedLinears(self._PACKED, pack_quantized)
+        shard_sets = {n: set(m.shards) for n, m in self.named_modules() if isinstance(m, PackedLinear)}
         for name, tensor in weights:
             if name.startswith("lm_head.") and self.lm_head is None:
                 continue  # tied checkpoints may still ship a copy
@@ -197,10 +198,12 @@ class CausalLM(nn.Module):
                 else:
                     p.copy_(tensor)
             loaded.add(name)
-        loaded |= quant.finish(self)
+        done, float_shards = quant.finish(self)  # packed modules swapped in; mixed ones made float
+        loaded |= done
+        for pname, shards in float_shards.items():
+            packed_loaded.setdefault(pname, set()).update(shards)
         for pname, shards in packed_loaded.items():
-            module = self.get_submodule(pname.rsplit(".", 1)[0])
-            if shards == set(module.shards):
+            if shards == shard_sets[pname.rsplit(".", 1)[0]]:
                 loaded.add(pname)
         missing = sorted(set(params) - loaded)
         if missing:

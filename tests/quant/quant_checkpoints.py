@@ -105,12 +105,12 @@ def ct_tensors(q, scale, zero, bits: int) -> dict[str, torch.Tensor]:
 
 def write_quantized(tmp_path: Path, method: str, *, bits: int = 4, group: int = 128, sym: bool = False,
                     act_order: bool = False, v1: bool = True, strategy: str = "group", seed: int = 0,
-                    name: str | None = None) -> tuple[Path, Path, dict[str, np.ndarray]]:
+                    name: str | None = None, family: str = "llama") -> tuple[Path, Path, dict[str, np.ndarray]]:
     """A tiny llama in ``method``'s packing, and the same model with the reference float weights.
 
     Returns (quantized dir, reference float dir, {hf weight name: reference W})."""
-    tag = name or f"{method}-{bits}-{group}-{sym}-{act_order}-{v1}-{strategy}"
-    base = write_tiny_hf_checkpoint(tmp_path, "llama", name=f"{tag}-float", seed=seed, **TINY)
+    tag = name or f"{method}-{bits}-{group}-{sym}-{act_order}-{v1}-{strategy}-{family}"
+    base = write_tiny_hf_checkpoint(tmp_path, family, name=f"{tag}-float", seed=seed, **TINY)
     tensors = load_file(str(base / "model.safetensors"))
     rng = np.random.default_rng(seed)
     qdir, rdir = tmp_path / tag, tmp_path / f"{tag}-ref"

@@ -52,6 +52,7 @@ class QuantizedLinears:
         self.kernels: Counter[str] = Counter()
         self.dequantized: Counter[str] = Counter()
         self.loaded: set[str] = set()  # parameter names of the modules packed or dequantized
+        self.float_shards: dict[str, set[str]] = {}
 
     def add(self, model: nn.Module, name: str, qw: QuantizedWeight) -> bool:
         """Hold ``qw`` for a kernel module (True), or leave it to the caller to dequantize (False)."""
@@ -80,19 +81,26 @@ class QuantizedLinears:
         except AttributeError:
             raise ModelLoadError(f"unexpected quantized weight {name}.weight in checkpoint") from None
 
-    def finish(self, model: nn.Module) -> set[str]:
-        """Pack (or dequantize) every complete module; returns the parameter names now loaded."""
+    def finish(self, model: nn.Module) -> tuple[set[str], dict[str, set[str]]]:
+        """Pack (or dequantize) every complete module. Returns the parameter names now loaded, and per
+        packed-module weight the shards dequantized into it because its other shards came as float
+        (e.g. a GGUF Q4_K_M file's Q6_K ``attn_v`` next to Q4_K ``attn_q`` / ``attn_k``)."""
         for name, shards in list(self.pending.items()):
             self._build(model, name, shards)
         self.pending.clear()
         self._log()
-        return self.loaded
+        return self.loaded, self.float_shards
 
     def _build(self, model: nn.Module, name: str, shards: dict[str | None, QuantizedWeight]) -> None:
         module = self._module(model, name)
         order = list(getattr(module, "shards", {None: 0}))
         if set(shards) != set(order):
-            return  # incomplete: load_weights reports the missing shards
+            # The other shards are float tensors (or missing: load_weights reports those): one matmul
+            # cannot mix the two, so this module runs in float.
+            present = [s for s in order if s in shards]
+            self._dequantize_into(module, present, [shards[s] for s in present])
+            self.float_shards.setdefault(f"{name}.weight", set()).update(s for s in present if s is not None)
+            return
         parts = [shards[s] for s in order]
         sizes = [module.offsets[s][1] for s in order] if order != [None] else [module.weight.shape[0]]
         for s, qw, rows in zip(order, parts, sizes, strict=True):
