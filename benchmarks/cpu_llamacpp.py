@@ -8,6 +8,7 @@ load included), all on the same GGUF file, the same prompts and the same thread 
                            path before issue #17);
 - ``tandem packed``        the default: Q4_1 layer linears kept packed, int4pack kernel (bf16 activations);
 - ``tandem packed+ngram``  the same with n-gram speculation (k = ``--k``, lookup 1..4);
+- ``fp32+ngram``           (not run by default) n-gram on the float32 path, for the losslessness check;
 - ``llama.cpp``            llama-cpp-python on the same file, if ``import llama_cpp`` works; otherwise the
                            column is skipped with a note (it builds from source in ~15 minutes on a
                            2-core box: ``pip install llama-cpp-python``; never in CI).
@@ -38,7 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MODEL = "smollm2-135m-instruct"
-ENGINES = ("fp32", "packed", "packed+ngram", "llama.cpp")
+ENGINES = ("fp32", "packed", "packed+ngram", "llama.cpp", "fp32+ngram")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
     ap.add_argument("--threads", type=int, default=2, help="torch / llama.cpp threads (default 2)")
     ap.add_argument("--k", type=int, default=4, help="n-gram speculative tokens (default 4)")
-    ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of " + ", ".join(ENGINES))
+    ap.add_argument("--engines", default=",".join(ENGINES[:4]), help="comma-separated subset of " + ", ".join(ENGINES))
     ap.add_argument("--json", type=Path, default=None, help="also write every number here")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: run one engine, print JSON
     return ap.parse_args(argv)
@@ -72,7 +73,7 @@ def run_tandem(engine: str, args: argparse.Namespace) -> dict[str, Any]:
     from tandem import LLM, SamplingParams
 
     kw: dict[str, Any] = {"device": "cpu"}
-    if engine == "fp32":
+    if engine.startswith("fp32"):
         kw["quantization"] = "none"
     if engine.endswith("+ngram"):
         kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": args.k,
