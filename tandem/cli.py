@@ -1,4 +1,4 @@
-"""The ``tandem`` command: ``generate``, ``serve``, ``bench``, ``models``.
+"""The ``tandem`` command: ``generate``, ``serve``, ``bench``, ``models``, ``train-draft``.
 
 The engine flags of ``generate`` (and of ``serve`` and the offline benchmarks) come from
 :mod:`tandem.engine.args`; ``serve`` and ``bench`` register their own subcommands.
@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     from tandem.loader.cli import add_models_parser
 
     add_models_parser(sub)
+
+    from tandem.train.cli import add_train_parser
+
+    add_train_parser(sub)
     return parser
 
 

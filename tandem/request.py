@@ -20,10 +20,14 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from tandem.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from tandem.structured.matcher import RequestGrammar
 
 
 class RequestStatus(enum.Enum):
@@ -74,6 +78,7 @@ class Request:
     cumulative_logprob: float = 0.0
     first_token_time: float | None = None
     error: str | None = None
+    grammar: RequestGrammar | None = None  # structured output: advanced by the output processor only
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -2,6 +2,8 @@
 
 Validation happens at construction and raises :class:`SamplingParamsError` naming the field, so a bad
 request fails before it reaches the engine. Instances are frozen: the engine never mutates them.
+``structured_outputs`` (a :class:`StructuredOutputsParams` or a dict of its fields) constrains the output
+to a JSON schema, regex, choice or grammar; it is checked here and compiled at request admission.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ import math
 from dataclasses import dataclass, field
 
 from tandem.errors import SamplingParamsError
+from tandem.structured.params import StructuredOutputsParams, coerce
+
+__all__ = ["SamplingParams", "StructuredOutputsParams"]
 
 _GREEDY_EPS = 1e-5
 
@@ -35,6 +40,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = field(default=None, hash=False)
     skip_special_tokens: bool = True
+    # output constrained to a JSON schema / regex / choice / grammar (tandem/structured/)
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         # Normalise list-y inputs so callers can pass str/list; frozen → object.__setattr__.
@@ -62,6 +69,7 @@ class SamplingParams:
                     "logit_bias", "token ids must be >= 0 and biases finite (or -inf to ban)"
                 )
             object.__setattr__(self, "logit_bias", bias)
+        object.__setattr__(self, "structured_outputs", coerce(self.structured_outputs))
         self._validate()
 
     def _validate(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -45,3 +46,22 @@ def random_prompts(n: int, vocab: int, lo: int = 3, hi: int = 40, seed: int = 0)
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(lo, hi, (n,), generator=g).tolist()
     return [torch.randint(3, vocab, (L,), generator=g).tolist() for L in lens]
+
+
+def token_counts(llm, n: int, params: SamplingParams, position: int) -> Counter:
+    outs = llm.generate([{"prompt_token_ids": [5, 6, 7]}] * n,
+                        [params.clone(seed=i) for i in range(n)], use_tqdm=False)
+    return Counter(o.outputs[0].token_ids[position] for o in outs)
+
+
+def chi2_same(a: Counter, b: Counter) -> float:
+    """Two-sample chi-square p-value (rare categories pooled so expected counts stay >= 5)."""
+    from scipy.stats import chi2_contingency
+
+    keys = sorted(set(a) | set(b))
+    common = [k for k in keys if a.get(k, 0) + b.get(k, 0) >= 10]
+    rare = [k for k in keys if k not in common]
+    table = [[c.get(k, 0) for k in common] + [sum(c.get(k, 0) for k in rare)] for c in (a, b)]
+    if not rare:
+        table = [row[:-1] for row in table]
+    return chi2_contingency(table)[1]

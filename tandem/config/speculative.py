@@ -43,12 +43,13 @@ from tandem.config.model import check_quantization
 from tandem.config.runner import RunnerConfig
 from tandem.config.validate import check_bool, check_choice, check_int, check_str, cli_flag, type_name
 from tandem.errors import ConfigError
+from tandem.loader.heads import SHIPPED_HEADS, detect_head_kind
 
-SUPPORTED_METHODS: tuple[str, ...] = ("draft_model", "ngram", "suffix")
+SUPPORTED_METHODS: tuple[str, ...] = ("draft_model", "eagle", "eagle3", "ngram", "suffix")
+# methods whose ``model`` is a head attached to the target (tandem/models/eagle.py)
+EAGLE_METHODS: tuple[str, ...] = ("eagle", "eagle3")
 # Methods vLLM knows that tandem will support later; they get "not supported yet", not "unknown".
 NOT_YET_SUPPORTED_METHODS: tuple[str, ...] = (
-    "eagle",
-    "eagle3",
     "mtp",
     "medusa",
     "mlp_speculator",
@@ -86,9 +87,9 @@ EXAMPLE_JSON = '{"method": "ngram", "num_speculative_tokens": 4}'
 class SpeculativeConfig:
     """How to speculate: which proposer, how many draft tokens (k), how to accept them."""
 
-    method: str  # "draft_model" | "ngram" | "suffix"
+    method: str  # "draft_model" | "eagle" | "eagle3" | "ngram" | "suffix"
     num_speculative_tokens: int  # k > 0: draft tokens proposed per step (at most)
-    model: str | None = None  # draft model path / alias (draft_model); None for ngram
+    model: str | None = None  # draft model / EAGLE head path or alias; None for ngram and suffix
     prompt_lookup_min: int | None = None  # ngram: shortest suffix that may match
     prompt_lookup_max: int | None = None  # ngram: longest suffix tried first
     # suffix (spec_decode/suffix.py); None = vLLM's default (SUFFIX_DEFAULTS), filled in for suffix
@@ -193,11 +194,11 @@ class SpeculativeConfig:
         # --- sampling ----------------------------------------------------------------------------
         check_str("draft_sample_method", self.draft_sample_method)
         check_choice("draft_sample_method", self.draft_sample_method, DRAFT_SAMPLE_METHODS)
-        if method in ("ngram", "suffix") and self.draft_sample_method != "greedy":
+        if method in ("ngram", "suffix", *EAGLE_METHODS) and self.draft_sample_method != "greedy":
             raise ConfigError(
                 "draft_sample_method",
-                f"{method} drafts carry no probabilities, so only 'greedy' applies to method "
-                f"{method!r}",
+                f"{method} drafts carry no probabilities (one-hot q: lossless all the same), so only "
+                f"'greedy' applies to method {method!r}",
                 allowed=["greedy"],
             )
         check_str("rejection_sample_method", self.rejection_sample_method)
@@ -262,12 +263,19 @@ class SpeculativeConfig:
                 object.__setattr__(self, key, default)
 
     def _check_draft_model(self) -> None:
+        method = self.method
         if self.model is None:
-            raise ConfigError(
-                "model",
-                "method 'draft_model' needs a draft model: a path, Hugging Face id or built-in "
-                "alias",
-            )
+            what = ("an EAGLE head: a directory or a shipped alias (" + ", ".join(SHIPPED_HEADS) + ")"
+                    if method in EAGLE_METHODS else "a draft model: a path, Hugging Face id or built-in alias")
+            raise ConfigError("model", f"method {method!r} needs {what}")
+        if method in EAGLE_METHODS:
+            kind = detect_head_kind(self.model)
+            if kind is not None and kind != method:
+                raise ConfigError(
+                    "method",
+                    f"{self.model!r} is an {kind!r} head, not {method!r}; use method {kind!r} (or omit method)",
+                    allowed=[kind],
+                )
         if self.model in NGRAM_MODEL_ALIASES:
             raise ConfigError(
                 "model",
@@ -275,7 +283,7 @@ class SpeculativeConfig:
             )
         for key in ("prompt_lookup_min", "prompt_lookup_max"):
             if getattr(self, key) is not None:
-                raise ConfigError(key, "only applies to method 'ngram'; drop it for 'draft_model'")
+                raise ConfigError(key, f"only applies to method 'ngram'; drop it for {method!r}")
 
     # --- construction ----------------------------------------------------------------------------
 
@@ -284,7 +292,8 @@ class SpeculativeConfig:
         """Build from vLLM's ``speculative_config`` dict.
 
         ``null`` for a key means "use its default". ``method`` may be omitted when ``model`` is
-        given: ``"ngram"``/``"[ngram]"`` select n-gram lookup, anything else a draft model.
+        given: ``"ngram"``/``"[ngram]"`` select n-gram lookup, an EAGLE head (a shipped alias or a
+        directory whose config says which) its method, anything else a draft model.
         """
         if not isinstance(d, Mapping):
             raise ConfigError(
@@ -314,7 +323,9 @@ class SpeculativeConfig:
                     "is required when no draft model is given, e.g. " + EXAMPLE_JSON,
                     allowed=SUPPORTED_METHODS,
                 )
-            values["method"] = "ngram" if model in NGRAM_MODEL_ALIASES else "draft_model"
+            # as vLLM: an EAGLE checkpoint (or shipped head alias) selects its own method
+            head = None if model in NGRAM_MODEL_ALIASES else detect_head_kind(str(model))
+            values["method"] = "ngram" if model in NGRAM_MODEL_ALIASES else (head or "draft_model")
         return SpeculativeConfig(**values)
 
     @staticmethod

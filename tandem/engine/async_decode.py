@@ -20,7 +20,7 @@ size changes the layer kernels (worker/cuda_kernels.default_skinny_rows), as any
 
 When (``can_schedule_ahead``): the step in flight holds every running request, none is waiting, and
 each continues with a steady decode — no length finish at its pending token, a greedy token with no
-host-side logits processing (temperature, penalties, logit bias, logprobs, ``min_tokens`` not yet
+host-side logits processing (temperature, penalties, logit bias, logprobs, a grammar mask, ``min_tokens`` not yet
 reached) and no drafts (the speculator's ``will_draft``). Otherwise the step in flight is read first
 and the engine takes the ordinary path. A step is launched at all (``launchable``) only when it is
 itself such a decode, after the request's first token.

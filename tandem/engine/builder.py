@@ -21,7 +21,7 @@ import torch
 
 from tandem.config import EngineConfig, resolve_device, resolve_dtype, resolve_max_model_len
 from tandem.config.runner import with_debug_overrides
-from tandem.config.speculative import validate_against_target
+from tandem.config.speculative import EAGLE_METHODS, validate_against_target
 from tandem.engine.detokenizer import NO_TEXT, fast_decoder
 from tandem.engine.model_loader import build_model
 from tandem.engine.stats import EngineStats
@@ -30,10 +30,12 @@ from tandem.kv.block_pool import BlockPool
 from tandem.kv.kv_cache import allocate_kv_cache, bytes_per_block, kv_budget_bytes
 from tandem.loader.arch import ModelArch
 from tandem.loader.checkpoint import open_checkpoint, resolve_quantization
+from tandem.loader.eagle import load_eagle_head, read_eagle_config
 from tandem.models.decoder import CausalLM
 from tandem.scheduler import Scheduler
 from tandem.spec_decode.proposers import EngineProposer, build_proposer
 from tandem.spec_decode.speculator import AnySpeculator, build_speculator
+from tandem.worker.head_runner import make_head_runner
 from tandem.worker.runner import ModelRunner, make_runner
 
 logger = logging.getLogger("tandem")
@@ -57,6 +59,8 @@ class EngineParts:
     stats: EngineStats
     proposer: EngineProposer | None
     speculator: AnySpeculator
+    # target layers whose input hidden states each target step returns for the proposer (EAGLE)
+    target_features: tuple[int, ...]
     async_scheduling: bool
 
 
@@ -98,13 +102,22 @@ def build_engine(config: EngineConfig) -> EngineParts:
         )
         draft_quant = resolve_quantization(spec.quantization, dckpt, device, key="speculative_config.quantization")
         draft_weights = dckpt.weights(packed=draft_quant is not None)
+    head_cfg = None
+    if spec is not None and spec.method in EAGLE_METHODS:
+        head_cfg = read_eagle_config(spec.model, arch, dummy=model_cfg.load_format == "dummy", method=spec.method)
+        if head_cfg.kind != spec.method:
+            raise ConfigError("method", f"{spec.model!r} is an {head_cfg.kind!r} head, not {spec.method!r}",
+                              allowed=[head_cfg.kind])
+    features = head_cfg.feature_layers(arch.num_layers) if head_cfg is not None else ()
 
     # ---- KV cache sizing: target (+ draft) share one block table --------------------------------
     block_size = cache.block_size
     bpb = bytes_per_block(arch, block_size, dtype)
     if draft_arch is not None:
         bpb += bytes_per_block(draft_arch, block_size, dtype)
-    lookahead = k if draft_arch is not None else 0
+    if head_cfg is not None:
+        bpb += bytes_per_block(head_cfg.layer, block_size, dtype)
+    lookahead = k if draft_arch is not None or head_cfg is not None else 0
     need = -(-(max_model_len + lookahead) // block_size)
     budget, source = kv_budget_bytes(device, cache.gpu_memory_utilization, cache.kv_cache_memory_bytes,
                                      cpu_demand=need * bpb * sched_cfg.max_num_seqs)
@@ -121,7 +134,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
                 source, num_blocks, block_size, num_blocks * block_size, num_blocks * bpb / 2**20)
     pool = BlockPool(num_blocks, enable_caching=cache.enable_prefix_caching)
     runner = make_runner(model, allocate_kv_cache(arch, num_blocks, block_size, dtype, device), block_size,
-                         device, runner_cfg, max_model_len=max_model_len, lookahead=lookahead)
+                         device, runner_cfg, max_model_len=max_model_len, lookahead=lookahead,
+                         feature_layers=features)
     runners = [runner]
     draft_runner = None
     if draft_arch is not None and spec is not None:
@@ -132,8 +146,18 @@ def build_engine(config: EngineConfig) -> EngineParts:
                                    max_model_len=max_model_len, lookahead=lookahead)  # the target's block tables
         runners.append(draft_runner)
 
+    head_runner = None
+    if head_cfg is not None:
+        head = load_eagle_head(head_cfg, max_model_len + k + 1, dtype, device,
+                               dummy=model_cfg.load_format == "dummy", seed=model_cfg.seed)
+        head.bind_target(model.model.embed_tokens, model.model.embed_scale, model.lm_head_weight)
+        head_runner = make_head_runner(head, allocate_kv_cache(head_cfg.layer, num_blocks, block_size, dtype, device)[0],
+                                       block_size, device, spec.draft_runner_config(runner_cfg),
+                                       max_model_len=max_model_len, lookahead=lookahead)
+        runners.append(head_runner)
+
     stats = EngineStats()
-    proposer = build_proposer(spec, draft_runner, generator)
+    proposer = build_proposer(spec, draft_runner, generator, head_runner)
     speculator = build_speculator(spec, proposer, stats.spec, device)
     # On CUDA, compile the step kernels' variants and capture the small-batch decode / verify graphs
     # now rather than on first use (a capture costs ~0.1 s, a compile up to ~1 s). Larger batch
@@ -149,5 +173,6 @@ def build_engine(config: EngineConfig) -> EngineParts:
         decoder=NO_TEXT if tokenizer is None else fast_decoder(tokenizer),
         max_model_len=max_model_len, eos_token_ids=tuple(sorted(eos)), generator=generator, model=model,
         runner=runner, num_blocks=num_blocks, pool=pool, scheduler=scheduler, stats=stats, proposer=proposer,
-        speculator=speculator, async_scheduling=device.type == "cuda" if use_async is None else bool(use_async),
+        speculator=speculator, target_features=features,
+        async_scheduling=device.type == "cuda" if use_async is None else bool(use_async),
     )

@@ -11,8 +11,10 @@ output so far plus the drafts before that row, so every sampling parameter appli
 distribution p at every verified position; ``rejection_sample`` accepts drafts and emits the
 recovered / bonus token (requests without drafts are its k = 0 case). When every request of the step
 is greedy (and acceptance is not synthetic) ``greedy_verify`` gives the same tokens straight from
-the argmax. Logprobs come from the raw logits of the emitted tokens' rows. Nothing here mutates a
-request: the scheduler and the output processor apply the ``ModelRunnerOutput``.
+the argmax. Structured requests' rows are masked by their grammar first (k + 1 masks per verify,
+``structured/step_masks.py``), so a draft outside the grammar is rejected. Logprobs come from the raw
+logits of the emitted tokens' rows. Nothing here mutates a request: the scheduler and the output processor
+apply the ``ModelRunnerOutput``.
 
 Asynchronous decode (``launch``): a steady greedy decode step keeps its argmax on the device
 (``InflightStep``). A step scheduled while another is in flight decodes placeholders — tokens that
@@ -21,15 +23,19 @@ step sampled — whose ids are fed on the device from it (``feed``), never read 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 
 from tandem.engine.async_decode import InflightStep
 from tandem.outputs import ModelRunnerOutput, PromptLogprobs, SampleLogprobs
+from tandem.sample.grammar_mask import apply_grammar_bitmask
 from tandem.sample.logits import probs_from_logits, process_logits
 from tandem.sample.logprobs import compute_logprobs
 from tandem.sample.rejection import greedy_verify, rejection_sample
 from tandem.sample.rows import SamplingRow
 from tandem.scheduler import ScheduledRequest, SchedulerOutput
+from tandem.structured.step_masks import step_bitmask
 from tandem.worker.batch import SeqChunk
 from tandem.worker.runner import ModelRunner
 
@@ -50,6 +56,26 @@ class Executor:
         self.generator = generator  # for random rows of requests without their own seed
         # benchmark mode: drafts accepted at this rate whatever the models say (outputs not lossless)
         self.synthetic_acceptance_rate = synthetic_acceptance_rate
+        # EAGLE: every target forward also returns these layers' input hidden states for every query
+        # row, handed with the step's schedule to ``feature_sink`` (the proposer's record_features)
+        self.feature_layers: tuple[int, ...] = ()
+        self.feature_sink: Callable[[SchedulerOutput, torch.Tensor], None] | None = None
+
+    def attach_features(self, layers: tuple[int, ...], sink: Callable[[SchedulerOutput, torch.Tensor], None]) -> None:
+        self.feature_layers, self.feature_sink = tuple(layers), sink
+
+    def _forward(self, sched: SchedulerOutput, chunks: list[SeqChunk], rows: Sequence[int],
+                 token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The target forward: logits of ``rows``; with features attached, also hands the features
+        of every query row to the sink."""
+        if not self.feature_layers or self.feature_sink is None:
+            if token_ids is None:
+                return self.runner.forward_logits(chunks, rows)
+            return self.runner.forward_logits(chunks, rows, token_ids=token_ids)
+        step = self.runner.forward(chunks, rows, token_ids=token_ids, aux_layers=self.feature_layers)
+        aux = step.aux_hidden
+        self.feature_sink(sched, aux[0] if len(aux) == 1 else torch.cat(aux, dim=-1))
+        return step.logits
 
     # ---- synchronous: sample on the host ---------------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -68,7 +94,7 @@ class Executor:
                 n = len(s.spec_token_ids) + 1
                 rows.extend(range(t + s.num_new_tokens - n, t + s.num_new_tokens))
             t += s.num_new_tokens
-        logits = self.runner.forward_logits(chunks, rows)  # [len(rows), V] float32
+        logits = self._forward(sched, chunks, rows)  # [len(rows), V] float32
 
         n = len(sched.scheduled)
         prompt_lps: list[PromptLogprobs | None] = [None] * n
@@ -121,11 +147,15 @@ class Executor:
             raw = logits.index_select(0, torch.tensor(row_idx, device=logits.device))
         synthetic = self.synthetic_acceptance_rate
         greedy = [s.request.params.greedy for s, _ in sampling]
+        processed = process_logits(raw, srows)
+        masks = step_bitmask([(s.request.grammar, s.spec_token_ids) for s, _ in sampling])
+        if masks is not None:  # structured output: tokens outside the grammar get p = 0 at every row
+            processed = apply_grammar_bitmask(processed, raw, *masks)
         if synthetic is None and all(greedy):
-            result = greedy_verify(process_logits(raw, srows), drafts)
+            result = greedy_verify(processed, drafts)
         else:
             result = rejection_sample(
-                probs_from_logits(process_logits(raw, srows), srows), drafts,
+                probs_from_logits(processed, srows), drafts,
                 self._draft_probs(sampling, logits.shape[-1], logits.device), greedy,
                 [s.request.generator or self.generator for s, _ in sampling],
                 synthetic_acceptance_rate=synthetic,
@@ -166,11 +196,11 @@ class Executor:
         if feed is None:
             chunks = [SeqChunk(r.token_ids[s.start:s.start + 1], s.start, r.block_ids)
                       for s, r in zip(sched.scheduled, reqs)]
-            logits = self.runner.forward_logits(chunks, range(len(chunks)))
+            logits = self._forward(sched, chunks, range(len(chunks)))
             return InflightStep.launch(sched, logits)
         if any(s.start != len(r.token_ids) or s.num_new_tokens != 1 for s, r in zip(sched.scheduled, reqs)):
             raise RuntimeError("a step fed on the device must decode one placeholder per request")
         chunks = [SeqChunk((0,), s.start, r.block_ids) for s, r in zip(sched.scheduled, reqs)]  # ids fed below
-        logits = self.runner.forward_logits(chunks, range(len(chunks)), token_ids=feed.device_ids(reqs))
+        logits = self._forward(sched, chunks, range(len(chunks)), token_ids=feed.device_ids(reqs))
         return InflightStep.launch(sched, logits)
 

@@ -32,6 +32,7 @@ class InputProcessor:
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.device = device  # where seeded requests' generators live
+        self.grammars: Any = None  # structured/compiler.GrammarCompilerCache, built on first use
 
     def encode(self, prompt: str) -> list[int]:
         if self.tokenizer is None:
@@ -60,6 +61,7 @@ class InputProcessor:
         if self.tokenizer is None and params.stop:
             raise RequestError("stop strings need the tokenizer, which skip_tokenizer_init=True did not load; "
                                "use stop_token_ids", param="stop")
+        grammars = self._grammar_compiler(params)
         children = []
         for i in range(params.n):
             gen = None
@@ -70,5 +72,21 @@ class InputProcessor:
                 request_id=request_id if params.n == 1 else f"{request_id}#{i}",
                 prompt_token_ids=list(ids), params=params, eos_token_ids=self.eos_token_ids,
                 max_model_len=self.max_model_len, prompt=text, generator=gen,
+                grammar=grammars.matcher(params.structured_outputs) if grammars is not None else None,
             ))
         return NewRequest(request_id, text, ids, tuple(children))
+
+    def _grammar_compiler(self, params: SamplingParams) -> Any:
+        """The compiler cache when ``params`` asks for structured output (compiling it now, so a bad
+        constraint fails here); None otherwise."""
+        if params.structured_outputs is None:
+            return None
+        if self.tokenizer is None:
+            raise RequestError("structured output needs the tokenizer, which skip_tokenizer_init=True did not load",
+                               param="structured_outputs")
+        if self.grammars is None:
+            from tandem.structured.compiler import GrammarCompilerCache
+
+            self.grammars = GrammarCompilerCache.from_tokenizer(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.grammars.compile(params.structured_outputs)
+        return self.grammars

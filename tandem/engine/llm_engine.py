@@ -66,6 +66,8 @@ class LLMEngine:
         # Decode steps may run asynchronously (settable between runs; benchmarks compare both).
         self.async_scheduling = p.async_scheduling
         self.executor = Executor(self.runner, self.generator)
+        if p.target_features and p.proposer is not None:
+            self.executor.attach_features(p.target_features, p.proposer.record_features)  # type: ignore[attr-defined]
         self.input_processor = InputProcessor(self.tokenizer, self.arch.vocab_size, self.max_model_len,
                                               self.eos_token_ids, self.device)
         self.output_processor = OutputProcessor(p.decoder, self.stats, self._finish)

@@ -6,8 +6,10 @@ placeholder) through the request's incremental detokenizer, and after each one t
 checked in this order: EOS (unless ``ignore_eos``), ``stop_token_ids``, stop strings — all only once
 ``min_tokens`` outputs exist — then ``max_tokens`` and ``max_model_len``. A stop can land in the
 middle of an accepted run: the tokens after it are dropped, so the output equals the one without
-speculation. A finished request is handed to ``finish`` (the engine frees its blocks); its tokens
-still in flight on the device are discarded when they arrive.
+speculation. A request with structured output advances its grammar with each token appended here (and
+only here: drafts never move it) and stops when the grammar has accepted its stop token. A finished
+request is handed to ``finish`` (the engine frees its blocks); its tokens still in flight on the device
+are discarded when they arrive.
 
 Requests are grouped as the user sent them: ``n > 1`` fans out into n child Requests, and one
 ``RequestOutput`` per touched group carries all its children's ``CompletionOutput``s (cumulative
@@ -133,6 +135,10 @@ class OutputProcessor:
             stop_str = detok.add_token(tok)
             n_out = len(r.token_ids) - r.num_prompt_tokens  # this token's place among the outputs
             status = None
+            if r.grammar is not None and not r.grammar.accept(tok):  # masked out: a bug, not the user's
+                r.error = f"structured output: token {tok} does not continue the grammar"
+                self._finish(r, RequestStatus.FINISHED_ERROR)
+                return
             if n_out >= p.min_tokens:
                 if not p.ignore_eos and tok in r.eos_token_ids:
                     status = RequestStatus.FINISHED_STOPPED
@@ -140,6 +146,8 @@ class OutputProcessor:
                     status, r.stop_reason = RequestStatus.FINISHED_STOPPED, tok
                 elif stop_str is not None:
                     status, r.stop_reason = RequestStatus.FINISHED_STOPPED, stop_str
+            if status is None and r.grammar is not None and r.grammar.is_terminated:
+                status = RequestStatus.FINISHED_STOPPED  # the output is complete (its stop token accepted)
             if status is None and (n_out >= r.max_output_tokens or len(r.token_ids) >= r.max_model_len):
                 status = RequestStatus.FINISHED_LENGTH
             if status is not None:

@@ -31,13 +31,14 @@ __all__ = ["Attention", "CausalLM", "DecoderLayer", "DecoderModel", "KVCache"]
 
 
 class Attention(nn.Module):
-    def __init__(self, arch: ModelArch, layer: int, rotary: Rotary) -> None:
+    def __init__(self, arch: ModelArch, layer: int, rotary: Rotary, in_features: int | None = None) -> None:
         super().__init__()
         self.num_heads = arch.num_heads
         self.num_kv_heads = arch.num_kv_heads
         self.head_dim = arch.head_dim
         q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
-        self.qkv_proj = PackedLinear(arch.hidden_size, {"q_proj": q, "k_proj": kv, "v_proj": kv},
+        # in_features: an EAGLE-3 head's q/k/v read 2H (embedding and hidden state side by side)
+        self.qkv_proj = PackedLinear(in_features or arch.hidden_size, {"q_proj": q, "k_proj": kv, "v_proj": kv},
                                      bias=arch.attention_bias)
         self.o_proj = Linear(q, arch.hidden_size, bias=False)
         if arch.qk_norm:
@@ -141,8 +142,12 @@ class CausalLM(nn.Module):
             stream = layer(stream, positions, ctx, ctx.kv_caches[i])
         return ctx.kernels.final_norm(stream, m.norm), aux
 
+    @property
+    def lm_head_weight(self) -> torch.Tensor:  # [V, H] (the embedding when tied)
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] → [N, V] float32
-        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        w = self.lm_head_weight
         logits = _logits_float32(hidden, w)
         cap = self.arch.final_logit_softcapping
         if cap:

@@ -135,6 +135,7 @@ def processes_logits(params: SamplingParams, num_outputs: int) -> bool:
     ``process_logits`` skips every row for which this is False, so a caller may rely on it to use raw
     logits (asynchronous decode takes the argmax on the device without the host)."""
     return bool(params.logit_bias or (params.min_tokens and num_outputs < params.min_tokens)
+                or params.structured_outputs is not None  # grammar mask: applied on the host (executor)
                 or params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0
                 or params.presence_penalty != 0.0)
 

@@ -47,29 +47,31 @@ from tandem.server.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
-    TokenText,
     error_body,
     random_id,
 )
+from tandem.server.protocol_logprobs import TokenText
 from tandem.server.responses import chat_events, chat_response, completion_events, completion_response
 from tandem.server.serving import Prompt, ServerState, event_stream, submit, unless_disconnected
+from tandem.server.tools import ToolConfig, template_messages, tool_mode
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
 def build_app(async_engine: AsyncEngine, served_model_names: list[str], api_key: str | None = None, *,
-              model_aliases: Sequence[str] = ()) -> FastAPI:
+              model_aliases: Sequence[str] = (), tools: ToolConfig | None = None) -> FastAPI:
     """The FastAPI app serving ``async_engine``.
 
     ``served_model_names``: the names reported by ``/v1/models`` and in responses (first = default).
     ``model_aliases``: further ``model`` values accepted (e.g. the checkpoint path or alias).
+    ``tools``: ``--tool-call-parser`` / ``--enable-auto-tool-choice`` (default: no parser, no auto).
     """
     from tandem import __version__
 
     if not served_model_names:
         raise ValueError("served_model_names must name at least one model")
     server = ServerState(async_engine, list(served_model_names), set(served_model_names) | set(model_aliases),
-                         TokenText(async_engine.engine.tokenizer))
+                         TokenText(async_engine.engine.tokenizer), tools=tools or ToolConfig())
     app = FastAPI(title="tandem", version=__version__)
     app.state.server = server
     if api_key:
@@ -175,18 +177,21 @@ def build_app(async_engine: AsyncEngine, served_model_names: list[str], api_key:
     async def chat_completions(req: ChatCompletionRequest, raw: Request) -> Response:
         arrival = time.monotonic()
         model = server.model_name(req.model)
-        ids = apply_chat_template(server.tokenizer, req.template_messages(),
-                                  add_generation_prompt=req.add_generation_prompt)
+        mode = tool_mode(req.tools, req.tool_choice, server.tools)
+        template_kw = {"tools": list(mode.tools)} if mode.tools else {}
+        msgs = template_messages(req.template_messages(), mode.tools, getattr(server.tokenizer, "chat_template", None))
+        ids = apply_chat_template(server.tokenizer, msgs, add_generation_prompt=req.add_generation_prompt,
+                                  **template_kw)
         max_tokens = server.fit(ids, req.requested_max_tokens, None)
-        prompt = Prompt(None, ids, req.to_sampling_params(max_tokens))
+        prompt = Prompt(None, ids, req.to_sampling_params(max_tokens, mode.schema()))
         base_id = random_id("chatcmpl")
         streams = await submit(server, base_id, [prompt], arrival)
         if req.stream:
-            return event_stream(chat_events(server, req, model, base_id, prompt, streams[0]))
+            return event_stream(chat_events(server, req, model, base_id, prompt, streams[0], mode))
         outs = await unless_disconnected(raw, streams)
         if outs is None:
             return Response(status_code=499)
-        return JSONResponse(chat_response(server, req, model, base_id, outs[0]).model_dump())
+        return JSONResponse(chat_response(server, req, model, base_id, outs[0], mode).model_dump())
 
     return app
 

@@ -1,7 +1,8 @@
 """``tandem serve`` / ``python -m tandem.serve``: start the OpenAI-compatible server.
 
 ``tandem serve [MODEL] [--model MODEL] [--host 127.0.0.1] [--port 8000] [--api-key KEY]
-[--served-model-name NAME ...] [--metrics-prefix tandem|vllm] [--uvicorn-log-level info] [--disable-log-stats] [--disable-log-requests]``
+[--served-model-name NAME ...] [--metrics-prefix tandem|vllm] [--uvicorn-log-level info] [--disable-log-stats] [--disable-log-requests]
+[--tool-call-parser hermes] [--enable-auto-tool-choice]``
 plus every engine flag of :func:`tandem.engine.args.add_engine_args` (including
 ``--speculative-config`` and vLLM's deprecated speculation flags, which warn through
 :mod:`tandem.config.speculative`). MODEL defaults to the built-in default model; ``--api-key``
@@ -26,6 +27,7 @@ from tandem.errors import ConfigError, TandemError
 logger = logging.getLogger("tandem.server")
 
 METRICS_PREFIXES = ("tandem", "vllm")  # = tandem.server.metrics.METRICS_PREFIXES (not imported: keeps --help light)
+TOOL_CALL_PARSERS = ("hermes",)  # = tandem.server.tool_parsers.TOOL_PARSERS (not imported: keeps --help light)
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
@@ -52,6 +54,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disable-log-requests", action="store_true",
                    help="accepted for vLLM launch scripts: the engine never logs individual requests "
                         "(uvicorn's access log follows --uvicorn-log-level)")
+    p.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_PARSERS,
+                   help="how tool calls are read from the model's text (chat 'tools'): 'hermes' = "
+                        "<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call> (Hermes, Qwen)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="let the model decide when to call tools (tool_choice 'auto'); needs --tool-call-parser")
     add_engine_args(p)
 
 
@@ -79,15 +86,20 @@ def build_server(ns: argparse.Namespace) -> tuple[Any, Any]:
     from tandem.engine.llm_engine import LLMEngine
     from tandem.server.api import build_app
     from tandem.server.async_engine import AsyncEngine
+    from tandem.server.tools import ToolConfig
 
     model = resolve_model_arg(ns)
     if getattr(ns, "skip_tokenizer_init", False):
         raise ConfigError("skip_tokenizer_init", "the server needs the tokenizer (text prompts, chat templates, "
                                                  "streamed text); --skip-tokenizer-init works with LLM(...) only")
+    tools = ToolConfig(getattr(ns, "tool_call_parser", None), getattr(ns, "enable_auto_tool_choice", False))
+    if tools.enable_auto_tool_choice and tools.parser is None:
+        raise ConfigError("enable_auto_tool_choice", "--enable-auto-tool-choice needs --tool-call-parser",
+                          allowed=TOOL_CALL_PARSERS)
     names = list(ns.served_model_name) if ns.served_model_name else [model]
     engine = LLMEngine(engine_config(model, **engine_kwargs(ns), log_stats=not ns.disable_log_stats))
     async_engine = AsyncEngine(engine, model_name=names[0], metrics_prefix=getattr(ns, "metrics_prefix", "tandem"))
-    app = build_app(async_engine, names, ns.api_key or api_key(), model_aliases=[model])
+    app = build_app(async_engine, names, ns.api_key or api_key(), model_aliases=[model], tools=tools)
     return app, async_engine
 
 

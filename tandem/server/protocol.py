@@ -4,7 +4,9 @@ Requests: :class:`CompletionRequest` (``/v1/completions``) and :class:`ChatCompl
 (``/v1/chat/completions``) accept OpenAI's fields plus vLLM's extras (``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``, ``ignore_eos``, ``seed``,
 ``include_stop_str_in_output``, ``skip_special_tokens``, ``prompt_logprobs``). Unknown fields are
-ignored, as by vLLM. ``to_sampling_params`` builds a validated :class:`SamplingParams`; every bad
+ignored, as by vLLM. Structured output (``response_format``, ``structured_outputs``, ``guided_*``) is
+read by ``server/guided.py``; chat ``tools`` / ``tool_choice`` by ``server/tools.py``.
+``to_sampling_params`` builds a validated :class:`SamplingParams`; every bad
 value raises :class:`ProtocolError` or :class:`~tandem.errors.SamplingParamsError`, which the API
 turns into HTTP 400 — nothing here asserts.
 
@@ -12,12 +14,13 @@ Responses are shaped exactly like OpenAI's (``id``, ``object``, ``created``, ``m
 ``choices``, ``usage``), and streaming chunks like OpenAI's SSE chunks. ``stop_reason`` (the stop
 string or token that ended a choice) is vLLM's extra field.
 
-Logprobs come from the engine as ``{token_id: Logprob}`` per generated token; :class:`TokenText`
+Logprobs come from the engine as ``{token_id: Logprob}`` per generated token; ``protocol_logprobs.TokenText``
 turns ids into the token strings OpenAI clients expect.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Sequence
@@ -28,9 +31,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 
 from tandem.errors import RequestError
 from tandem.outputs import RequestOutput
-from tandem.sample.logprobs import Logprob
 from tandem.sampling_params import SamplingParams
+from tandem.server.guided import GUIDED, structured_outputs_of
+from tandem.server.tool_parsers import DeltaToolCall, ToolCall
+from tandem.structured.params import StructuredOutputsParams
 
+STRUCTURED_FIELDS = ("response_format", "structured_outputs", *GUIDED)
 MAX_LOGPROBS = 20  # SamplingParams' limit; OpenAI's own is 5 (completions) / 20 (chat)
 
 
@@ -81,6 +87,13 @@ class _SamplingRequest(BaseModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None
+    # structured output (server/guided.py): OpenAI's response_format, vLLM's structured_outputs / guided_*
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -109,7 +122,16 @@ class _SamplingRequest(BaseModel):
             bias[tid] = max(-100.0, min(100.0, float(value)))  # OpenAI clamps to [-100, 100]
         return bias
 
-    def _params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None) -> SamplingParams:
+    def structured(self, tool_schema: StructuredOutputsParams | None = None) -> StructuredOutputsParams | None:
+        """The request's output constraint (400 naming the field if bad or given twice)."""
+        own = structured_outputs_of({k: getattr(self, k) for k in STRUCTURED_FIELDS})
+        if own is not None and tool_schema is not None:
+            raise ProtocolError("tool_choice 'required' or a named function cannot be combined with "
+                                "response_format / structured_outputs", param="tool_choice")
+        return own or tool_schema
+
+    def _params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None,
+                structured: StructuredOutputsParams | None = None) -> SamplingParams:
         return SamplingParams(
             n=self.n,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -130,6 +152,7 @@ class _SamplingRequest(BaseModel):
             prompt_logprobs=prompt_logprobs,
             logit_bias=self._logit_bias(),
             skip_special_tokens=self.skip_special_tokens,
+            structured_outputs=structured,
         )
 
 
@@ -181,7 +204,7 @@ class CompletionRequest(_SamplingRequest):
         prompt_lp = self.prompt_logprobs
         if self.echo and self.logprobs is not None:
             prompt_lp = max(prompt_lp or 0, self.logprobs)
-        return self._params(max_tokens, self.logprobs, prompt_lp)
+        return self._params(max_tokens, self.logprobs, prompt_lp, self.structured())
 
 
 class ChatMessage(BaseModel):
@@ -206,7 +229,22 @@ class ChatMessage(BaseModel):
         out: dict[str, Any] = {"role": self.role, "content": content or ""}
         if self.name is not None:
             out["name"] = self.name
+        extra = self.model_extra or {}
+        if extra.get("tool_call_id") is not None:
+            out["tool_call_id"] = extra["tool_call_id"]
+        if isinstance(extra.get("tool_calls"), list):  # arguments as objects for templates (as vLLM)
+            out["tool_calls"] = [_template_call(c) for c in extra["tool_calls"]]
         return out
+
+
+def _template_call(call: Any) -> Any:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+        try:
+            return {**call, "function": {**fn, "arguments": json.loads(fn["arguments"])}}
+        except ValueError:
+            pass
+    return call
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -216,7 +254,8 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = None
     add_generation_prompt: bool = True
     tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
     def template_messages(self) -> list[dict[str, Any]]:
         if not self.messages:
@@ -227,19 +266,17 @@ class ChatCompletionRequest(_SamplingRequest):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def to_sampling_params(self, max_tokens: int | None) -> SamplingParams:
+    def to_sampling_params(self, max_tokens: int | None,
+                           tool_schema: StructuredOutputsParams | None = None) -> SamplingParams:
+        """``tool_schema``: the grammar of tool_choice required / named (server/tools.py)."""
         self._check_common()
-        if self.tools:
-            raise ProtocolError("tools / function calling is not supported", param="tools")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise ProtocolError("response_format other than 'text' is not supported", param="response_format")
         if self.top_logprobs is not None:
             if not self.logprobs:
                 raise ProtocolError("top_logprobs requires logprobs to be true", param="top_logprobs")
             if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
                 raise ProtocolError(f"top_logprobs must be between 0 and {MAX_LOGPROBS}", param="top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._params(max_tokens, logprobs, self.prompt_logprobs)
+        return self._params(max_tokens, logprobs, self.prompt_logprobs, self.structured(tool_schema))
 
 
 class TokenizeRequest(BaseModel):
@@ -328,6 +365,7 @@ class ChatChoiceLogprobs(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -351,10 +389,14 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer
     def _drop_none(self) -> dict[str, Any]:  # OpenAI deltas carry only the fields that changed
-        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+        out = {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        return out
 
 
 class ChatStreamChoice(BaseModel):
@@ -416,60 +458,3 @@ class StreamState:
         delta = text[self.sent_text:end]
         self.sent_text = end
         return delta
-
-
-# ---- logprobs -------------------------------------------------------------------------------------
-class TokenText:
-    """Token id → the token's text as OpenAI reports it in logprobs (decoded alone), cached."""
-
-    def __init__(self, tokenizer: Any, cache_size: int = 1 << 16) -> None:
-        self.tokenizer = tokenizer
-        self._cache: dict[int, str] = {}
-        self._cache_size = cache_size
-
-    def __call__(self, token_id: int) -> str:
-        text = self._cache.get(token_id)
-        if text is None:
-            text = self.tokenizer.decode([token_id])
-            if len(self._cache) >= self._cache_size:
-                self._cache.clear()
-            self._cache[token_id] = text
-        return text
-
-
-def completion_logprobs(token_ids: Sequence[int], entries: Sequence[dict[int, Logprob] | None],
-                        num_top: int, text: TokenText, initial_offset: int = 0) -> CompletionLogprobs:
-    """Legacy-completions logprobs for ``token_ids``; an entry of None (first prompt token) → nulls."""
-    out = CompletionLogprobs()
-    offset = initial_offset
-    for tid, entry in zip(token_ids, entries, strict=False):  # entries may be shorter (none)
-        tok = text(tid)
-        out.tokens.append(tok)
-        out.text_offset.append(offset)
-        offset += len(tok)
-        if entry is None:
-            out.token_logprobs.append(None)
-            out.top_logprobs.append(None)
-            continue
-        chosen = entry.get(tid)
-        out.token_logprobs.append(max(chosen.logprob, -9999.0) if chosen else None)
-        top = sorted(((lp.rank, t, lp.logprob) for t, lp in entry.items() if lp.rank <= num_top or t == tid))
-        out.top_logprobs.append({text(t): max(lp, -9999.0) for _, t, lp in top})
-    return out
-
-
-def chat_logprobs(token_ids: Sequence[int], entries: Sequence[dict[int, Logprob] | None], num_top: int,
-                  text: TokenText) -> ChatChoiceLogprobs:
-    """Chat logprobs (``{"content": [...]}``) for generated ``token_ids``."""
-    content: list[ChatLogprobEntry] = []
-    for tid, entry in zip(token_ids, entries, strict=False):  # entries may be shorter (none)
-        tok = text(tid)
-        chosen = entry.get(tid) if entry else None
-        tops = []
-        if entry and num_top > 0:
-            ranked = sorted((lp.rank, t, lp.logprob) for t, lp in entry.items() if lp.rank <= num_top)
-            tops = [ChatTopLogprob(token=text(t), logprob=max(lp, -9999.0), bytes=list(text(t).encode()))
-                    for _, t, lp in ranked[:num_top]]
-        content.append(ChatLogprobEntry(token=tok, logprob=max(chosen.logprob, -9999.0) if chosen else -9999.0,
-                                        bytes=list(tok.encode()), top_logprobs=tops))
-    return ChatChoiceLogprobs(content=content)

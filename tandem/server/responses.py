@@ -27,13 +27,13 @@ from tandem.server.protocol import (
     CompletionStreamResponse,
     DeltaMessage,
     StreamState,
-    chat_logprobs,
-    completion_logprobs,
     now_s,
     stop_holdback,
     usage_of,
 )
+from tandem.server.protocol_logprobs import chat_logprobs, completion_logprobs
 from tandem.server.serving import Prompt, ServerState, sse
+from tandem.server.tools import ToolMode
 
 
 def completion_response(server: ServerState, req: CompletionRequest, model: str, rid: str,
@@ -111,26 +111,31 @@ async def completion_events(server: ServerState, req: CompletionRequest, model: 
 
 
 # ---- chat: responses --------------------------------------------------------------------------------
+def _finish_reason(reason: str | None, has_calls: bool) -> str | None:
+    return "tool_calls" if has_calls and reason == "stop" else reason
+
+
 def chat_response(server: ServerState, req: ChatCompletionRequest, model: str, rid: str,
-                  out: RequestOutput) -> ChatCompletionResponse:
+                  out: RequestOutput, mode: ToolMode) -> ChatCompletionResponse:
     num_top = req.top_logprobs or 0
-    choices = [
-        ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
-                   logprobs=chat_logprobs(c.token_ids, c.logprobs or [], num_top, server.token_text)
-                   if req.logprobs else None,
-                   finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-        for c in out.outputs
-    ]
+    choices = []
+    for c in out.outputs:
+        content, calls = mode.extract(c.text) if c.finish_reason != "length" or mode.kind == "auto" else (c.text, [])
+        choices.append(ChatChoice(
+            index=c.index, message=ChatResponseMessage(content=content, tool_calls=calls),
+            logprobs=chat_logprobs(c.token_ids, c.logprobs or [], num_top, server.token_text) if req.logprobs else None,
+            finish_reason=_finish_reason(c.finish_reason, bool(calls)), stop_reason=c.stop_reason))
     return ChatCompletionResponse(id=rid, created=now_s(), model=model, choices=choices, usage=usage_of([out]))
 
 
 async def chat_events(server: ServerState, req: ChatCompletionRequest, model: str, rid: str, prompt: Prompt,
-                      stream: RequestStream) -> AsyncIterator[str]:
+                      stream: RequestStream, mode: ToolMode) -> AsyncIterator[str]:
     created = now_s()
     n = prompt.params.n
     num_top = req.top_logprobs or 0
     hold = stop_holdback(prompt.params)
     states = [StreamState() for _ in range(n)]
+    tools = [mode.stream() for _ in range(n)]  # tool calls parsed from each choice's text
     last: RequestOutput | None = None
 
     def chunk(index: int, delta: DeltaMessage, **kw: Any) -> ChatCompletionStreamResponse:
@@ -160,8 +165,13 @@ async def chat_events(server: ServerState, req: ChatCompletionRequest, model: st
                                        server.token_text)
                 st.sent_tokens = len(c.token_ids)
                 st.done = finished
-                yield sse(chunk(c.index, DeltaMessage(content=delta if delta or not finished else None),
-                                 logprobs=lp, finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+                ts = tools[c.index]
+                content, calls = ts.feed(delta, finished)
+                if not content and not calls and not finished and lp is None:
+                    continue
+                yield sse(chunk(c.index, DeltaMessage(content=content or None, tool_calls=calls or None),
+                                 logprobs=lp, finish_reason=_finish_reason(c.finish_reason, ts.has_calls),
+                                 stop_reason=c.stop_reason))
         if req.include_usage and last is not None:
             yield sse(ChatCompletionStreamResponse(id=rid, created=created, model=model, choices=[],
                                                     usage=usage_of([last])))

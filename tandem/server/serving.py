@@ -20,7 +20,9 @@ from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
 from tandem.server.api_errors import ApiError
 from tandem.server.async_engine import AsyncEngine, RequestStream, final_outputs
-from tandem.server.protocol import TokenText, now_s
+from tandem.server.protocol import now_s
+from tandem.server.protocol_logprobs import TokenText
+from tandem.server.tools import ToolConfig
 
 
 @dataclass
@@ -41,6 +43,7 @@ class ServerState:
     accepted: set[str]
     token_text: TokenText
     created: int = field(default_factory=now_s)
+    tools: ToolConfig = field(default_factory=ToolConfig)  # --tool-call-parser, --enable-auto-tool-choice
 
     @property
     def tokenizer(self) -> Any:

@@ -4,7 +4,7 @@ The speculator asks every proposer the same question, ``propose_requests(request
 request in the decode phase, up to ``ks[i]`` draft tokens, and tells it when a request finishes
 (``forget(request_id, output_token_ids)``). Token-only proposers (n-gram, suffix) implement the
 weight-free ``Proposer`` protocol over ``ProposalInput``; the adapter here hands them just the
-accepted tokens (and the request id: the suffix proposer keeps a trie per request). Model-based proposers (draft model, later EAGLE) need the
+accepted tokens (and the request id: the suffix proposer keeps a trie per request). Model-based proposers (draft model, EAGLE) need the
 requests' block tables and counters, so they take Request objects directly.
 
 Every engine proposer declares ``drafts_on_host_for_free`` (see ``base.py``); those that do also
@@ -19,12 +19,14 @@ from typing import Protocol
 
 import torch
 
-from tandem.config.speculative import SpeculativeConfig
+from tandem.config.speculative import EAGLE_METHODS, SpeculativeConfig
 from tandem.request import Request
 from tandem.spec_decode.base import DraftProposal, ProposalInput, Proposer
 from tandem.spec_decode.draft_model import DraftModelProposer
+from tandem.spec_decode.eagle import EagleProposer
 from tandem.spec_decode.ngram import NgramProposer
 from tandem.spec_decode.suffix import SuffixProposer
+from tandem.worker.head_runner import AnyHeadRunner
 from tandem.worker.runner import ModelRunner
 
 
@@ -57,7 +59,7 @@ class TokenProposerAdapter:
 
 
 def build_proposer(cfg: SpeculativeConfig | None, draft_runner: ModelRunner | None,
-                   generator: torch.Generator) -> EngineProposer | None:
+                   generator: torch.Generator, head_runner: AnyHeadRunner | None = None) -> EngineProposer | None:
     if cfg is None:
         return None
     if cfg.method == "ngram":
@@ -68,4 +70,8 @@ def build_proposer(cfg: SpeculativeConfig | None, draft_runner: ModelRunner | No
         if draft_runner is None:
             raise RuntimeError("draft_model speculation needs a loaded draft model")
         return DraftModelProposer(draft_runner, cfg.draft_sample_method == "probabilistic", generator)
+    if cfg.method in EAGLE_METHODS:
+        if head_runner is None:
+            raise RuntimeError(f"{cfg.method} speculation needs a loaded head")
+        return EagleProposer(head_runner)
     raise NotImplementedError(f"speculative method {cfg.method!r}")

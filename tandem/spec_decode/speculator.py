@@ -9,7 +9,8 @@ three points:
    requests that got tokens since their last proposal and are in the decode phase. k is chosen per
    request: ``min(k, room)`` where the room keeps the drafts and the bonus token within
    ``max_tokens`` and ``max_model_len``, and 0 while the gate says speculation does not pay for the
-   request (it is then shadowed). An empty draft is always allowed: the request just decodes.
+   request (it is then shadowed). An empty draft is always allowed: the request just decodes. A
+   request with structured output gets its drafts cut at the first token its grammar refuses.
 2. ``will_draft(requests)``: whether any of these requests may draft in its next step. Drafts are
    proposed from read tokens, so the engine schedules a decode step before the previous step's tokens
    are read (asynchronous decode) only when none will.
@@ -104,8 +105,11 @@ class Speculator:
         off = 0
         for r, toks in zip(reqs, proposal.token_ids):
             probs = proposal.probs[off:off + len(toks)] if proposal.probs is not None and toks else None
-            drafts[r.request_id] = Draft(tuple(toks), probs)
             off += len(toks)
+            if r.grammar is not None and toks:  # structured output: cut at the first token the grammar refuses
+                toks = r.grammar.validate(toks, keep_refused=probs is not None)
+                probs = probs[:len(toks)] if probs is not None and toks else None
+            drafts[r.request_id] = Draft(tuple(toks), probs)
         return drafts
 
     def will_draft(self, requests: Sequence[Request]) -> bool:

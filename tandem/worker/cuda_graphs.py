@@ -41,6 +41,8 @@ def batch_bucket(n: int, max_batch: int) -> int | None:
 class CapturedStep:
     graph: torch.cuda.CUDAGraph
     logits: torch.Tensor  # [bucket * q, vocab] float32, static
+    # [bucket * q, F] static: the features an EAGLE head reads (runner.feature_layers), if any
+    features: torch.Tensor | None = None
 
 
 class GraphCache:
@@ -58,7 +60,8 @@ class GraphCache:
         fits = [k for k in self.graphs if k[0] >= b and k[1] >= q]
         return min(fits, key=lambda k: (k[0] * k[1], k)) if fits else None
 
-    def capture(self, key: tuple[int, int], run: Callable[[], torch.Tensor]) -> CapturedStep:
+    def capture(self, key: tuple[int, int],
+                run: Callable[[], torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]]) -> CapturedStep:
         """Warm up ``run`` (which reads only static buffers) on a side stream, then capture it."""
         import time
 
@@ -74,9 +77,10 @@ class GraphCache:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            logits = run()
+            out = run()
         torch.cuda.synchronize(self.device)
-        step = CapturedStep(graph, logits)
+        logits, features = out if isinstance(out, tuple) else (out, None)
+        step = CapturedStep(graph, logits, features)
         self.graphs[key] = step
         self.capture_seconds += time.perf_counter() - t0
         return step

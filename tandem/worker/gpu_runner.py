@@ -40,6 +40,7 @@ from tandem.worker.input_packer import HostStaging, layout, pack, step_tensors
 from tandem.worker.cuda_graphs import CapturedStep, GraphCache, batch_bucket
 from tandem.worker.cuda_kernels import MAX_ROWS, CublasKernels, SkinnyKernels, default_skinny_rows, fused_supported
 from tandem.worker.pdl import set_pdl
+from tandem.worker.step_output import StepOutput
 from tandem.worker.triton_argmax import argmax_rows
 from tandem.worker.triton_attention_backend import TritonAttention
 from tandem.worker.triton_attention import MAX_SPLITS, num_sms, pick_num_splits, tile_shape
@@ -53,8 +54,12 @@ CAPTURE_AFTER_MISSES = 8
 class GpuModelRunner:
     def __init__(self, model: CausalLM, kv_caches: list[KVCache], block_size: int, device: torch.device,
                  cfg: RunnerConfig = RunnerConfig(), *, max_model_len: int | None = None, lookahead: int = 0,
-                 pad_to_buckets: bool | None = None, max_graph_q: int = MAX_GRAPH_Q) -> None:
+                 pad_to_buckets: bool | None = None, max_graph_q: int = MAX_GRAPH_Q,
+                 feature_layers: tuple[int, ...] = ()) -> None:
         self.model = model
+        # EAGLE: every step (graphs included) also computes these layers' input hidden states for all
+        # query rows (id num_layers: the final post-norm hidden state); ``forward`` returns them
+        self.feature_layers = tuple(feature_layers)
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
@@ -89,8 +94,20 @@ class GpuModelRunner:
         self.num_graph_steps = 0
         self.num_eager_steps = 0
         self._misses: dict[tuple[int, int], int] = {}
+        self._step_features: torch.Tensor | None = None  # set by _hidden inside a forward
+        self._features: torch.Tensor | None = None  # the last forward's features, unpadded rows
 
     # ---- public ------------------------------------------------------------------------------
+    def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
+                aux_layers: tuple[int, ...] = ()) -> StepOutput:
+        """``forward_logits`` plus the features of every query row. ``aux_layers`` must be the
+        runner's ``feature_layers`` (fixed at construction: the graphs compute them)."""
+        if tuple(aux_layers) != self.feature_layers:
+            raise ValueError(f"this runner computes features of layers {self.feature_layers}, not {aux_layers}")
+        self._features = None
+        logits = self.forward_logits(chunks, rows, token_ids)
+        return StepOutput(logits, [] if self._features is None else [self._features])
+
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
                        token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [len(rows), V] float32 for flat (unpadded) query rows ``rows`` of the chunks.
@@ -122,14 +139,20 @@ class GpuModelRunner:
 
     def _hidden(self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The one model forward, with this step's kernels: skinny matmuls for few rows, else cuBLAS
-        (fused models), else the torch kernels; Triton attention always."""
+        (fused models), else the torch kernels; Triton attention always. With feature layers, the
+        features of all rows go to ``self._step_features`` ([T, F], one concatenation)."""
         if not self.fused:
             kernels: LayerKernels = TORCH_KERNELS
         elif ids.shape[0] <= min(self.gemv_rows, MAX_ROWS):
             kernels = self._skinny
         else:
             kernels = self._cublas
-        hidden, _ = self.model(ids, pos, ForwardContext(meta, self.kv_caches, kernels, self._attention))
+        layers = self.feature_layers
+        hidden, aux = self.model(ids, pos, ForwardContext(meta, self.kv_caches, kernels, self._attention), layers)
+        if layers:
+            if self.model.arch.num_layers in layers:
+                aux.append(hidden)
+            self._step_features = aux[0] if len(aux) == 1 else torch.cat(aux, dim=-1)
         return hidden
 
     # ---- eager -------------------------------------------------------------------------------
@@ -150,14 +173,17 @@ class GpuModelRunner:
         max_seq = max(c.start + q for c, q in zip(chunks, qlens))
         ids, pos, meta = self._meta(self._eager, t, n, w, max(qlens), self._splits(n, max(qlens), max_seq))
         hidden = self._hidden(ids, pos, meta)
+        if self.feature_layers:
+            self._features = self._step_features
         if not identity:
             hidden = hidden.index_select(0, self._eager[r_off:r_off + len(rows)])
         return self.model.compute_logits(hidden)
 
     # ---- bucketed (CUDA graphs) --------------------------------------------------------------
-    def _static_step(self, b: int, q: int) -> torch.Tensor:
+    def _static_step(self, b: int, q: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         ids, pos, meta = self._meta(self._static, b * q, b, self.table_width, q, self._splits(b, q, None))
-        return self.model.compute_logits(self._hidden(ids, pos, meta))
+        logits = self.model.compute_logits(self._hidden(ids, pos, meta))
+        return logits, (self._step_features if self.feature_layers else None)
 
     def _ensure_graph(self, b: int, q: int) -> CapturedStep:
         assert self.graphs is not None
@@ -226,9 +252,15 @@ class GpuModelRunner:
             self._static[: len(chunks) * q: q].copy_(token_ids, non_blocking=True)
         if step is not None:
             step.graph.replay()
-            logits = step.logits
+            logits, features = step.logits, step.features
         else:  # padded layout without graphs (tests on CPU)
-            logits = self._static_step(b, q)
+            logits, features = self._static_step(b, q)
+        if features is not None:  # padded rows: request i's at i*q .. i*q + qlens[i]
+            n = len(chunks)
+            if all(ql == q for ql in qlens):
+                self._features = features[: n * q]
+            else:
+                self._features = torch.cat([features[i * q:i * q + ql] for i, ql in enumerate(qlens)])
         if identity:
             return logits
         return logits.index_select(0, self._static[r_off:r_off + len(rows)])

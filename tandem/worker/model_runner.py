@@ -41,8 +41,9 @@ class TorchRunner:
     @torch.inference_mode()
     def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
                 aux_layers: tuple[int, ...] = ()) -> StepOutput:
-        """Run the chunks; return logits [len(rows), V] for flat query rows ``rows``, and for the same
-        rows the hidden states entering each layer of ``aux_layers`` (the EAGLE-3 hook).
+        """Run the chunks; return logits [len(rows), V] for flat query rows ``rows``, and for *every*
+        query row the hidden states entering each layer of ``aux_layers`` (the EAGLE-3 hook; id
+        ``num_layers`` means the final post-norm hidden state, what EAGLE-1 heads read).
 
         ``token_ids`` ([len(chunks)] int64 on the model's device), for chunks of one token each:
         the tokens to run instead of the chunks' own (placeholders), so a caller can feed tokens it
@@ -64,10 +65,10 @@ class TorchRunner:
         ids, pos, meta = step_tensors(inputs, t, n, w, self.block_size, max(qlens))
         ctx = ForwardContext(meta, self.kv_caches, TORCH_KERNELS, self.attention)
         hidden, aux = self.model(ids, pos, ctx, aux_layers)
+        if self.model.arch.num_layers in aux_layers:
+            aux.append(hidden)
         if not identity:
-            sel = inputs[r_off:r_off + len(rows)]
-            hidden = hidden.index_select(0, sel)
-            aux = [a.index_select(0, sel) for a in aux]
+            hidden = hidden.index_select(0, inputs[r_off:r_off + len(rows)])
         return StepOutput(self.model.compute_logits(hidden), aux)
 
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from tandem.config.runner import RunnerConfig
 from tandem.worker.batch import SeqChunk
+from tandem.worker.step_output import StepOutput
 
 if TYPE_CHECKING:
     from tandem.models.decoder import CausalLM, KVCache
@@ -36,6 +37,12 @@ class ModelRunner(Protocol):
         """
         ...
 
+    def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
+                aux_layers: tuple[int, ...] = ()) -> StepOutput:
+        """``forward_logits`` plus, for every query row, the hidden states entering each layer of
+        ``aux_layers`` (id ``num_layers``: the final post-norm hidden state) — what EAGLE heads read."""
+        ...
+
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:
         """Compile kernels and capture graphs for these step shapes now, not mid-serving (no-op on
         the torch runner)."""
@@ -43,16 +50,19 @@ class ModelRunner(Protocol):
 
 
 def make_runner(model: CausalLM, kv_caches: list[KVCache], block_size: int, device: torch.device,
-                cfg: RunnerConfig, *, max_model_len: int | None = None, lookahead: int = 0) -> ModelRunner:
+                cfg: RunnerConfig, *, max_model_len: int | None = None, lookahead: int = 0,
+                feature_layers: tuple[int, ...] = ()) -> ModelRunner:
     """The CUDA runner on CUDA devices unless ``cfg.backend == "torch"``; the torch runner otherwise.
 
     ``max_model_len`` + ``lookahead`` (draft slots past it) bound a request's KV blocks: the CUDA
-    runner sizes its graphs' block tables from them (None: the model's rope table length)."""
+    runner sizes its graphs' block tables from them (None: the model's rope table length).
+    ``feature_layers``: what an EAGLE head reads; the CUDA runner computes them in every step (its
+    graphs included), the torch runner when ``forward`` asks."""
     if device.type == "cuda" and cfg.backend != "torch":
         from tandem.worker.gpu_runner import GpuModelRunner  # imports Triton: CUDA only
 
         return GpuModelRunner(model, kv_caches, block_size, device, cfg, max_model_len=max_model_len,
-                              lookahead=lookahead)
+                              lookahead=lookahead, feature_layers=feature_layers)
     from tandem.worker.model_runner import TorchRunner
 
     return TorchRunner(model, kv_caches, block_size, device)

@@ -10,4 +10,4 @@ import torch
 @dataclass(frozen=True)
 class StepOutput:
     logits: torch.Tensor  # [R, V] float32 for the requested rows
-    aux_hidden: list[torch.Tensor]  # per requested aux layer: [R, H] hidden state entering that layer
+    aux_hidden: list[torch.Tensor]  # per requested aux layer: [T, H] for every query row (not just R)

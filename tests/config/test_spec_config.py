@@ -221,17 +221,24 @@ def test_method_required_without_model() -> None:
     assert err.allowed == list(SUPPORTED_METHODS)
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "medusa"])
+@pytest.mark.parametrize("method", ["mtp", "medusa"])
 def test_method_not_supported_yet(method: str) -> None:
     assert method in NOT_YET_SUPPORTED_METHODS
     err = raises("method", "not supported yet", method=method, model="x", num_speculative_tokens=3)
-    assert err.allowed == ["draft_model", "ngram", "suffix"]
+    assert err.allowed == list(SUPPORTED_METHODS)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_eagle_methods_need_a_head(method: str) -> None:
+    raises("model", "needs an EAGLE head", method=method, num_speculative_tokens=3)
+    raises("draft_sample_method", "only 'greedy'", method=method, model="x", num_speculative_tokens=3,
+           draft_sample_method="probabilistic")
 
 
 def test_method_unknown() -> None:
     err = raises("method", "unknown speculative method 'bogus'", method="bogus",
                  num_speculative_tokens=3)
-    assert err.allowed == ["draft_model", "ngram", "suffix"]
+    assert err.allowed == ["draft_model", "eagle", "eagle3", "ngram", "suffix"]
 
 
 def test_draft_model_requires_model() -> None:

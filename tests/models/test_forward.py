@@ -55,5 +55,12 @@ def test_torch_runner_selects_rows_and_picks_torch_backends(tmp_path):
     picked = runner.forward(chunks, [4, 1], aux_layers=(1,))
     # (the second run rewrites identical KV; the LM head's row count changes the GEMM path: ~1e-7)
     torch.testing.assert_close(picked.logits, every.logits[[4, 1]], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(picked.aux_hidden[0], every.aux_hidden[0][[4, 1]], rtol=0, atol=0)
+    # aux hidden states cover every query row whatever rows are sampled (an EAGLE head reads them all)
+    torch.testing.assert_close(picked.aux_hidden[0], every.aux_hidden[0], rtol=0, atol=0)
+    assert picked.aux_hidden[0].shape[0] == 5
+    # id num_layers: the final post-norm hidden state (EAGLE-1), whose LM-head product is the logits
+    n = runner.model.arch.num_layers
+    final = runner.forward(chunks, range(5), aux_layers=(n,)).aux_hidden[0]
+    with torch.inference_mode():
+        torch.testing.assert_close(runner.model.compute_logits(final), every.logits, rtol=1e-5, atol=1e-5)
     assert runner.forward([], []).logits.shape == (0, runner.model.arch.vocab_size)

@@ -82,3 +82,25 @@ def test_gemma3_matches_hf_golden_first_32_tokens():
     for c, o in zip(cases, outs):
         assert o.outputs[0].token_ids[:32] == c["output_token_ids"][:32], c["name"]
     assert "the capital of the country of France" in outs[0].outputs[0].text
+
+
+def test_shipped_smollm2_eagle3_head_by_alias(smollm2):
+    """The head shipped in the package loads by alias (method inferred), drafts that the real target
+    accepts on chat prompts it was not trained on, and leaves the greedy output unchanged."""
+    from tandem.loader.heads import shipped_head_path
+
+    assert shipped_head_path("smollm2-135m-instruct-eagle3") is not None
+    spec = LLM("smollm2-135m-instruct", device="cpu", dtype="float32", max_model_len=1024,
+               kv_cache_memory_bytes=256 << 20,
+               speculative_config={"model": "smollm2-135m-instruct-eagle3", "num_speculative_tokens": 3})
+    assert spec.engine.spec.method == "eagle3"
+    chats = [[{"role": "user", "content": q}] for q in (
+        "Write a Python function that checks whether a string is a palindrome.",
+        "What are three tips for staying productive when working from home?")]
+    sp = SamplingParams(temperature=0, max_tokens=64)
+    want = [o.outputs[0].token_ids for o in smollm2.chat(chats, sp, use_tqdm=False)]
+    got = [o.outputs[0].token_ids for o in spec.chat(chats, sp, use_tqdm=False)]
+    assert got == want
+    st = spec.engine.stats.spec
+    # measured 0.42 at position 1 on held-out ShareGPT prompts (H200 bf16); an untrained head: ~0
+    assert st.per_position_rates()[0] > 0.2, st.per_position_rates()

@@ -4,11 +4,10 @@ statistically exact sampling, acceptance counters, stops inside accepted runs.""
 from __future__ import annotations
 
 import warnings
-from collections import Counter
 
 import pytest
 
-from engine_utils import greedy, make_llm, random_prompts, tokens_of
+from engine_utils import chi2_same, greedy, make_llm, random_prompts, token_counts, tokens_of
 from tandem import SamplingParams
 from tiny_models import write_tiny_hf_checkpoint
 
@@ -127,25 +126,6 @@ def test_speculation_with_preemption_and_chunking(dirs, prompts, reference):
     assert llm.engine.pool.all_free()
 
 
-def _token_counts(llm, n: int, params: SamplingParams, position: int) -> Counter:
-    outs = llm.generate([{"prompt_token_ids": [5, 6, 7]}] * n,
-                        [params.clone(seed=i) for i in range(n)], use_tqdm=False)
-    return Counter(o.outputs[0].token_ids[position] for o in outs)
-
-
-def _chi2_same(a: Counter, b: Counter) -> float:
-    """Two-sample chi-square p-value (rare categories pooled so expected counts stay >= 5)."""
-    from scipy.stats import chi2_contingency
-
-    keys = sorted(set(a) | set(b))
-    common = [k for k in keys if a.get(k, 0) + b.get(k, 0) >= 10]
-    rare = [k for k in keys if k not in common]
-    table = [[c.get(k, 0) for k in common] + [sum(c.get(k, 0) for k in rare)] for c in (a, b)]
-    if not rare:
-        table = [row[:-1] for row in table]
-    return chi2_contingency(table)[1]
-
-
 @pytest.mark.parametrize("proposer", ["draft_probabilistic", "draft_greedy", "suffix"])
 def test_sampled_distribution_matches_target(dirs, proposer, monkeypatch):
     """The token after the first (drafted and verified) follows the same distribution with and
@@ -155,7 +135,7 @@ def test_sampled_distribution_matches_target(dirs, proposer, monkeypatch):
     often rejected). Replacing the recovery step by plain target sampling must be detected."""
     params = SamplingParams(temperature=1.3, top_k=6, top_p=0.95, max_tokens=3, ignore_eos=True)
     n = 3000
-    plain = _token_counts(make_llm(dirs[0], max_num_seqs=1024), n, params, 1)
+    plain = token_counts(make_llm(dirs[0], max_num_seqs=1024), n, params, 1)
     if proposer == "suffix":
         cfg = {"method": "suffix", "num_speculative_tokens": 2}
     else:
@@ -164,13 +144,13 @@ def test_sampled_distribution_matches_target(dirs, proposer, monkeypatch):
         cfg = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2,
                "draft_sample_method": sample_method}
     spec = make_llm(dirs[0], max_num_seqs=1024, speculative_config=cfg)
-    assert _chi2_same(plain, _token_counts(spec, n, params, 1)) > 1e-3
+    assert chi2_same(plain, token_counts(spec, n, params, 1)) > 1e-3
     st = spec.engine.stats.spec
     assert 0 < st.num_accepted_tokens < st.num_draft_tokens
     import tandem.sample.rejection as rej
 
     monkeypatch.setattr(rej, "_recover", lambda p, q, d: p)
-    bad = _chi2_same(plain, _token_counts(spec, n, params, 1))
+    bad = chi2_same(plain, token_counts(spec, n, params, 1))
     print(f"acceptance {st.num_accepted_tokens}/{st.num_draft_tokens}, wrong-recovery p-value {bad:.2e}")
     assert bad < 1e-4
 

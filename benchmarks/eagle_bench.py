@@ -1,0 +1,200 @@
+#!/usr/bin/env python
+"""EAGLE heads at batch 1: acceptance (τ, per position) and speed against no speculation and n-gram,
+same prompts, one process.
+
+Engines (same target, dtype, defaults otherwise): ``baseline`` (no speculation: asynchronous decode
+on CUDA), ``ngram`` (k = 4, tandem's defaults), and ``eagle k=K`` for each ``--ks``. Two workloads:
+``code`` (HumanEval prompts, raw completion) and ``chat`` (ShareGPT first user turns through the
+chat template, skipping every prompt the head's training.json lists as trained on or validated on). Greedy, ``--max-tokens`` each, every prompt alone (batch 1), the order
+of engines alternating per prompt; each engine first runs 3 prompts untimed (graphs, JIT).
+
+Per engine and workload: decode time (sum of finish − first token), speedup over the baseline on
+that time, τ = tokens per verify step (accepted + 1), acceptance per draft position, outputs
+identical to the baseline's. For EAGLE also the cost model (spec_decode/cost_model.py):
+c = head step / target decode step and v = verify extra cost, timed on the engines themselves
+(``--profile``), and η = measured speedup / S(per-position acceptance, k, c, v).
+
+Usage: python benchmarks/eagle_bench.py --target smollm2-135m-instruct --head smollm2-135m-instruct-eagle3
+       [--humaneval FILE] [--sharegpt-prompts FILE.jsonl] [--sharegpt-offset N] [--num-prompts 20]
+       [--max-tokens 256] [--ks 3,5] [--device cuda] [--dtype bfloat16] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from datetime import date
+from pathlib import Path
+
+
+def load_chat_prompts(path: str | None, offset: int, n: int, exclude: set[int]) -> list[str]:
+    """ShareGPT first user turns from ``offset`` on, skipping the indices in ``exclude`` (a head's
+    training and validation prompts: the indices its training.json records)."""
+    if path:
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        texts = [r["prompt"] if isinstance(r, dict) else str(r) for r in rows]
+    else:
+        from tandem.bench.datasets import load_sharegpt_records, sharegpt_pairs
+
+        texts = [p for p, _ in sharegpt_pairs(load_sharegpt_records())]
+    return [t for i, t in enumerate(texts) if i >= offset and i not in exclude and len(t) < 4000][:n]
+
+
+def head_prompt_indices(head: str) -> set[int]:
+    """Prompt indices a head was trained or validated on (its training.json), if it has one."""
+    from tandem.loader.heads import resolve_head
+
+    info = resolve_head(head) / "training.json"
+    if not info.is_file():
+        return set()
+    data = json.loads(info.read_text()).get("data", {})
+    return set(data.get("train_prompt_indices", [])) | set(data.get("val_prompt_indices", []))
+
+
+def timed(llm, prompt, max_tokens: int):  # type: ignore[no-untyped-def]
+    from tandem import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=False)
+    t0, t0m = time.perf_counter(), time.monotonic()
+    out = llm.generate([prompt], sp, use_tqdm=False)[0]
+    total = time.perf_counter() - t0
+    first = (out.metrics.get("first_token_time") or t0m) - t0m
+    return out.outputs[0].token_ids, max(1e-9, total - first), len(out.outputs[0].token_ids)
+
+
+def step_costs(llm, prompt: str, k: int, reps: int = 30) -> tuple[float, float, float]:
+    """(target 1-token decode, target (k+1)-token verify, head step) seconds, timed on this engine's
+    own runners after a prefill, synchronising the device around each."""
+    import torch
+
+    from tandem.worker.batch import SeqChunk
+
+    eng = llm.engine
+    ids = eng.encode(prompt)[:64]
+    blocks = list(range(0, (len(ids) + 2 * k + 16) // eng.scheduler.block_size + 2))
+    runner, proposer = eng.runner, eng.proposer
+    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
+    runner.forward_logits([SeqChunk(ids, 0, blocks)], [len(ids) - 1])
+
+    def clock(fn) -> float:  # type: ignore[no-untyped-def]
+        fn()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        sync()
+        return (time.perf_counter() - t0) / reps
+
+    n = len(ids)
+    dec = clock(lambda: runner.forward_logits([SeqChunk([ids[-1]], n, blocks)], [0]))
+    ver = clock(lambda: runner.forward_logits([SeqChunk([ids[-1]] * (k + 1), n, blocks)], range(k + 1)))
+    head = proposer.runner
+    hid = torch.zeros(1, head.head.cfg.hidden_size, dtype=head.head.fc.weight.dtype, device=runner.device)
+    tok = torch.tensor([ids[-1]], device=runner.device)
+    hstep = clock(lambda: head.forward([SeqChunk([0], n, blocks)], [0], hid, token_ids=tok))
+    return dec, ver, hstep
+
+
+def main() -> None:
+    import torch
+
+    from tandem import LLM
+    from tandem.bench.datasets import load_humaneval_prompts
+    from tandem.spec_decode.cost_model import expected_tokens_from_position_rates
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default="smollm2-135m-instruct")
+    ap.add_argument("--head", default="smollm2-135m-instruct-eagle3")
+    ap.add_argument("--humaneval", default=None)
+    ap.add_argument("--sharegpt-prompts", default=None, help="JSONL of {'prompt': ...} (default: the ShareGPT package)")
+    ap.add_argument("--sharegpt-offset", type=int, default=0)
+    ap.add_argument("--num-prompts", type=int, default=20)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--ks", default="3,5")
+    ap.add_argument("--workloads", default="code,chat")
+    ap.add_argument("--no-ngram", action="store_true")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    ks = [int(k) for k in args.ks.split(",")]
+    common = dict(device=args.device, dtype=dtype, max_model_len=2048, kv_cache_memory_bytes=1 << 30,
+                  enable_prefix_caching=False)
+    t0 = time.perf_counter()
+    engines = {"baseline": LLM(args.target, **common)}
+    if not args.no_ngram:
+        engines["ngram k=4"] = LLM(args.target, speculative_config={"method": "ngram", "num_speculative_tokens": 4}, **common)
+    for k in ks:
+        engines[f"eagle k={k}"] = LLM(args.target, speculative_config={"model": args.head, "num_speculative_tokens": k},
+                                      **common)
+    tok = engines["baseline"].get_tokenizer()
+    work: dict[str, list] = {}
+    if "code" in args.workloads:
+        work["code"] = load_humaneval_prompts(args.humaneval)[: args.num_prompts]
+    if "chat" in args.workloads:
+        work["chat"] = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+                        for p in load_chat_prompts(args.sharegpt_prompts, args.sharegpt_offset, args.num_prompts,
+                                                   head_prompt_indices(args.head))]
+    dev = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or platform.machine()
+    print(f"{date.today()} {dev}, torch {torch.__version__}, {dtype}, threads {torch.get_num_threads()}; engines built "
+          f"in {time.perf_counter() - t0:.1f} s; {args.max_tokens} tokens per prompt, batch 1")
+    for llm in engines.values():
+        for p in work[next(iter(work))][:3]:
+            timed(llm, p, 32)
+    results: dict[str, dict[str, dict]] = {}
+    for wname, prompts in work.items():
+        acc = {name: {"seconds": 0.0, "tokens": 0, "identical": 0} for name in engines}
+        before = {name: llm.engine.stats.spec.copy() for name, llm in engines.items()}
+        for i, p in enumerate(prompts):
+            order = list(engines) if i % 2 == 0 else list(engines)[::-1]
+            outs = {name: timed(engines[name], p, args.max_tokens) for name in order}
+            for name, (toks, secs, n) in outs.items():
+                a = acc[name]
+                a["seconds"] += secs
+                a["tokens"] += n
+                a["identical"] += toks == outs["baseline"][0]
+        for name, llm in engines.items():
+            st, b = llm.engine.stats.spec, before[name]
+            drafts = st.num_drafts - b.num_drafts
+            per_pos = [(x - (b.accepted_per_pos[j] if j < len(b.accepted_per_pos) else 0)) / max(1, drafts)
+                       for j, x in enumerate(st.accepted_per_pos)]
+            cond = [per_pos[0]] + [per_pos[j] / per_pos[j - 1] if per_pos[j - 1] else 0.0 for j in range(1, len(per_pos))] if per_pos else []
+            acc[name].update(
+                tau=1 + (st.num_accepted_tokens - b.num_accepted_tokens) / drafts if drafts else None,
+                per_position=per_pos, cond_rates=cond,
+                speedup=acc["baseline"]["seconds"] / acc[name]["seconds"] if name != "baseline" else 1.0,
+            )
+        results[wname] = acc
+    costs = {}
+    for k in ks:
+        llm = engines[f"eagle k={k}"]
+        dec, ver, hstep = step_costs(llm, work[next(iter(work))][0], k)
+        costs[k] = {"decode_s": dec, "verify_s": ver, "head_step_s": hstep, "c": hstep / dec, "v": ver / dec - 1}
+    print("\n| workload | engine | decode tok/s | speedup | τ | acceptance per position | identical | η |")
+    print("|---|---|---|---|---|---|---|---|")
+    for wname, acc in results.items():
+        for name, a in acc.items():
+            eta = ""
+            if name.startswith("eagle") and a["tau"]:
+                k = int(name.split("=")[1])
+                c = costs[k]
+                s_model = expected_tokens_from_position_rates(a["cond_rates"][:k]) / (k * c["c"] + 1 + c["v"])
+                a["eta"] = a["speedup"] / s_model
+                eta = f"{a['eta']:.2f}"
+            pos = ", ".join(f"{x:.2f}" for x in a["per_position"]) if a["per_position"] else ""
+            tau = f"{a['tau']:.2f}" if a.get("tau") else ""
+            print(f"| {wname} | {name} | {a['tokens'] / a['seconds']:.1f} | {a['speedup']:.2f}x | {tau} | {pos} | "
+                  f"{a['identical']}/{len(work[wname])} | {eta} |")
+    for k, c in costs.items():
+        print(f"k={k}: target decode {c['decode_s'] * 1e3:.3f} ms, verify {c['verify_s'] * 1e3:.3f} ms (v={c['v']:.3f}), "
+              f"head step {c['head_step_s'] * 1e3:.3f} ms (c={c['c']:.3f})")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results, "costs": costs,
+                                               "date": str(date.today()), "device": dev}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""EAGLE / EAGLE-3 proposer: a one-layer head drafts from the target's own hidden states.
+
+Data flow per request (head position ``p`` = target feature at ``p`` + token ``p + 1``):
+
+1. Every target forward returns features for each query row (EAGLE-3: the concatenated aux hidden
+   states; EAGLE-1: the final post-norm hidden state). The executor hands them here
+   (``record_features``) with the step's schedule; they are kept per request as one contiguous
+   segment of positions. A later record starting at position ``s`` drops what the earlier one had
+   from ``s`` on: rejected drafts' rows are overwritten that way, a recompute after preemption
+   replaces everything.
+2. ``propose_requests`` first catches the head up on the positions it has not seen:
+   ``[draft_num_computed, num_tokens - 1)``, whose features are known and whose next tokens are
+   accepted tokens; the last row predicts draft 1 (and gives the hidden state fed back). Then k − 1
+   single-token steps, each fed the previous draft (kept on the device) and the previous feedback.
+   All drafts come to the host in one read at the end. Requests asked for 0 drafts still catch up
+   (so features never pile up) but sample nothing.
+3. Where features start after the head's counter (a prefix-cache hit: the target skipped the
+   cached prefix), the head starts there too, reading the KV the cached blocks hold.
+
+Drafting is greedy (argmax, as vLLM's EAGLE): the rejection sampler treats drafts as one-hot q, so
+sampled outputs stay the target's distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tandem.request import Request
+from tandem.scheduler import SchedulerOutput
+from tandem.spec_decode.base import DraftProposal
+from tandem.worker.batch import SeqChunk
+from tandem.worker.head_runner import AnyHeadRunner
+
+
+@dataclass
+class _Features:
+    start: int  # position of row 0
+    rows: torch.Tensor  # [m, F]
+
+    @property
+    def end(self) -> int:
+        return self.start + self.rows.shape[0]
+
+
+class EagleProposer:
+    drafts_on_host_for_free = False  # every draft costs a head forward
+
+    def __init__(self, runner: AnyHeadRunner) -> None:
+        self.runner = runner
+        self.head = runner.head
+        self._features: dict[str, _Features] = {}
+
+    # ---- features from the target ---------------------------------------------------------------
+    def record_features(self, sched: SchedulerOutput, features: torch.Tensor) -> None:
+        """Keep the features of every query row of a target step ([T, F], rows in schedule order)."""
+        features = features.clone()  # the CUDA runner's are views of graph outputs, reused next step
+        t = 0
+        for s in sched.scheduled:
+            n = s.num_new_tokens
+            self._record(s.request.request_id, s.start, features[t:t + n])
+            t += n
+
+    def _record(self, rid: str, start: int, rows: torch.Tensor) -> None:
+        old = self._features.get(rid)
+        if old is not None and old.start <= start <= old.end:
+            rows = torch.cat((old.rows[: start - old.start], rows))
+            start = old.start
+        self._features[rid] = _Features(start, rows)
+
+    def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None:
+        self._features.pop(request_id, None)
+
+    # ---- drafting -------------------------------------------------------------------------------
+    def propose_requests(self, reqs: Sequence[Request], ks: Sequence[int]) -> DraftProposal:
+        drafts: list[list[int]] = [[] for _ in reqs]
+        chunks: list[SeqChunk] = []
+        hidden: list[torch.Tensor] = []
+        rows: list[int] = []
+        active: list[int] = []  # requests that draft, in row order
+        t = 0
+        for i, r in enumerate(reqs):
+            span = self._catch_up_span(r)
+            if span is None:
+                continue
+            lo, feats = span
+            hi = r.num_tokens - 1
+            chunks.append(SeqChunk(r.token_ids[lo + 1:hi + 1], lo, r.block_ids))
+            hidden.append(feats)
+            t += hi - lo
+            r.draft_num_computed = hi
+            f = self._features[r.request_id]  # keep the last row: a repeated ask recomputes it
+            self._features[r.request_id] = _Features(hi - 1, f.rows[hi - 1 - f.start:])
+            if ks[i] > 0:
+                rows.append(t - 1)
+                active.append(i)
+        if not chunks:
+            return DraftProposal(drafts, None)
+        step = self.runner.forward(chunks, rows, self.head_inputs(torch.cat(hidden)))
+        if active:  # (clone: a CUDA runner's outputs are graph buffers the next step overwrites)
+            self._chain(reqs, ks, active, step.token_ids.clone(), step.feedback, drafts)
+        return DraftProposal(drafts, None)
+
+    def head_inputs(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features → the head's hidden input at step 0 (EAGLE-3: ``fc`` over the aux concat)."""
+        if self.head.cfg.kind == "eagle3":
+            with torch.inference_mode():
+                return self.head.fuse(features.to(self.head.fc.weight.dtype))
+        return features
+
+    def _catch_up_span(self, r: Request) -> tuple[int, torch.Tensor] | None:
+        """(first head position to run, the features of positions [lo, num_tokens - 1)) or None
+        when the features needed are not here (nothing recorded yet)."""
+        f = self._features.get(r.request_id)
+        hi = r.num_tokens - 1
+        if f is None or hi < 1:
+            return None
+        lo = min(r.draft_num_computed, hi - 1)  # at least the last position: it yields draft 1
+        lo = max(lo, f.start)  # features start later (prefix-cache hit): start there
+        if lo >= hi or f.end < hi:
+            return None
+        return lo, f.rows[lo - f.start:hi - f.start]
+
+    def _chain(self, reqs: Sequence[Request], ks: Sequence[int], active: list[int], tok: torch.Tensor,
+               feedback: torch.Tensor, drafts: list[list[int]]) -> None:
+        """Draft steps 2..k, single-token rows, no host read in between."""
+        steps: list[tuple[list[int], torch.Tensor]] = [(active, tok)]
+        j = 1
+        while True:
+            prev, tok = steps[-1]
+            live = [i for i in active if ks[i] > j]
+            if not live:
+                break
+            if live != prev:
+                keep = torch.tensor([prev.index(i) for i in live], device=tok.device)
+                tok, feedback = tok.index_select(0, keep), feedback.index_select(0, keep)
+            chunks = [SeqChunk([0], reqs[i].num_tokens - 2 + j, reqs[i].block_ids) for i in live]
+            step = self.runner.forward(chunks, range(len(live)), feedback, token_ids=tok)
+            feedback = step.feedback
+            steps.append((live, step.token_ids.clone()))
+            j += 1
+        flat = torch.cat([t for _, t in steps]).tolist()
+        pos = 0
+        for live, _ in steps:
+            for i in live:
+                drafts[i].append(flat[pos])
+                pos += 1

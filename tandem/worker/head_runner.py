@@ -1,0 +1,87 @@
+"""HeadRunner: runs an EAGLE head over SeqChunks with its own one-layer paged KV cache.
+
+The head's KV tensors have as many slots as the target's and use the target's block tables (like a
+draft model's), so the scheduler's allocation — with ``lookahead = k`` spare slots — covers it. Head
+position ``p`` holds the head's attention state for "target feature at p, token at p + 1".
+
+``forward(chunks, rows, hidden)`` runs one step over a flat batch: each chunk's tokens (the *next*
+tokens of its positions), ``hidden`` [T, H] the hidden input per query row (fused target features
+or the previous step's feedback). It returns, for the flat rows ``rows``, the greedy draft token (a
+target id, on the device) and the feedback for the next step. Torch ops on any device; the CUDA
+runner's fused kernels are not used for the head (its one layer is small next to the target).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from tandem.config.runner import RunnerConfig
+from tandem.models.eagle import EagleHead
+from tandem.models.forward_context import ForwardContext, KVCache
+from tandem.models.torch_kernels import TORCH_KERNELS
+from tandem.worker.attention import TorchAttention
+from tandem.worker.batch import SeqChunk
+from tandem.worker.head_step import HeadStep
+from tandem.worker.input_packer import layout, pack, step_tensors
+
+
+class HeadRunner:
+    def __init__(self, head: EagleHead, kv_cache: KVCache, block_size: int, device: torch.device) -> None:
+        self.head = head
+        self.kv_caches = [kv_cache]
+        self.block_size = block_size
+        self.device = device
+        self.attention = TorchAttention()
+
+    def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:
+        """Nothing to compile or capture on the torch path."""
+
+    @torch.inference_mode()
+    def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], hidden: torch.Tensor,
+                token_ids: torch.Tensor | None = None) -> HeadStep:
+        """``token_ids`` ([len(chunks)] on the device) replaces the tokens of single-token chunks
+        (the previous step's drafts, kept on the device)."""
+        qlens = [len(c.token_ids) for c in chunks]
+        t_total = sum(qlens)
+        if hidden.shape[0] != t_total:
+            raise ValueError(f"hidden has {hidden.shape[0]} rows for {t_total} query tokens")
+        n, w = len(chunks), max(1, max(len(c.block_ids) for c in chunks))
+        buf = np.empty(layout(t_total, n, w)[-1] + len(rows), dtype=np.int64)
+        length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, n, None, w, rows)
+        inputs = torch.from_numpy(buf[:length]).to(self.device)
+        ids, pos, meta = step_tensors(inputs, t, n, w, self.block_size, max(qlens))
+        if token_ids is not None:
+            if any(q != 1 for q in qlens):
+                raise ValueError("token_ids needs one token per single-token chunk")
+            ids = token_ids
+        ctx = ForwardContext(meta, self.kv_caches, TORCH_KERNELS, self.attention)
+        out = self.head(ids, pos, hidden.to(self.head.fc.weight.dtype), ctx)
+        if not identity:
+            out = out.index_select(0, inputs[r_off:r_off + len(rows)])
+        logits = self.head.logits(out)
+        return HeadStep(self.head.draft_to_target[logits.argmax(dim=-1)], self.head.feedback(out), logits)
+
+
+class AnyHeadRunner(Protocol):
+    head: EagleHead
+
+    def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], hidden: torch.Tensor,
+                token_ids: torch.Tensor | None = None) -> HeadStep: ...
+
+    def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None: ...
+
+
+def make_head_runner(head: EagleHead, kv_cache: KVCache, block_size: int, device: torch.device,
+                     cfg: RunnerConfig, *, max_model_len: int, lookahead: int) -> AnyHeadRunner:
+    """The CUDA head runner (Triton attention, graphs unless ``cfg.cuda_graphs`` is off) on CUDA
+    unless ``cfg.backend == "torch"``; this torch runner otherwise."""
+    if device.type == "cuda" and cfg.backend != "torch":
+        from tandem.worker.gpu_head_runner import GpuHeadRunner  # imports Triton: CUDA only
+
+        return GpuHeadRunner(head, kv_cache, block_size, device, max_model_len=max_model_len,
+                             lookahead=lookahead, use_graphs=cfg.cuda_graphs, max_graph_batch=cfg.max_graph_batch)
+    return HeadRunner(head, kv_cache, block_size, device)

@@ -1,0 +1,109 @@
+"""Tiny random EAGLE heads on disk in the three public layouts, for loader and engine tests.
+
+``write_eagle_head(dir, layout, target)`` writes ``config.json`` + ``model.safetensors`` as the
+producing tools name and shape them (``../shared/research/eagle.md`` §1):
+
+- ``"eagle"``: EAGLE-1/2 (SafeAILab ``cnets1.Model``): a one-layer ``LlamaForCausalLM`` config;
+  ``fc.weight`` [H, 2H] (+ ``fc.bias``), ``layers.0.*`` without ``input_layernorm``, and a copy of
+  the embeddings (which loaders drop).
+- ``"eagle3"``: EAGLE-3 as the EAGLE repo / SpecForge save it (``LlamaForCausalLMEagle3``):
+  ``midlayer.*`` with q/k/v over 2H and ``hidden_norm``, ``fc`` [H, 3H], ``norm``, ``lm_head`` over
+  ``draft_vocab_size`` rows, ``d2t`` (int64 offsets) and ``t2d`` (bool mask); explicit aux ids under
+  ``eagle_config`` in SGLang's "output of layer i" convention.
+- ``"speculators"``: ``Eagle3Speculator`` (vLLM speculators): ``transformer_layer_config``,
+  ``layers.0.*`` names, top-level flags and aux ids in the "input of layer i" convention.
+
+Returns the directory and the aux layer ids the head should read (input-of-layer convention).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+
+def _layer_config(target: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "rms_norm_eps", "rope_theta", "max_position_embeddings", "vocab_size")
+    cfg = {k: target[k] for k in keys if k in target}
+    cfg.update({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1, "hidden_act": "silu",
+                "model_type": "llama", "tie_word_embeddings": False})
+    cfg.update(kw)
+    return cfg
+
+
+def write_eagle_head(base: Path, layout: str, target_dir: Path, *, seed: int = 0, std: float = 0.2,
+                     draft_vocab: int | None = None, aux: tuple[int, ...] | None = None,
+                     name: str | None = None, norm_before_residual: bool = True,
+                     fc_bias: bool = True) -> tuple[Path, tuple[int, ...]]:
+    target = json.loads((Path(target_dir) / "config.json").read_text())
+    h, v = target["hidden_size"], target["vocab_size"]
+    n_layers = target["num_hidden_layers"]
+    heads, kvh = target["num_attention_heads"], target["num_key_value_heads"]
+    hd = target.get("head_dim") or h // heads
+    inter = target["intermediate_size"]
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=g) * std
+
+    def norm(n: int) -> torch.Tensor:
+        return 1.0 + 0.1 * torch.randn((n,), generator=g)
+
+    eagle3 = layout in ("eagle3", "speculators")
+    qkv_in = 2 * h if eagle3 else h
+    layer = {
+        "self_attn.q_proj.weight": rnd(heads * hd, qkv_in),
+        "self_attn.k_proj.weight": rnd(kvh * hd, qkv_in),
+        "self_attn.v_proj.weight": rnd(kvh * hd, qkv_in),
+        "self_attn.o_proj.weight": rnd(h, heads * hd),
+        "mlp.gate_proj.weight": rnd(inter, h),
+        "mlp.up_proj.weight": rnd(inter, h),
+        "mlp.down_proj.weight": rnd(h, inter),
+        "post_attention_layernorm.weight": norm(h),
+    }
+    out = Path(base) / (name or f"head_{layout}")
+    out.mkdir(parents=True, exist_ok=True)
+    ids_in = aux if aux is not None else (2, n_layers // 2, n_layers - 3)
+    tensors: dict[str, torch.Tensor] = {"embed_tokens.weight": rnd(v, h)}
+    if not eagle3:
+        tensors.update({f"layers.0.{k}": t for k, t in layer.items()})
+        tensors["fc.weight"] = rnd(h, 2 * h)
+        if fc_bias:
+            tensors["fc.bias"] = rnd(h)
+        cfg = _layer_config(target, bias=fc_bias)
+        ids_in = ()
+    else:
+        dv = draft_vocab or v
+        layer["input_layernorm.weight"] = norm(h)
+        layer["hidden_norm.weight"] = norm(h)
+        kept = torch.sort(torch.randperm(v, generator=g)[:dv]).values
+        d2t = kept - torch.arange(dv)
+        t2d = torch.zeros(v, dtype=torch.bool)
+        t2d[kept] = True
+        tensors.update({"fc.weight": rnd(h, 3 * h), "norm.weight": norm(h), "lm_head.weight": rnd(dv, h),
+                        "d2t": d2t.to(torch.int64), "t2d": t2d})
+        if layout == "eagle3":
+            tensors.update({f"midlayer.{k}": t for k, t in layer.items()})
+            cfg = _layer_config(target, architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=dv)
+            if aux is not None:  # SGLang / SpecForge: "output of layer i" = input of layer i + 1
+                cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in aux],
+                                       "use_aux_hidden_state": True}
+        else:
+            tensors.update({f"layers.0.{k}": t for k, t in layer.items()})
+            cfg = {
+                "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+                "speculators_version": "0.2.0", "transformer_layer_config": _layer_config(target),
+                "draft_vocab_size": dv, "target_hidden_size": h, "norm_before_residual": norm_before_residual,
+                "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                       "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}]},
+            }
+            if aux is not None:
+                cfg["eagle_aux_hidden_state_layer_ids"] = list(aux)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    save_file({k: t.contiguous() for k, t in tensors.items()}, str(out / "model.safetensors"))
+    return out, tuple(ids_in)

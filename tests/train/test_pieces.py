@@ -1,0 +1,90 @@
+"""Small pieces of train-draft: draft vocabulary, batching, schedule, prompt selection, data cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tandem.errors import ConfigError
+from tandem.train.batches import epoch_batches, group_by_length, make_batch
+from tandem.train.config import TrainConfig
+from tandem.train.data import (
+    DraftData,
+    Sequence,
+    load_cached,
+    load_prompts,
+    select_prompts,
+)
+from tandem.train.schedule import fit_total, lr_factor
+from tandem.train.validate import expected_tau
+from tandem.train.vocab import build_draft_vocab
+
+
+def test_draft_vocab_is_the_most_frequent_ids_sorted_with_offsets():
+    gen = [torch.tensor([7, 7, 7, 3, 3, 9, 1]), torch.tensor([9, 9, 5])]
+    v = build_draft_vocab(gen, 12, 3)
+    assert v.kept.tolist() == [3, 7, 9]  # counts 7:3, 9:3, 3:2 (ties → lower id first)
+    assert v.d2t.tolist() == [3, 6, 7]  # target = draft + d2t[draft]
+    assert torch.nonzero(v.t2d).squeeze(1).tolist() == [3, 7, 9]
+    assert v.coverage == pytest.approx(8 / 10)
+    assert build_draft_vocab(gen, 12, 50).size == 12  # never more than the target vocabulary
+
+
+def test_batches_stay_within_the_token_budget_and_cover_every_sequence():
+    seqs = [Sequence(torch.arange(n) + 1, 2) for n in (3, 9, 4, 17, 5, 8, 30)]
+    groups = group_by_length(seqs, 32)
+    assert sorted(i for g in groups for i in g) == list(range(7))
+    for g in groups:
+        b = make_batch([seqs[i] for i in g], 32)
+        assert b.ids.numel() <= 32 or len(g) == 1
+        for row, i in enumerate(g):
+            n = min(len(seqs[i].tokens), 32)
+            assert b.ids[row, :n].tolist() == seqs[i].tokens[:n].tolist() and int(b.lengths[row]) == n
+    assert epoch_batches(seqs, 32, 0, 1) == epoch_batches(seqs, 32, 0, 1)  # a resume sees the same order
+
+
+def test_schedule_warms_up_then_decays_to_zero():
+    assert lr_factor(0, 100, 0.1) == pytest.approx(0.1)
+    assert lr_factor(9, 100, 0.1) == pytest.approx(1.0)
+    assert lr_factor(55, 100, 0.1) == pytest.approx(0.5)
+    assert lr_factor(100, 100, 0.1) == pytest.approx(0.0)
+    assert fit_total(1000, 10, 10.0, 20.0) == 30  # 1 s/step, 20 s left
+    assert fit_total(1000, 10, 10.0, 5000.0) == 1000
+    assert expected_tau([0.5, 0.5]) == pytest.approx(1.75)
+
+
+def test_held_out_prompts_are_disjoint_and_long_prompts_skipped(tmp_path):
+    from tiny_models import tiny_tokenizer
+
+    f = tmp_path / "p.jsonl"
+    rows = [{"prompt": "x" * (i % 7 + 1)} for i in range(30)] + [{"prompt": "y" * 400}]
+    rows.append({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]})
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    convs, _ = load_prompts(str(f))
+    cfg = TrainConfig(target="t", out=str(tmp_path), data=str(f), num_prompts=100, val_prompts=5, max_prompt_tokens=64)
+    val, vi, train, ti = select_prompts(convs, tiny_tokenizer(), cfg)
+    assert len(val) == 5 and not set(vi) & set(ti) and 30 not in vi + ti and len(vi + ti) == 31
+    assert all(len(p) <= 64 for p in val + train)
+
+
+def test_data_cache_is_reused_only_for_the_same_generation_settings(tmp_path):
+    cfg = TrainConfig(target="t", out=str(tmp_path), num_prompts=3, val_prompts=1)
+    seq = Sequence(torch.arange(6), 2)
+    data = DraftData([seq], [seq], [4], [0], "src", 1.0)
+    path = tmp_path / "cache" / "data.pt"
+    path.parent.mkdir()
+    torch.save({"key": json.dumps(cfg.generation_key(), sort_keys=True), "source": "src",
+                "train": {"tokens": [seq.tokens], "prompt_lens": [2]}, "val": {"tokens": [seq.tokens], "prompt_lens": [2]},
+                "train_indices": data.train_indices, "val_indices": data.val_indices}, path)
+    got = load_cached(cfg)
+    assert got is not None and got.train_indices == [4] and got.train[0].tokens.tolist() == list(range(6))
+    assert load_cached(TrainConfig(target="t", out=str(tmp_path), num_prompts=3, val_prompts=1, max_tokens=7)) is None
+
+
+def test_bad_settings_name_their_key():
+    for kw, key in (({"method": "medusa"}, "method"), ({"lr": 0.0}, "lr"), ({"warmup": 1.5}, "warmup"),
+                    ({"eval_k": (0,)}, "eval_k"), ({"method": "eagle", "aux_layers": (1,)}, "aux_layers")):
+        with pytest.raises(ConfigError, match=key):
+            TrainConfig(target="t", out="o", **kw)

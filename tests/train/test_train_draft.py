@@ -1,0 +1,162 @@
+"""``tandem train-draft`` end to end on a tiny target (CPU): the trained head is accepted by the
+engine far more often than an untrained one, loads by path, keeps greedy output unchanged, and a
+stopped run resumed from its checkpoint ends with the same weights as an uninterrupted one.
+
+The tiny target has its attention outputs zeroed (``o_proj = 0``): its next token is then a fixed
+function of the current token, which a one-layer head learns from a few thousand tokens. A fully
+random target's next token depends on its context through random attention, which a head cannot
+learn from the ~5k tokens a CI test can afford (measured: 3-10 % acceptance either way).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from engine_utils import make_llm
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from tiny_models import write_tiny_hf_checkpoint
+
+from tandem.cli import main
+from tandem.loader.checkpoint import open_checkpoint
+from tandem.loader.eagle import load_eagle_head, read_eagle_config
+from tandem.sampling_params import SamplingParams
+
+WORDS = ["the", "cat", "dog", "runs", "fast", "slow", "a", "red", "blue", "sky", "is", "big", "small", "and"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    base = tmp_path_factory.mktemp("train")
+    target = write_tiny_hf_checkpoint(base, "llama", std=0.5, name="target", num_hidden_layers=4)
+    w = load_file(str(target / "model.safetensors"))
+    save_file({k: v * 0 if "o_proj" in k else v for k, v in w.items()}, str(target / "model.safetensors"),
+              metadata={"format": "pt"})
+    rng = random.Random(0)
+    lines = []
+    for i in range(140):
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 8)))
+        lines.append({"prompt": text} if i % 2 else {"messages": [{"role": "user", "content": text}]})
+    data = base / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return base, target, data, lines
+
+
+def _args(setup, out, *extra):
+    base, target, data, _ = setup
+    return ["train-draft", "--target", str(target), "--out", str(out), "--data", str(data),
+            "--data-cache", str(base / "data.pt"), "--num-prompts", "120", "--val-prompts", "12",
+            "--max-tokens", "32", "--draft-vocab-size", "48", "--batch-tokens", "512", "--lr", "3e-3",
+            "--device", "cpu", *extra]
+
+
+def _report(out):
+    return json.loads((out / "training.json").read_text())
+
+
+def test_trained_head_beats_untrained_and_keeps_greedy_output(setup):
+    base, target, _, lines = setup
+    trained, untrained = base / "trained", base / "untrained"
+    assert main(_args(setup, trained, "--max-steps", "120", "--val-every", "60", "--eval-k", "3")) == 0
+    assert main(_args(setup, untrained, "--max-steps", "0", "--eval-k", "3")) == 0
+    rt, ru = _report(trained), _report(untrained)
+    et, eu = rt["engine_eval"][0], ru["engine_eval"][0]
+    assert et["k"] == 3 and et["num_drafts"] > 0
+    assert et["acceptance_rate"] >= 0.6, et
+    assert et["acceptance_rate"] >= eu["acceptance_rate"] + 0.4, (et, eu)
+    assert et["mean_accepted_length"] > eu["mean_accepted_length"] + 1.0
+    # the unroll's validation predicts the engine's first-position acceptance
+    assert abs(rt["final_validation"]["acceptance"][0] - et["per_position"][0]) < 0.15
+    assert [h["step"] for h in rt["training"]["history"]] == [60, 120]
+    # held-out prompts were never trained on, and the indices name lines of the prompt file
+    val, train = set(rt["data"]["val_prompt_indices"]), set(rt["data"]["train_prompt_indices"])
+    assert len(val) == 12 and not val & train and max(val | train) < len(lines)
+    assert "tandem train-draft" in (trained / "TRAINING.md").read_text()
+
+    # the speculators layout: bf16 tensors, no embeddings, d2t/t2d, flags
+    cfg = json.loads((trained / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "eagle3" and cfg["draft_vocab_size"] == 48
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2]  # vLLM's (2, 2, 1) for 4 layers, deduped
+    with safe_open(str(trained / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+        assert f.get_tensor("fc.weight").dtype == torch.bfloat16
+        d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
+    assert {"fc.weight", "norm.weight", "lm_head.weight", "layers.0.self_attn.q_proj.weight",
+            "layers.0.hidden_norm.weight"} <= names and not any("embed" in n for n in names)
+    assert torch.equal(torch.nonzero(t2d).squeeze(1), torch.arange(48) + d2t)
+    ecfg = read_eagle_config(trained, open_checkpoint(str(target)).arch)
+    assert ecfg.kind == "eagle3" and ecfg.aux_layer_ids == (1, 2)
+    load_eagle_head(ecfg, 64, torch.float32, torch.device("cpu"))
+
+    # by path, method inferred; greedy output equals no speculation on the held-out prompts
+    convs = [lines[i]["messages"] if "messages" in lines[i] else [{"role": "user", "content": lines[i]["prompt"]}]
+             for i in rt["data"]["val_prompt_indices"]]
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    ref = [o.outputs[0].token_ids for o in make_llm(target).chat(convs, params, use_tqdm=False)]
+    llm = make_llm(target, speculative_config={"model": str(trained), "num_speculative_tokens": 3})
+    assert [o.outputs[0].token_ids for o in llm.chat(convs, params, use_tqdm=False)] == ref
+    assert llm.engine.stats.spec.acceptance_rate >= 0.6
+
+
+def test_eagle1_head_trains_exports_and_runs(setup):
+    base, target, _, _ = setup
+    out = base / "eagle1"
+    assert main(_args(setup, out, "--method", "eagle", "--max-steps", "4", "--eval-k", "2")) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert "speculators_model_type" not in cfg and cfg["num_hidden_layers"] == 1
+    ecfg = read_eagle_config(out, open_checkpoint(str(target)).arch)
+    assert ecfg.kind == "eagle" and ecfg.fc_bias and not ecfg.has_lm_head
+    assert _report(out)["engine_eval"][0]["num_drafts"] > 0
+
+
+def test_resume_continues_to_the_same_weights(setup):
+    base = setup[0]
+    common = ("--max-steps", "6", "--eval-k", "", "--checkpoint-every", "2", "--ttt-steps", "3")
+    assert main(_args(setup, base / "straight", *common)) == 0
+    assert main(_args(setup, base / "split", *common, "--stop-at-step", "3")) == 0
+    half = torch.load(base / "split" / "checkpoint" / "train_state.pt", weights_only=False)
+    assert half["state"]["step"] == 3
+    assert main(_args(setup, base / "split", *common, "--resume")) == 0
+    a = torch.load(base / "straight" / "checkpoint" / "train_state.pt", weights_only=False)
+    b = torch.load(base / "split" / "checkpoint" / "train_state.pt", weights_only=False)
+    assert a["state"]["step"] == b["state"]["step"] == 6
+    assert not torch.equal(half["head"]["fc.weight"], a["head"]["fc.weight"])  # it did train on
+    for name, t in a["head"].items():
+        assert torch.equal(t, b["head"][name]), name
+    assert _report(base / "split")["training"]["steps"] == 6
+
+
+def test_time_budget_stops_training_and_still_saves(setup):
+    base = setup[0]
+    out = base / "budget"
+    assert main(_args(setup, out, "--max-steps", "100000", "--time-budget-s", "6", "--eval-reserve-s", "0",
+                      "--eval-k", "", "--ttt-steps", "2")) == 0
+    training = _report(out)["training"]
+    assert training["stopped"] == "time budget" and 0 < training["steps"] < 100000
+    assert training["planned_steps"] < 100000  # the schedule was fitted to the budget
+    assert (out / "model.safetensors").is_file()
+
+
+def test_bad_input_is_a_clear_error(setup, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "hi"}\n{"text": 3}\n')
+    args = _args(setup, tmp_path / "o", "--eval-k", "")
+    args[args.index("--data") + 1] = str(bad)
+    args[args.index("--data-cache") + 1] = str(tmp_path / "c.pt")
+    assert main(args) == 2
+    assert "data" in capsys.readouterr().err
+    assert main(_args(setup, tmp_path / "o", "--ttt-steps", "0")) == 2
+    assert "ttt_steps" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_cuda_path_trains_and_the_engine_accepts(setup):
+    """The CUDA path (bf16 autocast, fused AdamW, the engines on the GPU) on the tiny target."""
+    base = setup[0]
+    out = base / "cuda"
+    assert main([*_args(setup, out, "--max-steps", "120", "--eval-k", "3"), "--device", "cuda"]) == 0
+    ev = _report(out)["engine_eval"][0]
+    assert ev["acceptance_rate"] >= 0.6, ev

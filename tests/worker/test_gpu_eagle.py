@@ -1,0 +1,109 @@
+"""EAGLE on the CUDA fast path (skipped without CUDA): the target's runner returns features from its
+graphs and eager steps as the torch runner does; the CUDA head runner (Triton attention, graphs)
+drafts what the torch head runner drafts; the engine stays lossless with a head on CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpu_utils import Seqs, rel, tiny_model
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def test_target_runner_returns_features_of_every_row():
+    from tandem.config import RunnerConfig
+    from tandem.kv.kv_cache import allocate_kv_cache
+    from tandem.worker.runner import make_runner
+
+    model = tiny_model("llama", num_hidden_layers=4)
+    arch, dev, bs = model.arch, torch.device("cuda"), 16
+    layers = (1, 2, arch.num_layers)  # two aux layers and the final post-norm hidden state
+
+    def runner(**cfg):
+        return make_runner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev,
+                           RunnerConfig(**cfg), feature_layers=layers)
+
+    ref, fast, eager = runner(backend="torch"), runner(), runner(cuda_graphs=False)
+    seqs = Seqs(0, (40, 17, 3))
+    for plan in ([(0, 40), (1, 17), (2, 3)], [(0, 1), (1, 1), (2, 1)], [(0, 4), (1, 4), (2, 4)],
+                 [(0, 1), (1, 3)], [(2, 1)]):
+        chunks, rows = seqs.step(plan)
+        sampled = rows[-1:]  # logits of one row only: features still cover every query row
+        want = ref.forward(chunks, sampled, aux_layers=layers)
+        want_f = torch.cat(want.aux_hidden, dim=-1)
+        for r in (fast, eager):
+            got = r.forward(chunks, sampled, aux_layers=layers)
+            assert len(got.aux_hidden) == 1 and got.aux_hidden[0].shape == want_f.shape, plan
+            assert rel(got.aux_hidden[0], want_f) < 2e-2, plan
+            assert rel(got.logits, want.logits) < 2e-2, plan
+        seqs.advance(plan)
+    assert fast.num_graph_steps > 0
+
+
+def test_gpu_head_runner_drafts_like_the_torch_head_runner(tmp_path):
+    from eagle_heads import write_eagle_head
+    from tandem.kv.kv_cache import allocate_kv_cache
+    from tandem.loader.arch import ModelArch
+    from tandem.loader.eagle import load_eagle_head, read_eagle_config
+    from tandem.worker.batch import SeqChunk
+    from tandem.worker.gpu_head_runner import GpuHeadRunner
+    from tandem.worker.head_runner import HeadRunner
+    from tiny_models import write_tiny_hf_checkpoint
+    import json
+
+    tdir = write_tiny_hf_checkpoint(tmp_path, "llama", name="t", num_hidden_layers=4, vocab_size=256,
+                                    hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    hdir, _ = write_eagle_head(tmp_path, "speculators", tdir, aux=(1, 2, 3), draft_vocab=200, std=0.1)
+    arch = ModelArch.from_hf(json.loads((tdir / "config.json").read_text()))
+    dev, bs = torch.device("cuda"), 16
+    cfg = read_eagle_config(hdir, arch)
+    head = load_eagle_head(cfg, 512, torch.float32, dev)
+    emb = torch.nn.Embedding(256, 128).to(dev)
+    head.bind_target(emb, None, emb.weight)
+    kv = lambda: allocate_kv_cache(cfg.layer, 64, bs, torch.float32, dev)[0]  # noqa: E731
+    torch_r = HeadRunner(head, kv(), bs, dev)
+    gpu_r = GpuHeadRunner(head, kv(), bs, dev, max_model_len=512, lookahead=4)
+    g = torch.Generator(device=dev).manual_seed(0)
+    blocks = [list(range(i * 20, i * 20 + 20)) for i in range(3)]
+    toks = [[(7 * i + 3 * j) % 250 + 3 for j in range(60)] for i in range(3)]
+    # catch-up over prompts (eager), then ragged catch-ups (graph, padded), then chain steps (graph)
+    done = [0, 0, 0]
+    for lens in ([30, 12, 5], [2, 4, 1], [1, 1, 1], [3, 1, 2], [1, 1, 1]):
+        chunks = [SeqChunk(toks[i][done[i] + 1:done[i] + 1 + n], done[i], blocks[i]) for i, n in enumerate(lens)]
+        hidden = torch.randn(sum(lens), 128, generator=g, device=dev)
+        rows = list(torch.cumsum(torch.tensor(lens), 0) - 1)
+        a = torch_r.forward(chunks, rows, hidden)
+        b = gpu_r.forward(chunks, rows, hidden)
+        assert torch.equal(a.token_ids, b.token_ids), lens
+        assert rel(b.feedback, a.feedback) < 2e-3, lens  # float32 matmuls on CUDA may use TF32
+        done = [d + n for d, n in zip(done, lens)]
+    assert gpu_r.num_graph_steps >= 3 and gpu_r.num_eager_steps >= 1
+
+
+@pytest.mark.parametrize("layout", ["eagle", "speculators"])
+def test_engine_with_eagle_on_cuda(tmp_path, layout):
+    from eagle_heads import write_eagle_head
+    from engine_utils import greedy, tokens_of
+    from tandem import LLM
+    from tiny_models import write_tiny_hf_checkpoint
+
+    target = write_tiny_hf_checkpoint(tmp_path, "llama", name="t", std=0.2, vocab_size=256, hidden_size=128,
+                                      intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=32)
+    head, _ = write_eagle_head(tmp_path, layout, target, aux=(1, 2, 3), draft_vocab=128)
+    prompts = [[5, 9, 17, 33, 40], [7, 7, 7], list(range(3, 60))]
+    kw = dict(device="cuda", dtype="float32", kv_cache_memory_bytes=64 << 20)
+    plain = LLM(str(target), **kw)
+    spec = LLM(str(target), **kw, speculative_config={"model": str(head), "num_speculative_tokens": 3})
+    a = tokens_of(plain.generate([{"prompt_token_ids": p} for p in prompts], greedy(24)))
+    b = tokens_of(spec.generate([{"prompt_token_ids": p} for p in prompts], greedy(24)))
+    same = sum(x == y for p, q in zip(a, b) for x, y in zip(p, q))
+    assert same >= 0.9 * sum(len(p) for p in a)  # float32 on GPU: k+1-row vs 1-row kernels may round apart
+    assert spec.engine.stats.spec.num_draft_tokens > 0
+    hr = spec.engine.proposer.runner
+    assert type(hr).__name__ == "GpuHeadRunner" and hr.num_graph_steps > 0
