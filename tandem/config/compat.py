@@ -13,8 +13,7 @@ engine command (``--tensor-parallel-size`` / ``-tp`` ...); :func:`apply_vllm_com
   naming the flag (allowed: 1) — tandem runs a model on one device.
 - ``enable_chunked_prefill``: accepted; tandem always prefills prompts longer than
   ``max_num_batched_tokens`` in chunks, so ``False`` warns that it is ignored.
-- ``quantization``: refused (any value): tandem has no quantized kernels; GGUF checkpoints are
-  dequantized at load, with no flag.
+- (``quantization`` is a real field now: ``ModelConfig.quantization``, docs/quantization.md.)
 - ``kv_cache_dtype``: ``"auto"`` accepted (the KV cache is in the model's dtype); anything else refused.
 
 docs/vllm_compat.md lists every vLLM flag a launch script commonly uses and what tandem does with it.
@@ -55,8 +54,6 @@ VLLM_COMPAT_ARGS: tuple[CompatArg, ...] = (
     CompatArg("enable_chunked_prefill", bool,
               "accepted for vLLM scripts; tandem always prefills long prompts in chunks of "
               "--max-num-batched-tokens"),
-    CompatArg("quantization", str, "vLLM's quantization method: refused (tandem dequantizes GGUF files at load; "
-                                   "leave it unset)", short="-q"),
     CompatArg("kv_cache_dtype", str, "vLLM's KV cache dtype: only auto (the model's dtype)"),
 )
 COMPAT_KWARGS: tuple[str, ...] = tuple(a.name for a in VLLM_COMPAT_ARGS)
@@ -79,10 +76,6 @@ def apply_vllm_compat(values: Mapping[str, Any]) -> None:
                 short = "-tp" if key.startswith("tensor") else "-pp"
                 raise ConfigError(key, f"tandem runs a model on one device; --{key.replace('_', '-')} ({short}) "
                                        f"{size} is not supported", allowed=[1])
-    if values.get("quantization") is not None:
-        raise ConfigError("quantization", f"--quantization {values['quantization']} is not supported: tandem has no "
-                                          "quantized kernels (GGUF checkpoints are dequantized at load without "
-                                          "it); leave --quantization unset")
     if values.get("kv_cache_dtype") is not None and values["kv_cache_dtype"] != "auto":
         raise ConfigError("kv_cache_dtype", f"--kv-cache-dtype {values['kv_cache_dtype']} is not supported: the KV "
                                             "cache is stored in the model's dtype", allowed=["auto"])

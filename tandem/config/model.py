@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,6 +15,14 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
 }
 LOAD_FORMATS: tuple[str, ...] = ("auto", "safetensors", "gguf", "dummy")
+# ``quantization`` (vLLM's names): a checkpoint format (detected from the files when unset; naming
+# it checks the files are that format), on-the-fly weight-only quantization of a float checkpoint
+# (int8 / int4), or tandem's "none": dequantize every weight to float at load (the reference path).
+CHECKPOINT_QUANTIZATIONS: tuple[str, ...] = ("gguf", "gptq", "awq", "compressed-tensors")
+ON_THE_FLY_QUANTIZATIONS: tuple[str, ...] = ("int8", "int4")
+QUANTIZATIONS: tuple[str, ...] = (*CHECKPOINT_QUANTIZATIONS, *ON_THE_FLY_QUANTIZATIONS, "none")
+# vLLM spellings of the same formats through its GPU-only kernels.
+QUANTIZATION_ALIASES: dict[str, str] = {"gptq_marlin": "gptq", "awq_marlin": "awq"}
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,10 @@ class ModelConfig:
     revision: str | None = None
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
     skip_tokenizer_init: bool = False  # vLLM's: no tokenizer; prompts are token ids, outputs carry no text
+    quantization: str | None = field(default=None, metadata={
+        "help": "weight quantization: " + " | ".join(QUANTIZATIONS) + " (default: detected from the checkpoint; "
+                "int8/int4 quantize a float checkpoint's linears at load; none dequantizes everything; "
+                "docs/quantization.md)", "short": "-q"})
 
     def __post_init__(self) -> None:
         check_str("model", self.model)
@@ -39,6 +51,18 @@ class ModelConfig:
         check_str("revision", self.revision, optional=True)
         check_int("max_model_len", self.max_model_len, minimum=2, optional=True)
         check_bool("skip_tokenizer_init", self.skip_tokenizer_init)
+        check_quantization("quantization", self.quantization)
+
+
+def check_quantization(key: str, value: object) -> None:
+    """None or a name of QUANTIZATIONS (or a vLLM alias); anything else is one ConfigError naming ``key``."""
+    check_str(key, value, optional=True)
+    if value is not None and value not in QUANTIZATIONS and value not in QUANTIZATION_ALIASES:
+        raise ConfigError(key, f"quantization method {value!r} is not supported by tandem", allowed=QUANTIZATIONS)
+
+
+def canonical_quantization(value: str | None) -> str | None:
+    return QUANTIZATION_ALIASES.get(value, value) if value is not None else None
 
 
 def check_dtype(dtype: object) -> None:

@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from tandem.config.model import check_quantization
 from tandem.config.runner import RunnerConfig
 from tandem.config.validate import check_bool, check_choice, check_int, check_str, cli_flag, type_name
 from tandem.errors import ConfigError
@@ -102,7 +103,7 @@ class SpeculativeConfig:
     suffix_decoding_min_token_prob: float | None = None  # stop below this continuation probability
     draft_tensor_parallel_size: int = 1
     max_model_len: int | None = None  # draft context limit; None = the target's
-    quantization: str | None = None  # draft quantization; only None for now
+    quantization: str | None = None  # draft quantization (ModelConfig.quantization's values; unset: detected)
     revision: str | None = None  # draft model revision
     enforce_eager: bool | None = None  # draft: no CUDA graphs; None = same as the target
     draft_sample_method: str = "greedy"  # "greedy" | "probabilistic" (draft samples, q kept)
@@ -185,13 +186,7 @@ class SpeculativeConfig:
                 f"draft tensor parallelism of {self.draft_tensor_parallel_size} is not supported",
                 allowed=SUPPORTED_DRAFT_TENSOR_PARALLEL_SIZES,
             )
-        if self.quantization is not None:
-            raise ConfigError(
-                "quantization",
-                f"draft-model quantization {self.quantization!r} is not supported yet; "
-                "leave it unset",
-                allowed=[None],
-            )
+        check_quantization("quantization", self.quantization)  # resolved against the draft's files at load
 
         # --- sampling ----------------------------------------------------------------------------
         check_str("draft_sample_method", self.draft_sample_method)

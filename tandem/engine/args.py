@@ -235,8 +235,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                 group.add_argument(flag_name(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
                                    default=default, help=help_text)
             else:
-                group.add_argument(flag_name(f.name), dest=f.name, type=kind, default=default, help=help_text,
-                                   metavar=f.name.upper())
+                short = [f.metadata["short"]] if "short" in f.metadata else []  # vLLM's -q
+                group.add_argument(flag_name(f.name), *short, dest=f.name, type=kind, default=default,
+                                   help=help_text, metavar=f.name.upper())
     add_speculative_args(parser)
     add_compat_args(parser)
 

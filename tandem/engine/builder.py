@@ -29,7 +29,7 @@ from tandem.errors import ConfigError
 from tandem.kv.block_pool import BlockPool
 from tandem.kv.kv_cache import allocate_kv_cache, bytes_per_block, kv_budget_bytes
 from tandem.loader.arch import ModelArch
-from tandem.loader.checkpoint import open_checkpoint
+from tandem.loader.checkpoint import open_checkpoint, resolve_quantization
 from tandem.loader.eagle import load_eagle_head, read_eagle_config
 from tandem.models.decoder import CausalLM
 from tandem.scheduler import Scheduler
@@ -75,19 +75,21 @@ def build_engine(config: EngineConfig) -> EngineParts:
     ckpt = open_checkpoint(model_cfg.model, load_format=model_cfg.load_format, tokenizer=model_cfg.tokenizer,
                            revision=model_cfg.revision)
     arch = ckpt.arch
-    tokenizer = None if model_cfg.skip_tokenizer_init else ckpt.load_tokenizer()  # None: token-id prompts only
     dtype = resolve_dtype(model_cfg.dtype, device, arch.torch_dtype)
     max_model_len = resolve_max_model_len(model_cfg.max_model_len, arch.max_position_embeddings)
-    eos = set(arch.eos_token_ids)
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        eos.add(int(tokenizer.eos_token_id))
     torch.manual_seed(model_cfg.seed)
     generator = torch.Generator(device=device)
     generator.manual_seed(model_cfg.seed)
-    model = build_model(arch, ckpt.weights(), dtype, device, max_model_len)
+    quant = resolve_quantization(model_cfg.quantization, ckpt, device)
+    model = build_model(arch, ckpt.weights(packed=quant is not None), dtype, device, max_model_len, quant)
+    # After the weights: the load's temporaries are gone before the tokenizer's ~50 MB arrive (peak RSS).
+    tokenizer = None if model_cfg.skip_tokenizer_init else ckpt.load_tokenizer()  # None: token-id prompts only
+    eos = set(arch.eos_token_ids)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        eos.add(int(tokenizer.eos_token_id))
 
     k = spec.num_speculative_tokens if spec is not None else 0
-    draft_arch = draft_weights = None
+    draft_arch = draft_weights = draft_quant = None
     if spec is not None and spec.method == "draft_model":
         # The draft follows the target's load format when that is "dummy" (benchmarks at real
         # shapes without weights), as in vLLM; otherwise it is detected from its own files.
@@ -98,7 +100,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
             spec, target_vocab_size=arch.vocab_size, draft_vocab_size=draft_arch.vocab_size,
             target_max_model_len=max_model_len, draft_max_model_len=draft_arch.max_position_embeddings,
         )
-        draft_weights = dckpt.weights()
+        draft_quant = resolve_quantization(spec.quantization, dckpt, device, key="speculative_config.quantization")
+        draft_weights = dckpt.weights(packed=draft_quant is not None)
     head_cfg = None
     if spec is not None and spec.method in EAGLE_METHODS:
         head_cfg = read_eagle_config(spec.model, arch, dummy=model_cfg.load_format == "dummy", method=spec.method)
@@ -114,10 +117,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
         bpb += bytes_per_block(draft_arch, block_size, dtype)
     if head_cfg is not None:
         bpb += bytes_per_block(head_cfg.layer, block_size, dtype)
-    budget, source = kv_budget_bytes(device, cache.gpu_memory_utilization, cache.kv_cache_memory_bytes)
-    num_blocks = budget // bpb
     lookahead = k if draft_arch is not None or head_cfg is not None else 0
     need = -(-(max_model_len + lookahead) // block_size)
+    budget, source = kv_budget_bytes(device, cache.gpu_memory_utilization, cache.kv_cache_memory_bytes,
+                                     cpu_demand=need * bpb * sched_cfg.max_num_seqs)
+    num_blocks = budget // bpb
     if num_blocks < need:
         raise ConfigError(
             "kv_cache_memory_bytes" if cache.kv_cache_memory_bytes is not None else "gpu_memory_utilization",
@@ -135,7 +139,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
     runners = [runner]
     draft_runner = None
     if draft_arch is not None and spec is not None:
-        draft_model = build_model(draft_arch, draft_weights, dtype, device, spec.max_model_len or max_model_len)
+        draft_model = build_model(draft_arch, draft_weights, dtype, device, spec.max_model_len or max_model_len,
+                                  draft_quant)
         draft_runner = make_runner(draft_model, allocate_kv_cache(draft_arch, num_blocks, block_size, dtype, device),
                                    block_size, device, spec.draft_runner_config(runner_cfg),
                                    max_model_len=max_model_len, lookahead=lookahead)  # the target's block tables

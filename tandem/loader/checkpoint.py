@@ -19,7 +19,8 @@ A :class:`Checkpoint` is what the rest of tandem sees of a model on disk: the no
     lm_head.weight                                            [vocab, hidden] (absent when tied)
 
 Conventions: Gemma norm weights are in HF form (the model computes ``x * (1 + w)``); GGUF tensors are
-dequantized to float32; safetensors tensors keep the file's dtype; dummy tensors are float32. Pass
+dequantized to float32 (``weights(packed=True)``: the quantized layer linears of GGUF, GPTQ, AWQ and
+compressed-tensors checkpoints come as ``QuantizedWeight`` instead, see docs/quantization.md); safetensors tensors keep the file's dtype; dummy tensors are float32. Pass
 ``weights(dtype=..., device=...)`` to have them cast/moved one by one (dummy weights are then
 generated directly there), or cast yourself.
 
@@ -40,13 +41,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from tandem.config.model import LOAD_FORMATS
+from tandem.config.model import (
+    CHECKPOINT_QUANTIZATIONS,
+    LOAD_FORMATS,
+    ON_THE_FLY_QUANTIZATIONS,
+    QUANTIZATIONS,
+    canonical_quantization,
+    check_quantization,
+)
 from tandem.errors import ConfigError, ModelLoadError
 from tandem.loader.arch import ModelArch
 from tandem.loader.dummy import dummy_weights
 from tandem.loader.registry import aliases_help, resolve_model
 from tandem.loader.safetensors import SafetensorsWeights
 from tandem.loader.tokenizer import load_tokenizer, single_gguf_in
+from tandem.models.quant.hf_formats import HFQuantScheme
+from tandem.models.quant.weights import QuantizedWeight
 
 if TYPE_CHECKING:  # the gguf package is imported only when a GGUF file is opened
     from tandem.loader.gguf import GGUFCheckpoint
@@ -95,6 +105,7 @@ class Checkpoint:
     kind: str  # "hf" | "gguf" | "dummy"
     tokenizer_path: str | None = None  # alias, HF dir or .gguf the tokenizer comes from
     seed: int = 0  # dummy weights only
+    quantization: str | None = None  # detected: "gguf" | "gptq" | "awq" | "compressed-tensors" | None
     _reader: SafetensorsWeights | GGUFCheckpoint | None = field(
         default=None, repr=False, compare=False, hash=False
     )
@@ -103,21 +114,29 @@ class Checkpoint:
         return expected_parameter_shapes(self.arch)
 
     def weights(
-        self, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
-    ) -> Iterator[tuple[str, torch.Tensor]]:
-        """Stream ``(hf_name, tensor)``; with ``dtype``/``device`` each tensor is converted as it goes."""
+        self, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None, packed: bool = False
+    ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+        """Stream ``(hf_name, tensor)``; with ``dtype``/``device`` each tensor is converted as it goes.
+
+        ``packed``: quantized layer linears stay QuantizedWeight (else they are dequantized here)."""
         if self.kind == "dummy":
             yield from dummy_weights(
                 self.parameter_shapes(), family=self.arch.family, seed=self.seed, device=device, dtype=dtype
             )
             return
-        if self.kind == "gguf" and self._reader is not None:
-            stream = self._reader.iter_weights()
+        stream: Iterator[tuple[str, torch.Tensor | QuantizedWeight]]
+        if self.kind == "gguf" and self._reader is not None and not isinstance(self._reader, SafetensorsWeights):
+            stream = self._reader.iter_weights(packed=packed)
         elif isinstance(self._reader, SafetensorsWeights):
             stream = self._reader.iter_weights(skip_lm_head=self.arch.tie_word_embeddings)
         else:  # pragma: no cover - open_checkpoint always sets a reader for non-dummy kinds
             raise ModelLoadError(f"checkpoint {self.source} has no weight reader")
         for name, tensor in stream:
+            if isinstance(tensor, QuantizedWeight):
+                if packed:
+                    yield name, tensor
+                    continue
+                tensor = tensor.dequantize()
             if dtype is not None or device is not None:
                 tensor = tensor.to(device=device, dtype=dtype)
             yield name, tensor
@@ -204,7 +223,9 @@ def read_config(path: Path) -> dict[str, Any]:
 def _open_hf(directory: Path, tokenizer: str | None) -> Checkpoint:
     config = read_config(directory / "config.json")
     arch = ModelArch.from_hf(config)
-    reader = SafetensorsWeights(directory)
+    qc = config.get("quantization_config")
+    scheme = HFQuantScheme.from_config(qc) if qc is not None else None
+    reader = SafetensorsWeights(directory, scheme)
     expected = expected_parameter_shapes(arch)
     present = set(reader.names())
     missing = [n for n in expected if n not in present]
@@ -214,7 +235,8 @@ def _open_hf(directory: Path, tokenizer: str | None) -> Checkpoint:
             f"checkpoint {directory} lacks weights its config.json implies: {', '.join(missing[:5])}{more}"
         )
     return Checkpoint(arch=arch, config=config, source=str(directory), kind="hf",
-                      tokenizer_path=tokenizer or str(directory), _reader=reader)
+                      tokenizer_path=tokenizer or str(directory), _reader=reader,
+                      quantization=scheme.method if scheme is not None else None)
 
 
 def _gguf(path: Path) -> GGUFCheckpoint:
@@ -227,7 +249,7 @@ def _open_gguf(path: Path, tokenizer: str | None) -> Checkpoint:
     reader = _gguf(path)
     arch = ModelArch.from_hf(reader.config)
     return Checkpoint(arch=arch, config=reader.config, source=str(path), kind="gguf",
-                      tokenizer_path=tokenizer or str(path), _reader=reader)
+                      tokenizer_path=tokenizer or str(path), _reader=reader, quantization=reader.quantization())
 
 
 def _open_dummy(path: Path, tokenizer: str | None, seed: int) -> Checkpoint:
@@ -245,3 +267,33 @@ def _open_dummy(path: Path, tokenizer: str | None, seed: int) -> Checkpoint:
     arch = ModelArch.from_hf(config)
     return Checkpoint(arch=arch, config=config, source=str(path), kind="dummy",
                       tokenizer_path=tokenizer or tok_default, seed=seed)
+
+
+def resolve_quantization(requested: str | None, ckpt: Checkpoint, device: torch.device,
+                         key: str = "quantization") -> str | None:
+    """The quantization a model is loaded with: ``requested`` (ModelConfig / speculative_config
+    ``quantization``) checked against what ``ckpt`` holds. Unset: the checkpoint's own format (None for
+    float weights). A checkpoint format that is not the checkpoint's, or int8/int4 on a quantized
+    checkpoint or off the CPU, is one ConfigError naming ``key``. "none" loads everything as float."""
+    check_quantization(key, requested)
+    req = canonical_quantization(requested)
+    found = ckpt.quantization
+    if req is None:
+        return found
+    if req == "none":
+        return None
+    if req in CHECKPOINT_QUANTIZATIONS:
+        if req != found:
+            what = f"a {found} checkpoint" if found else "not quantized (float weights)"
+            raise ConfigError(key, f"{requested!r} was asked for, but {ckpt.source} is {what}; leave {key} unset "
+                                   f"to use the checkpoint's own format", allowed=QUANTIZATIONS)
+        return req
+    if req in ON_THE_FLY_QUANTIZATIONS:
+        if found is not None:
+            raise ConfigError(key, f"{req} quantizes float checkpoints at load, but {ckpt.source} is already "
+                                   f"{found}-quantized; leave {key} unset", allowed=QUANTIZATIONS)
+        if device.type != "cpu":
+            raise ConfigError(key, f"on-the-fly {req} runs on the CPU kernels only (device {device}); leave {key} "
+                                   "unset on CUDA", allowed=[*CHECKPOINT_QUANTIZATIONS, "none"])
+        return req
+    raise ConfigError(key, f"unknown quantization {requested!r}", allowed=QUANTIZATIONS)  # pragma: no cover

@@ -4,7 +4,11 @@
 all metadata, which for Gemma's 262k-token vocabulary takes ~20 s of pure Python), checks every
 tensor's name and type up front, and builds ``config`` — a dict shaped like the model's HF
 ``config.json`` so that :meth:`ModelArch.from_hf` is the one normaliser for every format.
-``iter_weights()`` then dequantizes one tensor at a time.
+``iter_weights()`` then dequantizes one tensor at a time; ``iter_weights(packed=True)`` instead
+yields the decoder layers' linear weights of the natively served block types (Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0, Q4_K, Q5_K: ``models/quant/gguf_blocks.py``) as :class:`QuantizedWeight` read straight
+from the blocks, never dequantized; everything else (embeddings, the output head, norms, Q6_K and
+the other 16-wide K-quants) is still dequantized to float32.
 
 llama.cpp conventions undone here, so tensors equal the HF checkpoint's:
 - Shapes: GGUF lists dims fastest-first (``ne``); numpy/torch order is the reverse. A GGUF
@@ -21,7 +25,11 @@ weights); ``lm_head.weight`` is absent exactly when the file has no ``output.wei
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import mmap
 import re
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,8 +40,12 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from tandem.errors import ModelLoadError, UnsupportedArchitectureError
+from tandem.loader.memory import return_free_memory
+from tandem.models.quant.gguf_blocks import NATIVE_TYPES, parse_blocks
+from tandem.models.quant.weights import QuantizedWeight
 
 Q = GGMLQuantizationType
+logger = logging.getLogger("tandem")
 
 # GGUF general.architecture → HF "architectures" entry.
 GGUF_ARCHITECTURES: dict[str, str] = {
@@ -75,6 +87,8 @@ _BLOCK_NAMES_GEMMA3 = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+_VOCAB_FIELDS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores",
+                 "tokenizer.ggml.token_type")
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 
 
@@ -151,6 +165,11 @@ class GGUFCheckpoint:
                 )
             self._hf_names[t.name] = hf
         self.config: dict[str, Any] = self._build_config()
+        # The vocabulary arrays are parsed into ~200k small numpy objects (~100 MB for a 49k-token
+        # vocabulary); the tokenizer is built from the file by transformers, so drop them now.
+        for key in _VOCAB_FIELDS:
+            self.reader.fields.pop(key, None)
+        return_free_memory()
 
     # ---- metadata --------------------------------------------------------------------------------
 
@@ -288,21 +307,62 @@ class GGUFCheckpoint:
         """HF names of all tensors, in file order."""
         return list(self._hf_names.values())
 
-    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``(hf_name, float32 tensor)`` in file order, dequantizing one tensor at a time."""
+    def quantization(self) -> str | None:
+        """"gguf" if any tensor is quantized (not F32/F16/BF16), else None."""
+        floats = {Q.F32, Q.F16, Q.BF16}
+        return "gguf" if any(t.tensor_type not in floats for t in self.reader.tensors) else None
+
+    def iter_weights(self, packed: bool = False) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+        """Yield ``(hf_name, float32 tensor)`` in file order, dequantizing one tensor at a time; with
+        ``packed``, layer linears of a native block type come as QuantizedWeight (module docstring)."""
         heads = int(self.config["num_attention_heads"])
         kv_heads = int(self.config["num_key_value_heads"])
+        unpacked: Counter[str] = Counter()
         for t in self.reader.tensors:
             hf = self._hf_names[t.name]
-            w = self._dequantize(t)
+            linear = hf.startswith("model.layers.") and hf.endswith("_proj.weight")
+            native = packed and linear and t.tensor_type.name in NATIVE_TYPES
+            if packed and linear and not native and t.tensor_type not in (Q.F32, Q.F16, Q.BF16):
+                unpacked[t.tensor_type.name] += 1
+            w: torch.Tensor | QuantizedWeight
+            if native:
+                w = self._blocks(t)
+            elif packed and t.tensor_type.name in NATIVE_TYPES and len(t.shape) == 2:
+                w = self._blocks(t)  # the model dequantizes it straight into the parameter (embeddings)
+            else:
+                w = self._dequantize(t)
             if self.architecture == "llama":
-                if ".attn_q." in t.name:
-                    w = reverse_llama_permute(w, heads)
-                elif ".attn_k." in t.name:
-                    w = reverse_llama_permute(w, kv_heads)
+                n = heads if ".attn_q." in t.name else kv_heads if ".attn_k." in t.name else 0
+                if n and isinstance(w, QuantizedWeight):
+                    w = w.map_rows(lambda a, n=n: reverse_llama_permute(a, n))
+                elif n:
+                    w = reverse_llama_permute(w, n)
+            self._release(t)
             if self.architecture == "gemma3" and t.name.endswith("norm.weight"):
                 w = w - 1.0
             yield hf, w
+        if unpacked:
+            logger.info("%s: layer linears without a packed kernel, dequantized to float: %s", self.path.name,
+                        ", ".join(f"{n}× {k}" for k, n in sorted(unpacked.items())))
+
+    def _release(self, t: Any) -> None:
+        """Drop the file pages of a tensor already copied out from this process's RSS (the memory map
+        stays valid: a later read faults them back in)."""
+        mm = getattr(self.reader.data, "_mmap", None)
+        if mm is None or not hasattr(mm, "madvise"):
+            return
+        page = mmap.PAGESIZE
+        start = int(t.data_offset) // page * page
+        end = int(t.data_offset) + int(t.n_bytes)
+        with contextlib.suppress(OSError, ValueError):
+            mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+    def _blocks(self, t: Any) -> QuantizedWeight:
+        cols, rows = (int(d) for d in t.shape.tolist()[:2])  # ne order: [in, out]
+        try:
+            return parse_blocks(np.asarray(t.data).reshape(rows, -1), t.tensor_type.name, rows, cols)
+        except Exception as e:
+            raise ModelLoadError(f"{self.path.name}: cannot read the {t.tensor_type.name} blocks of {t.name!r}: {e}") from e
 
     def _dequantize(self, t: Any) -> torch.Tensor:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # ne order → torch order

@@ -12,6 +12,10 @@ Invariants:
   ``inv_freq`` buffers are dropped. Any other name passes through unchanged.
 - Tensors keep the file's dtype (bf16/f16/f32); the caller casts.
 - A name appearing in two shards is an error, not a silent overwrite.
+- Quantized checkpoints (``scheme`` from config.json's ``quantization_config``: GPTQ, AWQ,
+  compressed-tensors): the parts of one linear (``<m>.qweight``/``qzeros``/``scales``/``g_idx``,
+  ``<m>.weight_packed``/``weight_scale``/…) are gathered across shards and yielded, after the float
+  tensors, as one ``(<m>.weight, QuantizedWeight)`` (``models/quant/hf_formats.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import torch
 from safetensors import safe_open
 
 from tandem.errors import ModelLoadError
+from tandem.models.quant.hf_formats import DECODERS, PARTS, HFQuantScheme
+from tandem.models.quant.weights import QuantizedWeight
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -82,8 +88,9 @@ def find_safetensors_files(directory: Path) -> list[Path]:
 class SafetensorsWeights:
     """The tensors of one HF checkpoint directory, headers read eagerly, data streamed lazily."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, scheme: HFQuantScheme | None = None) -> None:
         self.directory = Path(directory)
+        self.scheme = scheme
         self.files = find_safetensors_files(self.directory)
         # raw name -> file; built from the headers, which also validates every file up front.
         self._where: dict[str, Path] = {}
@@ -103,12 +110,30 @@ class SafetensorsWeights:
         except Exception as e:  # SafetensorError, OSError: corrupt, truncated or unreadable
             raise ModelLoadError(f"cannot read safetensors file {path}: {e}") from e
 
+    def _quant_part(self, name: str) -> tuple[str, str] | None:
+        """(module, part) if ``name`` is one part of a quantized linear of this checkpoint's scheme."""
+        if self.scheme is None:
+            return None
+        module, _, part = name.rpartition(".")
+        return (module, part) if part in PARTS[self.scheme.method] else None
+
     def names(self) -> list[str]:
         """HF names this checkpoint will yield (after prefix rewriting and dropping)."""
-        return [n for raw in self._where if (n := hf_text_name(raw)) is not None]
+        out: list[str] = []
+        for raw in self._where:
+            n = hf_text_name(raw)
+            if n is None:
+                continue
+            q = self._quant_part(n)
+            if q is None:
+                out.append(n)
+            elif self.scheme is not None and q[1] == PARTS[self.scheme.method][0]:
+                out.append(q[0] + ".weight")
+        return out
 
-    def iter_weights(self, skip_lm_head: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_weights(self, skip_lm_head: bool = False) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
         """Yield ``(hf_name, tensor)`` file by file; ``skip_lm_head`` drops a tied copy of lm_head."""
+        held: dict[str, dict[str, torch.Tensor]] = {}
         for path in self.files:
             try:
                 with safe_open(str(path), framework="pt") as fh:
@@ -116,8 +141,29 @@ class SafetensorsWeights:
                         name = hf_text_name(raw)
                         if name is None or (skip_lm_head and name == "lm_head.weight"):
                             continue
+                        q = self._quant_part(name)
+                        if q is not None:
+                            held.setdefault(q[0], {})[q[1]] = fh.get_tensor(raw)
+                            continue
                         yield name, fh.get_tensor(raw)
             except ModelLoadError:
                 raise
             except Exception as e:  # data region unreadable although the header was fine
                 raise ModelLoadError(f"cannot read tensors from {path}: {e}") from e
+        for module, parts in held.items():
+            yield module + ".weight", self._decode(module, parts)
+
+    def _decode(self, module: str, parts: dict[str, torch.Tensor]) -> QuantizedWeight:
+        scheme = self.scheme
+        if scheme is None:  # pragma: no cover - only called for parts of a scheme
+            raise ModelLoadError(f"{module}: quantized parts without a quantization_config")
+        method = scheme.method
+        lead = PARTS[method][0]
+        needed = PARTS[method][:3] if method != "compressed-tensors" else (lead, "weight_scale", "weight_shape")
+        missing = [p for p in needed if p not in parts]
+        if missing:
+            raise ModelLoadError(f"{method} checkpoint {self.directory}: {module} lacks {', '.join(missing)}")
+        try:
+            return DECODERS[method](parts, scheme)
+        except (ValueError, RuntimeError, IndexError) as e:
+            raise ModelLoadError(f"{method} checkpoint {self.directory}: cannot unpack {module}: {e}") from e

@@ -24,6 +24,8 @@ from tandem.errors import ModelLoadError
 from tandem.loader.arch import ModelArch
 from tandem.models.forward_context import ForwardContext, KVCache, ResidualStream
 from tandem.models.layers import GatedMLP, Linear, PackedLinear, RMSNorm, Rotary, linear
+from tandem.models.quant.attach import QuantizedLinears
+from tandem.models.quant.weights import QuantizedWeight
 
 __all__ = ["Attention", "CausalLM", "DecoderLayer", "DecoderModel", "KVCache"]
 
@@ -158,16 +160,25 @@ class CausalLM(nn.Module):
         "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj",
     }
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors into the parameters; raise if any parameter stays unloaded."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedWeight]],
+                     pack_quantized: bool = True) -> None:
+        """Copy HF-named tensors into the parameters; raise if any parameter stays unloaded.
+
+        A :class:`QuantizedWeight` becomes a packed kernel module (``models/quant/attach.py``) when
+        ``pack_quantized`` (the CPU), else it is dequantized into the float parameter."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         packed_loaded: dict[str, set[str]] = {}
+        quant = QuantizedLinears(self._PACKED, pack_quantized)
+        shard_sets = {n: set(m.shards) for n, m in self.named_modules() if isinstance(m, PackedLinear)}
         for name, tensor in weights:
             if name.startswith("lm_head.") and self.lm_head is None:
                 continue  # tied checkpoints may still ship a copy
             if "rotary_emb" in name:
                 continue
+            if isinstance(tensor, QuantizedWeight):
+                if quant.add(self, name, tensor):
+                    continue  # held for a packed kernel module
             parts = name.split(".")
             if len(parts) >= 3 and parts[-2] in self._PACKED:
                 shard, pname = parts[-2], parts[-1]
@@ -176,7 +187,7 @@ class CausalLM(nn.Module):
                     module = self.get_submodule(mod_name)
                 except AttributeError:
                     raise ModelLoadError(f"unexpected weight {name!r} in checkpoint") from None
-                module.load_shard(shard, pname, tensor)
+                module.load_shard(shard, pname, tensor.dequantize() if isinstance(tensor, QuantizedWeight) else tensor)
                 packed_loaded.setdefault(f"{mod_name}.{pname}", set()).add(shard)
                 continue
             if name not in params:
@@ -187,11 +198,17 @@ class CausalLM(nn.Module):
                     f"weight {name!r} has shape {tuple(tensor.shape)}, the model expects {tuple(p.shape)}"
                 )
             with torch.no_grad():
-                p.copy_(tensor)
+                if isinstance(tensor, QuantizedWeight):
+                    tensor.dequantize(out=p.data)  # in row chunks, straight into the parameter
+                else:
+                    p.copy_(tensor)
             loaded.add(name)
+        done, float_shards = quant.finish(self)  # packed modules swapped in; mixed ones made float
+        loaded |= done
+        for pname, shards in float_shards.items():
+            packed_loaded.setdefault(pname, set()).update(shards)
         for pname, shards in packed_loaded.items():
-            module = self.get_submodule(pname.rsplit(".", 1)[0])
-            if shards == set(module.shards):
+            if shards == shard_sets[pname.rsplit(".", 1)[0]]:
                 loaded.add(pname)
         missing = sorted(set(params) - loaded)
         if missing:

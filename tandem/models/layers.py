@@ -116,7 +116,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class Linear(nn.Linear):
-    """nn.Linear (same parameter names) using :func:`linear`."""
+    """nn.Linear (same parameter names) using :func:`linear`.
+
+    No random init: every weight is loaded (``load_weights`` fails on a missing one), and skipping
+    it keeps the untouched float pages of a linear that a quantized kernel module replaces out of RSS."""
+
+    def reset_parameters(self) -> None:
+        pass
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)

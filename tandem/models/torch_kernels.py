@@ -9,22 +9,24 @@ from __future__ import annotations
 import torch
 
 from tandem.models.forward_context import ResidualStream
-from tandem.models.layers import GatedMLP, Linear, PackedLinear, RMSNorm, linear
+from tandem.models.layers import GatedMLP, Linear, PackedLinear, RMSNorm
 
 
 class TorchKernels:
+    # ``layer.forward``: the float Linear / PackedLinear (``layers.linear``) or a packed quantized
+    # kernel module (``models/quant/``), whichever the loader put there.
     def linear(self, x: torch.Tensor, layer: Linear | PackedLinear) -> torch.Tensor:
-        return linear(x, layer.weight, layer.bias)
+        return layer.forward(x)
 
     def norm_linear(self, stream: ResidualStream, norm: RMSNorm, layer: Linear | PackedLinear) -> torch.Tensor:
-        return linear(norm(stream.x), layer.weight, layer.bias)
+        return layer.forward(norm(stream.x))
 
     def linear_add(self, x: torch.Tensor, layer: Linear | PackedLinear, stream: ResidualStream) -> ResidualStream:
-        stream.x = stream.x + linear(x, layer.weight, layer.bias)
+        stream.x = stream.x + layer.forward(x)
         return stream
 
     def norm_gated_mlp_in(self, stream: ResidualStream, norm: RMSNorm, mlp: GatedMLP) -> torch.Tensor:
-        return mlp.act_mul(linear(norm(stream.x), mlp.gate_up_proj.weight, mlp.gate_up_proj.bias))
+        return mlp.act_mul(mlp.gate_up_proj.forward(norm(stream.x)))
 
     def final_norm(self, stream: ResidualStream, norm: RMSNorm) -> torch.Tensor:
         return norm(stream.x)

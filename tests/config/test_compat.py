@@ -70,7 +70,7 @@ def test_flags_parse_to_the_keywords() -> None:
     (["-pp", "2"], "pipeline_parallel_size",
      "pipeline_parallel_size: tandem runs a model on one device; --pipeline-parallel-size (-pp) 2 is not "
      "supported (allowed: 1)"),
-    (["--quantization", "awq"], "quantization", "--quantization awq is not supported: tandem has no quantized"),
+    (["--quantization", "fp8"], "quantization", "quantization method 'fp8' is not supported by tandem"),
     (["--kv-cache-dtype", "fp8"], "kv_cache_dtype",
      "kv_cache_dtype: --kv-cache-dtype fp8 is not supported: the KV cache is stored in the model's dtype "
      "(allowed: auto)"),

@@ -1,6 +1,7 @@
 """Real models on CPU in float32: SmolLM2-135M-Instruct and Gemma-3-270M (GGUF, fetched through
 the package registry by alias) against golden Hugging Face outputs (tests/golden, made by
-scripts/make_golden.py), and lossless speculation on SmolLM2."""
+scripts/make_golden.py), and lossless speculation on SmolLM2. ``quantization="none"``: the GGUF
+weights dequantized to float32 at load, as HF does (the packed default: tests/quant/test_real_quantized.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def _cases(name: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def smollm2() -> LLM:
     return LLM("smollm2-135m-instruct", device="cpu", dtype="float32", max_model_len=1024,
-               kv_cache_memory_bytes=256 << 20)
+               kv_cache_memory_bytes=256 << 20, quantization="none")
 
 
 def test_smollm2_matches_hf_golden(smollm2):
@@ -51,7 +52,7 @@ def test_smollm2_ngram_is_lossless(smollm2, k):
     params = SamplingParams(temperature=0, max_tokens=40)
     ref = smollm2.generate(COPY_PROMPTS, params, use_tqdm=False)
     spec = LLM("smollm2-135m-instruct", device="cpu", dtype="float32", max_model_len=1024,
-               kv_cache_memory_bytes=256 << 20,
+               kv_cache_memory_bytes=256 << 20, quantization="none",
                speculative_config={"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4})
     outs = spec.generate(COPY_PROMPTS, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref]
@@ -63,9 +64,9 @@ def test_smollm2_self_draft_accepts_all_and_is_lossless(smollm2):
     prompts = COPY_PROMPTS + ["The capital of France is"]
     ref = smollm2.generate(prompts, params, use_tqdm=False)
     spec = LLM("smollm2-135m-instruct", device="cpu", dtype="float32", max_model_len=1024,
-               kv_cache_memory_bytes=256 << 20,
+               kv_cache_memory_bytes=256 << 20, quantization="none",
                speculative_config={"method": "draft_model", "model": "smollm2-135m-instruct",
-                                   "num_speculative_tokens": 3})
+                                   "num_speculative_tokens": 3, "quantization": "none"})
     outs = spec.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref]
     st = spec.engine.stats.spec
@@ -74,7 +75,8 @@ def test_smollm2_self_draft_accepts_all_and_is_lossless(smollm2):
 
 def test_gemma3_matches_hf_golden_first_32_tokens():
     cases = _cases("gemma3")
-    llm = LLM("gemma-3-270m", device="cpu", dtype="float32", max_model_len=512, kv_cache_memory_bytes=256 << 20)
+    llm = LLM("gemma-3-270m", device="cpu", dtype="float32", max_model_len=512, kv_cache_memory_bytes=256 << 20,
+              quantization="none")
     outs = llm.generate([{"prompt_token_ids": c["prompt_token_ids"]} for c in cases],
                         SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False)
     for c, o in zip(cases, outs):

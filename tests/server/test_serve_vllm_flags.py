@@ -117,7 +117,7 @@ def test_a_vllm_launch_script_starts(ckpt: Path, caplog: pytest.LogCaptureFixtur
                    "is not supported (allowed: 1)"),
     (["--pipeline-parallel-size", "4"], "error: pipeline_parallel_size: tandem runs a model on one device; "
                                         "--pipeline-parallel-size (-pp) 4 is not supported (allowed: 1)"),
-    (["--quantization", "fp8"], "error: quantization: --quantization fp8 is not supported"),
+    (["--quantization", "fp8"], "error: quantization: quantization method 'fp8' is not supported by tandem"),
     (["--kv-cache-dtype", "fp8_e4m3"], "error: kv_cache_dtype: --kv-cache-dtype fp8_e4m3 is not supported"),
     (["--skip-tokenizer-init"], "error: skip_tokenizer_init: the server needs the tokenizer"),
 ])

@@ -1,0 +1,7 @@
+"""Weight-only quantized linears for the CPU (issue #17; docs/quantization.md).
+
+- ``weights.py``: :class:`QuantizedWeight`, the format-neutral form every format unpacks into;
+- ``gguf_blocks.py`` / ``hf_formats.py``: GGUF blocks, GPTQ / AWQ / compressed-tensors → QuantizedWeight;
+- ``int4pack.py`` / ``int8pack.py``: one kernel module each (torch's CPU weight-only matmuls);
+- ``kernels.py``: picks the kernel for a weight; ``attach.py``: swaps them into a loaded model.
+"""

@@ -1,0 +1,93 @@
+"""CPU kernel: ``aten._weight_int4pack_mm_for_cpu`` (uint4 codes, a bf16 scale and zero per group of K).
+
+The kernel computes ``W[n, k] = (q[n, k] − 8) · scale[g, n] + zero[g, n]`` with ``g = k // G`` and
+``G ∈ {32, 64, 128, 256}``, bf16 activations in and out (fp32 activations take a scalar reference path
+that is 5–20× slower, docs/quant_notes.md). A :class:`QuantizedWeight` maps onto it exactly:
+
+- ≤ 4 bits: the same codes, ``scale = s``, ``zero = offset + 8·s``;
+- 5–8 bits (Q5_x, Q8_0, 8-bit groups): two 4-bit planes side by side along K, ``code = 16·hi + lo``
+  (``hi`` with scale ``16·s``, ``lo`` with scale ``s``; the offset goes to the ``lo`` plane's zero,
+  see ``__init__``). The input is fed twice (``[x, x]``), so one kernel call sums both planes;
+- the kernel group is the largest of 256/128/64/32 dividing the format's group and K; scales are
+  replicated down to it (exact). Formats whose group is not a multiple of 32 (Q6_K's 16) do not fit.
+
+What is not exact: scale and zero are stored in bf16 (8 mantissa bits; GGUF's fp16 ``d`` keeps 11),
+and activations are rounded to bf16. Both are measured in docs/quantization.md. Requires N % 16 == 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tandem.models.quant.weights import QuantizedWeight
+
+KERNEL_GROUPS = (256, 128, 64, 32)
+_aten = torch.ops.aten
+
+
+def kernel_group(qw: QuantizedWeight) -> int | None:
+    """The int4pack group for ``qw``, or None if the kernel cannot hold it exactly."""
+    n, k = qw.shape
+    if n % 16:
+        return None
+    return next((g for g in KERNEL_GROUPS if qw.group % g == 0 and k % g == 0), None)
+
+
+class Int4PackLinear(nn.Module):
+    """``x @ W^T + b`` from int4pack weights; ``forward`` takes float activations of any dtype."""
+
+    kernel = "int4pack"
+
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        group = kernel_group(qw)
+        if group is None:
+            raise ValueError(f"{qw.source} {qw.shape} (group {qw.group}) does not fit int4pack")
+        qw = qw.with_group(group)
+        n, k = qw.shape
+        s, o = qw.scale, qw.offset
+        if qw.bits <= 4:
+            codes, scale, zero = qw.codes, s, o + 8 * s
+            self.planes = 1
+        else:
+            # hi plane: codes hi + c, scale 16·s, zero 0 -> 16·s·hi + 16·s·(c − 8); lo plane: scale s,
+            # zero o + (136 − 16·c)·s. c (per group, keeping hi + c ≤ 15) brings the lo zero within
+            # ±8·s, where bf16 rounds it like a 4-bit format's (Q8_0, Q5_0: exactly 8·s / −8·s).
+            hi_max = (1 << (qw.bits - 4)) - 1
+            ratio = torch.where(s != 0, o / torch.where(s != 0, s, torch.ones_like(s)), torch.zeros_like(s))
+            c = ((ratio + 136) / 16).round().clamp(0, 15 - hi_max)
+            hi = (qw.codes >> 4) + c.to(torch.uint8).repeat_interleave(group, 1)
+            codes = torch.cat([hi, qw.codes & 15], dim=1)
+            scale = torch.cat([16 * s, s], dim=1)
+            zero = torch.cat([torch.zeros_like(o), o + (136 - 16 * c) * s], dim=1)
+            self.planes = 2
+        self.in_features, self.out_features, self.group = k, n, group
+        self.source = qw.source
+        self.register_buffer("packed", _aten._convert_weight_to_int4pack_for_cpu(
+            codes.to(torch.int32).contiguous(), 2))
+        self.register_buffer("scale_zeros", torch.stack([scale, zero], -1).transpose(0, 1)
+                             .contiguous().to(torch.bfloat16))  # [K·planes / G, N, 2]
+        self.register_buffer("perm", qw.perm)
+        self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        h = x.reshape(-1, shape[-1])
+        if self.perm is not None:
+            h = h.index_select(1, self.perm)
+        h = h.to(torch.bfloat16)
+        if self.planes == 2:
+            h = torch.cat([h, h], dim=1)
+        out = _aten._weight_int4pack_mm_for_cpu(h.contiguous(), self.packed, self.group, self.scale_zeros)
+        out = out.to(x.dtype)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scale_zeros))
+
+    def extra_repr(self) -> str:
+        return (f"in={self.in_features}, out={self.out_features}, group={self.group}, planes={self.planes}, "
+                f"act_order={self.perm is not None}, source={self.source}")
