@@ -82,7 +82,14 @@ def paged_attention(
     if plan.single is not None:
         i, neg_mask = plan.single
         s, e = host.query_start[i], host.query_start[i + 1]
-        out[s:e] = _single_short(q[s:e], k_cache, v_cache, host.context_slots[i], neg_mask, scale)
+        slots = host.context_slots[i]
+        if plan.row_masks is None:
+            out[s:e] = _single_short(q[s:e], k_cache, v_cache, slots, neg_mask, scale)
+        else:  # a lone verify: each row exactly as a decode at its position computes it (see _Plan)
+            ctx = len(slots)
+            for r, row_mask in enumerate(plan.row_masks):
+                c = ctx - (e - s) + 1 + r
+                out[s + r:s + r + 1] = _single_short(q[s + r:s + r + 1], k_cache, v_cache, slots[:c], row_mask, scale)
     elif plan.short:
         _batched_short(q, k_cache, v_cache, plan, scale, out)
     return out
@@ -141,10 +148,20 @@ class _Plan:
         self.long = [i for i in range(meta.num_reqs) if meta.query_len(i) > _BATCHED_MAX_QUERY]
         self.long_masks = [_mask(meta.query_len(i), meta.seq_lens[i], window, dev) for i in self.long]
         self.single: tuple[int, torch.Tensor | None] | None = None
+        # A lone verify (batch-1 speculation) runs row by row, each row over exactly the context a
+        # decode at its position sees, with the decode's op shapes: its rows are then bitwise what
+        # decoding would compute, so greedy speculation cannot drift from plain decoding through
+        # attention rounding (it did on the packed int4 path, whose bf16 activations amplify 1e-7
+        # differences). Costs k + 1 small calls per layer instead of one.
+        self.row_masks: list[torch.Tensor | None] | None = None
         if len(self.short) == 1:  # nothing to batch with: no padding, gather or scatter
             i = self.short[0]
-            mask = _mask(meta.query_len(i), meta.seq_lens[i], window, dev)
+            ql, ctx = meta.query_len(i), meta.seq_lens[i]
+            mask = _mask(ql, ctx, window, dev)
             self.single = (i, None if mask is None else ~mask)
+            if ql > 1:
+                rows = [_mask(1, ctx - ql + 1 + r, window, dev) for r in range(ql)]
+                self.row_masks = [None if m is None else ~m for m in rows]
             return
         if not self.short:
             return

@@ -1,0 +1,37 @@
+"""On the packed int4 CPU path a lone verify's hidden states are bitwise what decoding computes.
+
+Greedy speculation must not drift from plain decoding through rounding: with bf16 activations into
+the int4 matmuls, a 1e-7 difference in attention became visible in the outputs. The packed matmuls
+are row-invariant; the torch attention computes a batch-1 verify row by row over exactly a decode's
+context and op shapes. (Float linears are not row-invariant on CPU: the 1-row GEMV split and the
+multi-row matmul round differently, so the float path is compared to 1e-5, not bitwise.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tiny_models import write_tiny_hf_checkpoint
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])  # gemma3: a sliding-window layer too
+def test_verify_rows_equal_decode_steps_bitwise(tmp_path, family):
+    from tandem import LLM
+    from tandem.worker.batch import SeqChunk
+
+    # SmolLM2's attention shape (9 heads over 3 KV heads of 64): where the row-count dependence showed
+    path = write_tiny_hf_checkpoint(tmp_path, family, std=0.2, num_hidden_layers=2, hidden_size=576,
+                                    num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                                    intermediate_size=256, max_position_embeddings=512)
+    llm = LLM(str(path), device="cpu", dtype="float32", kv_cache_memory_bytes=16 << 20, block_size=4,
+              quantization="int4")
+    runner = llm.engine.runner
+    final = (runner.model.arch.num_layers,)  # the final hidden state: what the (float) LM head reads
+    blocks = list(range(60))
+    prompt = [(7 * j) % 90 + 6 for j in range(181)]  # longer than the sliding window (8)
+    runner.forward_logits([SeqChunk(prompt, 0, blocks)], [len(prompt) - 1])
+    tail = [11, 23, 35, 47]
+    verify = runner.forward([SeqChunk(tail, len(prompt), blocks)], [0], aux_layers=final).aux_hidden[0].clone()
+    for r, t in enumerate(tail):  # decode the same tokens one by one (rewrites identical KV)
+        row = runner.forward([SeqChunk([t], len(prompt) + r, blocks)], [0], aux_layers=final).aux_hidden[0]
+        assert torch.equal(row[0], verify[r]), r
