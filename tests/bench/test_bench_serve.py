@@ -448,3 +448,28 @@ def test_bench_serve_logs_no_line_per_request_but_keeps_errors(fake_server, tmp_
     logging.getLogger("httpx").setLevel(logging.NOTSET)
     httpx.get(base_url + "/health")
     assert any(r.name == "httpx" and r.levelno == logging.INFO for r in caplog.records)
+
+
+@pytest.mark.parametrize("dataset", ["humaneval", "sharegpt"])
+def test_readme_bench_serve_command_runs_with_a_fresh_cache(fake_server, tmp_path, monkeypatch, capsys, dataset):
+    """The README's ``tandem bench serve`` line as written (its dataset, then ShareGPT, the other one
+    the README names), pointed at a fake server, with an empty tandem cache: the datasets come with
+    the README's install, nothing is fetched."""
+    import re
+    import shlex
+
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path / "fresh-cache"))
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    line = next(m for m in re.findall(r"^tandem bench serve .*$", readme, re.M) if "--dataset-name" in m)
+    argv = shlex.split(line)[2:]  # after "tandem bench"
+    i = argv.index("--port")
+    del argv[i:i + 2]
+    argv[argv.index("--dataset-name") + 1] = dataset
+    argv[argv.index("--num-prompts") + 1] = "4"
+    base_url, _ = fake_server
+    rc = cli.main([*argv, "--base-url", base_url, "--tokenizer", make_tokenizer_dir(tmp_path / "tok"),
+                   "--disable-tqdm"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert f"{'Successful requests:':<40} 4" in out
+    assert not (tmp_path / "fresh-cache").exists() or not any((tmp_path / "fresh-cache").iterdir())
