@@ -87,9 +87,11 @@ def paged_attention(
             out[s:e] = _single_short(q[s:e], k_cache, v_cache, slots, neg_mask, scale)
         else:  # a lone verify: each row exactly as a decode at its position computes it (see _Plan)
             ctx = len(slots)
+            k = k_cache.index_select(0, slots).to(q.dtype)  # gathered once, sliced per row
+            v = v_cache.index_select(0, slots).to(q.dtype)
             for r, row_mask in enumerate(plan.row_masks):
                 c = ctx - (e - s) + 1 + r
-                out[s + r:s + r + 1] = _single_short(q[s + r:s + r + 1], k_cache, v_cache, slots[:c], row_mask, scale)
+                out[s + r:s + r + 1] = _grouped_attention(q[s + r:s + r + 1], k[:c], v[:c], row_mask, scale)
     elif plan.short:
         _batched_short(q, k_cache, v_cache, plan, scale, out)
     return out
@@ -98,11 +100,18 @@ def paged_attention(
 def _single_short(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                   neg_mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """One short query (a lone decode or verify): grouped matmul-softmax-matmul, no padding."""
-    q_len, h, d = q.shape
-    kvh = k_cache.shape[1]
-    g = h // kvh
     k = k_cache.index_select(0, slots).to(q.dtype)  # [ctx, kvh, d]
     v = v_cache.index_select(0, slots).to(q.dtype)
+    return _grouped_attention(q, k, v, neg_mask, scale)
+
+
+def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, neg_mask: torch.Tensor | None,
+                       scale: float) -> torch.Tensor:
+    """q [q_len, h, d] over contiguous k, v [ctx, kvh, d] (a prefix view of a gathered context has
+    the same strides as a fresh gather of that prefix: same op shapes, same bits)."""
+    q_len, h, d = q.shape
+    kvh = k.shape[1]
+    g = h // kvh
     qg = q.view(q_len, kvh, g, d).permute(1, 2, 0, 3).reshape(kvh, g * q_len, d)
     scores = torch.bmm(qg, k.permute(1, 2, 0)).mul_(scale)  # [kvh, g*q_len, ctx]
     if neg_mask is not None:
