@@ -91,7 +91,7 @@ def test_shipped_smollm2_eagle3_head_by_alias(smollm2):
 
     assert shipped_head_path("smollm2-135m-instruct-eagle3") is not None
     spec = LLM("smollm2-135m-instruct", device="cpu", dtype="float32", max_model_len=1024,
-               kv_cache_memory_bytes=256 << 20,
+               kv_cache_memory_bytes=256 << 20, quantization="none",  # as the fixture: exact fp32
                speculative_config={"model": "smollm2-135m-instruct-eagle3", "num_speculative_tokens": 3})
     assert spec.engine.spec.method == "eagle3"
     chats = [[{"role": "user", "content": q}] for q in (
@@ -104,3 +104,20 @@ def test_shipped_smollm2_eagle3_head_by_alias(smollm2):
     st = spec.engine.stats.spec
     # measured 0.42 at position 1 on held-out ShareGPT prompts (H200 bf16); an untrained head: ~0
     assert st.per_position_rates()[0] > 0.2, st.per_position_rates()
+
+
+def test_packed_default_path_speculation_is_identical_at_batch_1():
+    """The CPU default (packed int4 weights, bf16 activations into the matmuls): greedy output with
+    n-gram or the EAGLE-3 head equals plain decoding, prompt by prompt (a batch-1 verify's rows are
+    computed exactly as decodes; before that fix 1-2 of 8 prompts drifted)."""
+    kw = dict(device="cpu", max_model_len=1024, kv_cache_memory_bytes=256 << 20)
+    plain = LLM("smollm2-135m-instruct", **kw)
+    specs = [LLM("smollm2-135m-instruct", **kw, speculative_config=cfg) for cfg in (
+        {"method": "ngram", "num_speculative_tokens": 4},
+        {"model": "smollm2-135m-instruct-eagle3", "num_speculative_tokens": 3})]
+    sp = SamplingParams(temperature=0, max_tokens=96)
+    for q in ("Explain what a hash table is.", "Write a Python function that merges two sorted lists."):
+        want = plain.chat([{"role": "user", "content": q}], sp, use_tqdm=False)[0].outputs[0].token_ids
+        for llm in specs:
+            assert llm.chat([{"role": "user", "content": q}], sp, use_tqdm=False)[0].outputs[0].token_ids == want, q
+    assert all(llm.engine.stats.spec.num_accepted_tokens > 0 for llm in specs)
