@@ -565,6 +565,18 @@ def _start_server(ckpt: Path, extra: list[str], log: Path) -> tuple[subprocess.P
     return proc, f"http://127.0.0.1:{port}"
 
 
+def stop_servers(procs: list[subprocess.Popen]) -> None:
+    """SIGINT every server (they shut down in parallel), then wait; kill any that hangs."""
+    for p in procs:
+        p.send_signal(signal.SIGINT)
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def _wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -594,14 +606,7 @@ def live(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
             _wait_healthy(s.proc, s.url, s.log)
         yield started
     finally:
-        for s in started.values():
-            s.proc.send_signal(signal.SIGINT)
-        for s in started.values():
-            try:
-                s.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                s.proc.kill()
-                s.proc.wait()
+        stop_servers([s.proc for s in started.values()])
 
 
 @pytest.mark.parametrize("kind", ["plain", "ngram"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from typing import Any
 
 import pytest
 from engine_utils import make_llm
-from test_server import TIMEOUT, _free_port, _wait_healthy, ensure_chat_template, max_len_for, post
+from test_server import TIMEOUT, _free_port, _wait_healthy, ensure_chat_template, max_len_for, post, stop_servers
 from tiny_models import write_tiny_hf_checkpoint
 
 from tandem.server.api import build_app
@@ -93,14 +92,7 @@ def _serve(servers: dict[str, tuple[str, int, list[str]]], logs: Path) -> Iterat
             s.client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT * 5)
         yield started
     finally:
-        for s in started.values():
-            s.proc.send_signal(signal.SIGINT)
-        for s in started.values():
-            try:
-                s.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                s.proc.kill()
-                s.proc.wait()
+        stop_servers([s.proc for s in started.values()])
 
 
 TOOL_FLAGS = ["--tool-call-parser", "hermes", "--enable-auto-tool-choice"]
