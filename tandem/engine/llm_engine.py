@@ -158,6 +158,8 @@ class LLMEngine:
         prev, self._inflight = self._inflight, None
         if prev is not None and prev.finished:
             prev = None  # every request of the step in flight finished or was aborted meanwhile
+        chained = prev is not None  # launched by the previous call, ahead of its read
+        ahead = False
         kind = StepKind.DECODE
         timed = prev.sched if prev is not None else None  # the step this call reads
         if prev is None:
@@ -173,14 +175,18 @@ class LLMEngine:
                 outputs += self._process(sched, out, sampled)
         if prev is not None:
             if self._can_schedule_ahead():
-                ahead = self._schedule()
-                if not ahead.empty:  # (empty only if every request was preempted)
-                    self._inflight = self._launch(ahead, feed=prev)
+                nxt = self._schedule()
+                if not nxt.empty:  # (empty only if every request was preempted)
+                    self._inflight = self._launch(nxt, feed=prev)
                     self.num_chained_steps += 1
+                    ahead = True
             outputs += self._process(prev.sched, prev.read(), sampled)  # the host sync
         finished, self._finished = tuple(self._finished), []
         size = (len(timed.scheduled), timed.num_batched_tokens) if timed is not None else (0, 0)
-        self.speculator.observe(StepRecord(kind, time.perf_counter() - t0, tuple(sampled), finished, *size))
+        # steady: what a plain engine would have run (a pipeline drain or restart is not)
+        steady = not self.async_scheduling or not (chained or ahead) or (chained and ahead)
+        self.speculator.observe(StepRecord(kind, time.perf_counter() - t0, tuple(sampled), finished, *size,
+                                           steady=steady))
         if self._log is not None:
             self._log.maybe_log(self.stats, self.num_running, self.num_waiting, self.kv_usage)
         return outputs

@@ -44,6 +44,7 @@ bucket has not timed a plain decode step for ``decode_probe_every`` steps (every
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -51,13 +52,16 @@ import numpy as np
 
 from tandem.engine.stats import SpecStats
 from tandem.spec_decode.policy_accept import AcceptanceModel, score_draft
-from tandem.spec_decode.policy_cost import StepCostModel
+from tandem.spec_decode.policy_cost import TRANSITION_SPAN, StepCostModel, bucket_of
+from tandem.spec_decode.policy_guard import GoodputGuard
 
 MARGIN = 0.05
 PROBE_EVERY = 64
 DECODE_PROBE_EVERY = 256
 VERIFY_PROBE_EVERY = 256
-DECODE_PROBE_STEPS = 3
+DECODE_PROBE_STEPS = 4  # on an asynchronous engine the first one restarts the pipeline (not steady)
+SHADOW_PER_STEP = 4  # lazy shadow drafts per step, at most (each costs a host proposal and a score)
+WANTS_RECHECK = 4  # steps a "nobody would draft" answer stands before the estimates are consulted again
 DRAFT_COST_ALPHA = 0.2
 PRIOR_DRAFT_COST = 0.1  # a model-based proposer's draft step, in target decode steps, until measured
 
@@ -83,7 +87,8 @@ class GoodputPolicy:
                  probe_every: int = PROBE_EVERY, decode_probe_every: int = DECODE_PROBE_EVERY,
                  decode_probe_steps: int = DECODE_PROBE_STEPS, verify_probe_every: int = VERIFY_PROBE_EVERY,
                  draft_cost: float | None = None, cost: StepCostModel | None = None,
-                 acceptance: AcceptanceModel | None = None) -> None:
+                 acceptance: AcceptanceModel | None = None, guard: GoodputGuard | None = None,
+                 shadow_per_step: int = SHADOW_PER_STEP) -> None:
         self.k = k
         self.free = free  # drafts are host lookups: propose the full k, then choose
         self.shadow = shadow
@@ -94,6 +99,14 @@ class GoodputPolicy:
         self.decode_probe_every, self.verify_probe_every = decode_probe_every, verify_probe_every
         self.cost = cost if cost is not None else StepCostModel(max_k=k)
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel(k)
+        self.guard = guard if guard is not None else GoodputGuard()
+        self.shadow_per_step = shadow_per_step
+        self._shadows_left = shadow_per_step  # this step's lazy shadow budget
+        self._shadow_share = 1.0  # chance a request starts a lazy shadow in a step: budget / batch
+        self._rng = random.Random(0)
+        self._step = 0  # engine steps seen
+        self._no_until, self._no_batch = 0, 0  # wants_any's cached "no": until which step, for which bucket
+        self._steps_since_verify = TRANSITION_SPAN + 1
         self.measure_draft_cost = draft_cost is None and not free
         self.draft_cost = 0.0 if free else (PRIOR_DRAFT_COST if draft_cost is None else draft_cost)
         self._pending: dict[str, _Pending] = {}
@@ -130,19 +143,28 @@ class GoodputPolicy:
         self._count(ks)
         return ks
 
-    def wants_any(self, batch: int, candidates: Sequence[Candidate]) -> bool:
+    def wants_any(self, batch: int, candidates: Sequence[Candidate] | Callable[[], Sequence[Candidate]]) -> bool:
         """Whether a proposal round now would likely draft for anyone (drafts unknown yet: expected
-        draft lengths from the requests' history). False keeps decode steps asynchronous."""
+        draft lengths from the requests' history). False keeps decode steps asynchronous. Asked every
+        step: a "no" from the estimates is kept for ``WANTS_RECHECK`` steps (``candidates`` may be a
+        function, called only when the estimates are consulted)."""
         if self._off(batch):
             return False
         if self.shadow is None and self._steps_since_proposal >= self.probe_every:
             return True  # no lazy shadows: refresh the estimates now and then
         if not self.free and self._steps_since_draft >= self.probe_every:
             return True  # a model proposer's exploration round is due
-        return any(self._optimise(batch, candidates, with_reach=True))
+        if self._no_until > self._step and self._no_batch == bucket_of(batch):
+            return False
+        cands = candidates() if callable(candidates) else candidates
+        if any(self._optimise(batch, cands, with_reach=True)):
+            return True
+        self._no_until, self._no_batch = self._step + WANTS_RECHECK, bucket_of(batch)
+        return False
 
     def _off(self, batch: int) -> bool:
-        return (self.disable_by_batch_size is not None and batch >= self.disable_by_batch_size) or self._decode_probe > 0
+        return ((self.disable_by_batch_size is not None and batch >= self.disable_by_batch_size)
+                or self._decode_probe > 0 or not self.guard.allows(batch))
 
     def _optimise(self, batch: int, candidates: Sequence[Candidate], with_reach: bool,
                   cost: tuple[float, float] | None = None) -> list[int]:
@@ -208,7 +230,10 @@ class GoodputPolicy:
         n = len(token_ids)
         p = self._pending.get(request_id)
         if p is None and self.shadow is not None and self._shadow_at.get(request_id, n) < n:
-            p = self._shadow(request_id, self._shadow_at.pop(request_id), token_ids)
+            if self._shadows_left <= 0 or self._rng.random() >= self._shadow_share:
+                return  # not this request's turn (budget): its shadow waits and later skips ahead
+            # a shadow that fell behind (budget) restarts from the latest prefix a draft can be scored on
+            p = self._shadow(request_id, max(self._shadow_at.pop(request_id), n - self.k - 1), token_ids)
         while p is not None:
             r = score_draft(p.draft, p.at, token_ids)
             if r is None:
@@ -221,7 +246,7 @@ class GoodputPolicy:
             at = p.at + acc + 1  # where a verify of this draft would have left the request
             p = None
             if self.shadow is not None:
-                if at < n:
+                if at < n and self._shadows_left > 0:
                     p = self._shadow(request_id, at, token_ids)
                 else:
                     self._shadow_at[request_id] = at
@@ -230,20 +255,33 @@ class GoodputPolicy:
         assert self.shadow is not None
         p = self._pending[request_id] = _Pending(at, tuple(self.shadow(token_ids[:at], self.k)))
         self.stats.num_shadow_drafts += 1
+        self._shadows_left -= 1
         return p
 
     def on_step(self, batch: int, num_query_tokens: int, seconds: float, draft_seconds: float = 0.0,
-                draft_steps: int = 0, timed: bool = True) -> None:
+                draft_steps: int = 0, timed: bool = True, steady: bool = True,
+                num_tokens: int | None = None) -> None:
         """One engine step: ``batch`` requests, ``num_query_tokens`` query tokens, its wall time (of
         which ``draft_seconds`` drafting ``draft_steps`` tokens deep); ``timed`` False for steps the
-        cost model must not learn from (prefill, mixed)."""
+        cost model must not learn from (prefill, mixed); ``steady`` False for a plain step that
+        drained or restarted an asynchronous pipeline; ``num_tokens`` the tokens it emitted (the
+        guard's evidence; None: not known)."""
         self._steps_since_proposal += 1
         self._steps_since_draft += 1
         self._decode_probe = max(0, self._decode_probe - 1)  # a probe lasts its steps, timed or not
+        self._step += 1
+        self.guard.tick()
+        # lazy shadows: a budget per step, none while the guard has speculation blocked at this size
+        self._shadows_left = self.shadow_per_step if self.guard.allows(batch) else 0
+        self._shadow_share = min(1.0, self.shadow_per_step / max(batch, 1))
+        verify = num_query_tokens > batch
+        self._steps_since_verify = 0 if verify and timed else self._steps_since_verify + 1
         if not timed:
             return
         verify_seconds = seconds - (draft_seconds if not self.free else 0.0)
-        self.cost.observe(batch, num_query_tokens, verify_seconds)
+        self.cost.observe(batch, num_query_tokens, verify_seconds, steady)
+        if num_tokens is not None and (verify or (not steady and self._steps_since_verify <= TRANSITION_SPAN)):
+            self.guard.observe(batch, num_tokens, seconds, self.cost.decode_seconds(batch))
         if self.measure_draft_cost and draft_steps > 0 and draft_seconds > 0:
             d = self.cost.decode_seconds(batch)
             if d:

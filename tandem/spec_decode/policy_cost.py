@@ -13,6 +13,13 @@ Per batch-size bucket (powers of two: 1, 2, 4, …) the model keeps
   there is before a verify and a decode step were timed) and overridden by measurements within a
   few dozen steps. A bucket's first verify step is not used (new shapes: a cold start, not a cost).
 
+On an asynchronous engine a verify step also costs the steps around it: the pipeline of chained
+decode steps drains before it and restarts after it, so those plain steps take longer than a steady
+one. Only *steady* decode steps (not a drain or restart of the pipeline; every step of a synchronous
+engine) are decode samples; a transition step's excess over D(B) is charged to the last verify step
+when it was at most ``TRANSITION_SPAN`` steps ago (the restart after it; a drain before a verify
+costs no more than a steady step: it launches nothing).
+
 A bucket without measurements borrows the nearest measured bucket's fit, and its decode time from
 its neighbours (scaled with B). Everything the policy compares is a ratio to D(B), so it can decide
 before any step was timed. (A model-based proposer's draft cost is the policy's ``draft_cost``, per
@@ -34,6 +41,7 @@ FORGET = 0.95  # per verify observation: ~20 steps of memory
 MAX_VERIFIES = 64  # verify steps kept per bucket
 AGE_DECAY = 0.995  # per timed step: a verify measured 140 steps ago weighs half (no verify since: the prior returns)
 DECODE_ALPHA = 0.1
+TRANSITION_SPAN = 2  # steps after a verify whose plain-step excess is the verify's
 
 
 def bucket_of(batch: int) -> int:
@@ -64,9 +72,10 @@ class StepCostModel:
         self._steps = 0  # timed steps, all buckets: the clock verify observations age by
 
     # ---- measurements ------------------------------------------------------------------------------
-    def observe(self, batch: int, num_query_tokens: int, seconds: float) -> None:
+    def observe(self, batch: int, num_query_tokens: int, seconds: float, steady: bool = True) -> None:
         """One timed step of ``batch`` requests each decoding (``num_query_tokens == batch``) or
-        verifying drafts (more query tokens)."""
+        verifying drafts (more query tokens). ``steady`` False: a plain step that drained or
+        restarted an asynchronous pipeline (its excess over D(B) is charged to a verify)."""
         if batch <= 0 or seconds <= 0 or num_query_tokens < batch:
             return
         b = self._bucket(batch)
@@ -74,6 +83,13 @@ class StepCostModel:
         self._steps += 1
         for other in self._buckets.values():
             other.fit = None  # the data aged
+        if n == 0 and not steady:
+            b.steps_since_verify += 1
+            b.steps_since_decode += 1
+            if b.decode is not None and b.verifies and self._steps - b.verifies[-1][2] <= TRANSITION_SPAN:
+                x, t, step = b.verifies[-1]
+                b.verifies[-1] = (x, t + max(0.0, seconds - b.decode), step)
+            return
         if n == 0:
             b.decode = seconds if b.decode is None else (1 - self.decode_alpha) * b.decode + self.decode_alpha * seconds
             b.num_decode += 1

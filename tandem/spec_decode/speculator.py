@@ -85,6 +85,13 @@ class StepRecord:
     finished: tuple[str, ...]  # request ids finished (stopped, length, aborted) since the last record
     num_requests: int = 0  # requests in the timed step's batch
     num_query_tokens: int = 0  # its query tokens (drafts included)
+    # False: a plain step that drained or restarted the asynchronous pipeline (around a verify)
+    steady: bool = True
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the step emitted (accepted drafts + one per request that sampled)."""
+        return sum(s.num_accepted + 1 for s in self.sampled)
 
 
 class Speculator:
@@ -148,15 +155,18 @@ class Speculator:
         Without the policy a proposer may find drafts for anyone: true below ``disable_by_batch_size``."""
         if self.policy is None:
             return not self._capped(len(requests))
-        return self.policy.wants_any(len(requests), [Candidate(r.request_id, self._room(r)) for r in requests])
+        return self.policy.wants_any(len(requests), lambda: [Candidate(r.request_id, self._room(r)) for r in requests])
 
     def observe(self, record: StepRecord) -> None:
+        """The step's evidence, then its timing — which includes this bookkeeping (host work the
+        speculator adds to every step, paid for by the steps that speculate)."""
+        t0 = time.perf_counter()
         for s in record.sampled:
             self.on_verified(s.request, s.num_drafted, s.num_accepted)
             self.on_tokens(s.request)
         for rid in record.finished:
             self.forget(rid)
-        self.on_step(record)
+        self.on_step(record, time.perf_counter() - t0)
 
     # ---- what observe() is made of -------------------------------------------------------------
     def on_verified(self, request: Request, num_drafted: int, num_accepted: int) -> None:
@@ -170,11 +180,12 @@ class Speculator:
         if self.policy is not None:
             self.policy.on_tokens(request.request_id, request.token_ids)
 
-    def on_step(self, record: StepRecord) -> None:
+    def on_step(self, record: StepRecord, bookkeeping: float = 0.0) -> None:
         if self.policy is not None:
-            self.policy.on_step(record.num_requests, record.num_query_tokens, record.seconds,
+            self.policy.on_step(record.num_requests, record.num_query_tokens, record.seconds + bookkeeping,
                                 self._draft_seconds, self._draft_steps,
-                                timed=record.kind is not StepKind.OTHER and record.num_requests > 0)
+                                timed=record.kind is not StepKind.OTHER and record.num_requests > 0,
+                                steady=record.steady, num_tokens=record.num_tokens)
         self._draft_seconds, self._draft_steps = 0.0, 0
 
     def forget(self, request_id: str) -> None:

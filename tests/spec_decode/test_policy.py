@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 from tandem.engine.stats import SpecStats
@@ -18,6 +19,7 @@ from tandem.spec_decode.ngram import NgramProposer
 from tandem.spec_decode.policy import Candidate, GoodputPolicy
 from tandem.spec_decode.policy_accept import AcceptanceModel, score_draft
 from tandem.spec_decode.policy_cost import StepCostModel, bucket_of
+from tandem.spec_decode.policy_guard import GoodputGuard
 
 K = 4
 StepTime = Callable[[int, int], float]  # (batch, draft tokens) -> seconds
@@ -36,14 +38,19 @@ class Sim:
     ``alpha()`` (the true rate, may change over time). Drafts are always k long (free proposer)."""
 
     def __init__(self, policy: GoodputPolicy, batch: int, step_time: StepTime, alpha: Callable[[], float],
-                 seed: int = 0, draft_step: float = 0.0) -> None:
+                 seed: int = 0, draft_step: float = 0.0, restart: float = 0.0) -> None:
         self.policy, self.batch, self.step_time, self.alpha = policy, batch, step_time, alpha
         self.draft_step = draft_step  # > 0: a model proposer (k chosen first, each draft step costs this)
+        # an asynchronous engine: the plain step after a verify restarts the pipeline (+ ``restart``
+        # seconds, reported as not steady)
+        self.restart = restart
+        self.last_verify = False
         self.timed = True  # False: plain steps are not timed (prefill mixed in); verify steps still are
         self.rng = random.Random(seed)
         self.tokens = {f"r{i}": [0] for i in range(batch)}
         self.next_id = 1
         self.emitted = 0
+        self._emitted_before = 0
         self.seconds = 0.0
         self.ks: list[list[int]] = []
 
@@ -80,8 +87,16 @@ class Sim:
             self.policy.on_tokens(rid, self.tokens[rid])
         drafting = self.draft_step * max(ks) if self.draft_step else 0.0
         t = self.step_time(self.batch, sum(ks)) + drafting
+        steady = True
+        if not sum(ks) and self.last_verify and self.restart:
+            t += self.restart
+            steady = False
+        self.last_verify = sum(ks) > 0
         self.seconds += t
-        self.policy.on_step(self.batch, self.batch + sum(ks), t, drafting, max(ks), timed=self.timed or sum(ks) > 0)
+        emitted = self.emitted - self._emitted_before
+        self._emitted_before = self.emitted
+        self.policy.on_step(self.batch, self.batch + sum(ks), t, drafting, max(ks),
+                            timed=self.timed or sum(ks) > 0, steady=steady, num_tokens=emitted)
 
     def run(self, steps: int) -> Sim:
         for _ in range(steps):
@@ -154,6 +169,98 @@ def test_never_slower_than_plain_decoding_across_regimes():
                                  (16, COMPUTE_BOUND, 0.2), (1, COMPUTE_BOUND, 0.1)]:
         sim = Sim(_policy(), batch, device, lambda: alpha, seed=batch).run(400)
         assert sim.goodput() >= 0.97 * batch / device(batch, 0), (batch, alpha)
+
+
+def test_pipeline_restarts_are_charged_to_verifies():
+    """On an asynchronous engine the plain step after a verify restarts the pipeline (``steady``
+    False): its excess over D(B) is the verify's cost, and it is no decode sample."""
+    cost = StepCostModel()
+    for _ in range(5):
+        cost.observe(4, 4, 1e-3)
+    cost.observe(4, 20, 1.3e-3)  # cold start: ignored
+    cost.observe(4, 4, 2.0e-3, steady=False)
+    for _ in range(5):
+        cost.observe(4, 4, 1e-3)
+    for _ in range(30):
+        cost.observe(4, 20, 1.3e-3)
+        cost.observe(4, 4, 2.5e-3, steady=False)  # restart: 1.5 ms over a steady decode
+        cost.observe(4, 4, 1e-3)
+    assert cost.decode_seconds(4) == pytest.approx(1e-3)
+    assert cost.ratio(4, 16) == pytest.approx(2.8, rel=0.1)  # 1.3 ms + 1.5 ms, in units of D
+    late = StepCostModel()
+    late.observe(4, 4, 1e-3)
+    late.observe(4, 20, 1.3e-3)
+    late.observe(4, 20, 1.3e-3)
+    for _ in range(3):
+        late.observe(4, 4, 1e-3)
+    late.observe(4, 4, 5e-3, steady=False)  # a restart long after the verify (a prefill's): not charged
+    assert late.ratio(4, 16) < 1.5 and late.decode_seconds(4) == pytest.approx(1e-3)
+
+
+class _Optimist(AcceptanceModel):
+    """An acceptance model that is simply wrong: it believes 90% of every draft is accepted."""
+
+    def survival_matrix(self, request_ids, with_reach):
+        return np.tile(0.9 ** np.arange(1, self.k + 1), (len(request_ids), 1))
+
+    def first_survival(self, request_id, with_reach=False):
+        return 0.9
+
+
+SYNC_HEAVY = linear_cost(decode=1e-3, per_row=0.0, sync=0.6, per_token=1e-5)  # a verify runs synchronously
+
+
+@pytest.mark.parametrize("batch,device", [(1, SYNC_HEAVY), (8, COMPUTE_BOUND), (32, SYNC_HEAVY)])
+def test_guard_keeps_a_wrong_model_from_being_slower(batch, device):
+    """The goodput guard measures what speculation delivered against plain decoding at the same batch
+    size: a policy whose acceptance model is wrong (it drafts where acceptance is 5%) is blocked,
+    with doubling cooldowns, and stays within 3% of plain decoding; without the guard it loses."""
+    plain = batch / device(batch, 0)
+    guarded = Sim(_policy(acceptance=_Optimist(K)), batch, device, lambda: 0.05, seed=batch).run(4000)
+    assert guarded.goodput() >= 0.97 * plain
+    assert guarded.policy.guard.num_blocks >= 2
+    assert guarded.drafting_share(500) < 0.1
+    unguarded = Sim(_policy(acceptance=_Optimist(K), guard=GoodputGuard(min_efficiency=0.0)), batch, device,
+                    lambda: 0.05, seed=batch).run(600)
+    assert unguarded.goodput() < 0.95 * plain
+
+
+def test_guard_lets_speculation_that_pays_run():
+    sim = Sim(_policy(), 4, GPU_SMALL, lambda: 0.8).run(800)
+    assert sim.policy.guard.num_blocks == 0 and sim.drafting_share(200) > 0.9
+    assert sim.goodput() > 2.0 * 4 / GPU_SMALL(4, 0)
+
+
+def test_guard_blocks_then_trials_with_doubling_cooldown():
+    g = GoodputGuard(min_weight=10, cooldown=10, max_cooldown=40, decay=1.0)
+    for _ in range(9):  # efficiency 0.9: not judged before min_weight steps
+        g.observe(8, 8, 1e-3 / 0.9, 1e-3)
+    assert g.allows(8)
+    g.observe(8, 8, 1e-3 / 0.9, 1e-3)
+    assert not g.allows(8) and g.num_blocks == 1
+    g = GoodputGuard(min_weight=10, cooldown=10, max_cooldown=40, decay=1.0)
+    for _ in range(8):  # efficiency 0.5: clearly slower, judged after 8 steps: tokens worth 1 ms of plain decoding took 2 ms
+        g.observe(8, 8, 2e-3, 1e-3)
+        g.tick()
+    assert not g.allows(8) and g.allows(64) and g.num_blocks == 1
+    for _ in range(10):
+        g.observe(8, 8, 2e-3, 1e-3)  # steps while blocked are not evidence
+        g.tick()
+    assert g.allows(8)
+    for _ in range(8):
+        g.observe(8, 8, 2e-3, 1e-3)
+        g.tick()
+    assert not g.allows(8) and g.num_blocks == 2
+    for _ in range(18):  # the cooldown doubled
+        assert not g.allows(8)
+        g.tick()
+    assert g.allows(8)
+    for _ in range(10):  # a trial that pays: 3 tokens per request per step at 2 ms vs 1 ms
+        g.observe(8, 24, 2e-3, 1e-3)
+        g.tick()
+    assert g.allows(8) and g.efficiency(8) == pytest.approx(1.5)
+    g.observe(8, 8, 1e-3, None)  # no decode time known: not judged
+    assert g.allows(8)
 
 
 def test_disable_by_batch_size():
@@ -272,7 +379,7 @@ def test_shadow_scoring_matches_greedy_verification(seed):
         want.append((len(d), r[0]))
         p += r[0] + 1
     got: list[tuple[int, int]] = []
-    policy = GoodputPolicy(3, free=True, shadow=ng.propose_one)
+    policy = GoodputPolicy(3, free=True, shadow=ng.propose_one, shadow_per_step=10**9)
     policy.acceptance.record = lambda rid, n, acc, decided=True: got.append((n, acc))  # type: ignore[method-assign]
     policy.proposed("r", 10, ng.propose_one(tokens[:10], 3))
     for n in range(11, len(tokens) + 1, 3):  # tokens arrive a few at a time (chained decode steps)
@@ -280,6 +387,32 @@ def test_shadow_scoring_matches_greedy_verification(seed):
     policy.on_tokens("r", tokens)
     assert got == want and len(want) > 10
     assert policy.stats.num_shadow_drafts == len(want) - 1 or policy.stats.num_shadow_drafts == len(want)
+
+
+def test_shadow_drafts_are_budgeted_per_step_and_rotate():
+    """At batch 64 lazy shadows cost host time every step: at most ``shadow_per_step`` per step, and
+    the budget rotates over the batch so every request keeps getting evidence."""
+    calls: list[int] = []
+
+    def shadow(tokens, k):
+        calls.append(len(tokens))
+        return [1] * k
+
+    policy = GoodputPolicy(3, free=True, shadow=shadow, shadow_per_step=4)
+    tokens = {f"r{i}": [0] * 10 for i in range(64)}
+    for rid, toks in tokens.items():
+        policy.proposed(rid, len(toks), [1, 1, 1])  # a proposal round; shadows follow lazily
+    per_step = []
+    for step in range(40):
+        before = len(calls)
+        for rid, toks in tokens.items():
+            toks.append(step % 5 + 2)
+            policy.on_tokens(rid, toks)
+        per_step.append(len(calls) - before)
+        policy.on_step(64, 64, 1e-3)
+    assert max(per_step) <= 4 and sum(per_step) >= 40
+    scored = sum(1 for rid in tokens if policy.acceptance.num_scored_for(rid))
+    assert scored >= 48  # rotation: most of the 64 requests were scored within 40 steps
 
 
 def test_score_draft():

@@ -107,3 +107,27 @@ def test_draft_model_with_policy_is_lossless_and_chooses_per_request(tmp_path_fa
     spec = llm.engine.stats.spec
     assert spec.chosen_k[0] > 0 and spec.num_drafts > 0  # both kinds of rounds happened
     assert policy.acceptance.num_scored > 0 and policy.draft_cost > 0
+
+
+def test_async_transitions_are_marked_and_timed(llama_dir, prompts, want):
+    """On an asynchronous engine the plain step right after a verify restarts the pipeline and one
+    before it drains it: both are reported not ``steady`` (the cost model charges a restart to the
+    verify), chained decode steps are steady, and every record counts the tokens it emitted."""
+    from tandem.spec_decode.speculator import StepKind
+
+    llm = make_llm(llama_dir, async_scheduling=True,
+                   speculative_config={"method": "ngram", "num_speculative_tokens": K, "disable_by_acceptance": True})
+    eng = llm.engine
+    records = []
+    observe = eng.speculator.observe
+    eng.speculator.observe = lambda rec: (records.append(rec), observe(rec))[1]
+    assert tokens_of(llm.generate(prompts, greedy(40), use_tqdm=False)) == want
+    kinds = [(r.kind, r.steady) for r in records]
+    assert (StepKind.DECODE, True) in kinds and (StepKind.VERIFY, True) in kinds
+    assert all(r.kind is StepKind.DECODE for r in records if not r.steady)
+    # a verify, then a plain step that launched the next one ahead (the chain resumed): a restart
+    restarts = [b for a, b, c in zip(records, records[1:], records[2:])
+                if a.kind is StepKind.VERIFY and b.kind is StepKind.DECODE and c.kind is StepKind.DECODE and c.steady]
+    assert restarts and all(not r.steady for r in restarts)
+    assert all(r.num_tokens == sum(s.num_accepted + 1 for s in r.sampled) for r in records)
+    assert sum(r.num_tokens for r in records) == sum(len(t) for t in want)

@@ -1,0 +1,174 @@
+#!/usr/bin/env python
+"""Where an engine step's wall time goes: plain (asynchronous) decode vs speculative steps.
+
+Runs the same greedy prompts through one engine per configuration (built-in model by default,
+HumanEval completion prompts when ``--humaneval`` is given, else a repetitive synthetic prompt) and
+times each phase of ``LLMEngine.step`` by wrapping the engine's own methods (no device syncs added:
+the wait for the device shows where the host reads results):
+
+- ``propose``   ``_propose`` (host proposers draft here; the policy chooses)
+- ``schedule``  ``scheduler.schedule``
+- ``execute``   ``executor.execute`` (a synchronous step: pack, launch, wait, sample / verify)
+- ``launch``    ``executor.launch`` (an asynchronous step: pack, launch)
+- ``read``      ``InflightStep.read`` (the host sync of an asynchronous step)
+- ``process``   ``output_processor.process`` (detokenize, stops, outputs)
+- ``observe``   ``speculator.observe`` (counters, policy evidence; not inside the step's own timing)
+- ``cycle``     the time from one ``step()`` call to the next (what throughput sees)
+
+Prints per configuration: steps, tokens per step, ms per token, and mean ms per step of each phase.
+Optionally writes a cProfile of each configuration (``--cprofile DIR``).
+
+Usage: python benchmarks/spec_step_profile.py [--model M] [--batch 1] [--num-prompts 8]
+       [--max-tokens 256] [--humaneval FILE] [--configs baseline,sync,ngram,ngram_policy,suffix]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+CONFIGS: dict[str, tuple[dict[str, Any] | None, bool]] = {
+    "baseline": (None, True),
+    "sync": (None, False),
+    "ngram": ({"method": "ngram", "num_speculative_tokens": 4, "disable_by_acceptance": False}, True),
+    "ngram_policy": ({"method": "ngram", "num_speculative_tokens": 4, "disable_by_acceptance": True}, True),
+    "suffix": ({"method": "suffix", "disable_by_acceptance": False}, True),
+    "suffix_policy": ({"method": "suffix", "disable_by_acceptance": True}, True),
+}
+PHASES = ("propose", "schedule", "execute", "launch", "read", "process", "observe", "cycle")
+
+
+def _wrap(obj: Any, name: str, acc: dict[str, float], key: str) -> None:
+    fn = getattr(obj, name)
+
+    def timed(*a: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            acc[key] += time.perf_counter() - t0
+
+    setattr(obj, name, timed)
+
+
+def _prompts(args: argparse.Namespace, llm: Any) -> list[list[int]]:
+    if args.humaneval:
+        import gzip
+
+        opener = gzip.open if args.humaneval.endswith(".gz") else open
+        with opener(args.humaneval, "rt", encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        return [llm.engine.encode(r["prompt"]) for r in rows[: args.num_prompts]]
+    text = "def add(a, b):\n    return a + b\n\n" * 8
+    return [llm.engine.encode(f"# file {i}\n" + text) for i in range(args.num_prompts)]
+
+
+def profile(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    from tandem import LLM, SamplingParams
+    from tandem.engine import async_decode
+
+    spec, async_on = CONFIGS[name]
+    kw: dict[str, Any] = {"async_scheduling": async_on}
+    if args.device:
+        kw["device"] = args.device
+    if args.kv_cache_memory_bytes:
+        kw["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
+    llm = LLM(args.model, speculative_config=spec, **kw)
+    eng = llm.engine
+    prompts = _prompts(args, llm)
+    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+
+    def run(tag: str, acc: dict[str, float] | None) -> tuple[int, int, float]:
+        queue = list(prompts)
+        live = 0
+        steps = tokens = 0
+        t0 = time.perf_counter()
+        last = None
+        while queue or eng.has_unfinished_requests():
+            while queue and live < args.batch:
+                eng.add_request(f"{tag}-{len(queue)}", None, sp, prompt_token_ids=queue.pop())
+                live += 1
+            now = time.perf_counter()
+            if acc is not None and last is not None:
+                acc["cycle"] += now - last
+            last = now
+            for o in eng.step():
+                if o.finished:
+                    live -= 1
+                    tokens += len(o.outputs[0].token_ids)
+            steps += 1
+        return steps, tokens, time.perf_counter() - t0
+
+    run("warm", None)
+    acc: dict[str, float] = defaultdict(float)
+    _wrap(eng, "_propose", acc, "propose")
+    _wrap(eng.scheduler, "schedule", acc, "schedule")
+    _wrap(eng.executor, "execute", acc, "execute")
+    _wrap(eng.executor, "launch", acc, "launch")
+    _wrap(eng.output_processor, "process", acc, "process")
+    _wrap(eng.speculator, "observe", acc, "observe")
+    orig_read = async_decode.InflightStep.read
+
+    def read(self: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return orig_read(self)
+        finally:
+            acc["read"] += time.perf_counter() - t0
+
+    async_decode.InflightStep.read = read  # type: ignore[method-assign]
+    prof = cProfile.Profile() if args.cprofile else None
+    try:
+        if prof is not None:
+            prof.enable()
+        steps, tokens, dt = run("timed", acc)
+        if prof is not None:
+            prof.disable()
+    finally:
+        async_decode.InflightStep.read = orig_read  # type: ignore[method-assign]
+    if prof is not None:
+        out = Path(args.cprofile)
+        out.mkdir(parents=True, exist_ok=True)
+        prof.dump_stats(str(out / f"{name}.prof"))
+    spec_stats = eng.stats.spec
+    tau = (1 + spec_stats.num_accepted_tokens / spec_stats.num_drafts) if spec_stats.num_drafts else None
+    del llm
+    return {"name": name, "steps": steps, "tokens": tokens, "seconds": dt, "tau": tau,
+            **{p: 1e3 * acc[p] / max(steps, 1) for p in PHASES}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--humaneval", default=None, help="HumanEval.jsonl(.gz): completion prompts")
+    ap.add_argument("--configs", default="baseline,sync,ngram,ngram_policy")
+    ap.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    ap.add_argument("--cprofile", default=None, help="directory for one .prof per configuration")
+    args = ap.parse_args()
+    if args.model is None:
+        from tandem.loader.registry import DEFAULT_MODEL
+
+        args.model = DEFAULT_MODEL
+    rows = [profile(args, c.strip()) for c in args.configs.split(",") if c.strip()]
+    print(f"\nmodel {args.model}, batch {args.batch}, {args.num_prompts} prompts, max_tokens {args.max_tokens}")
+    head = "| config | steps | tok/step | ms/tok | τ | " + " | ".join(PHASES) + " |"
+    print(head)
+    print("|" + "---|" * (5 + len(PHASES)))
+    for r in rows:
+        tau = f"{r['tau']:.2f}" if r["tau"] else "-"
+        print(f"| {r['name']} | {r['steps']} | {r['tokens'] / r['steps']:.2f} | {1e3 * r['seconds'] / r['tokens']:.3f} "
+              f"| {tau} | " + " | ".join(f"{r[p]:.3f}" for p in PHASES) + " |")
+    print("(phase columns: mean ms per step)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The goodput guard: speculation measured against plain decoding as it actually ran, per batch bucket.
+
+The policy decides from a model (per-request acceptance × a fitted step-cost curve). Models can be
+wrong in ways that make speculation slower — costs no step records (a verify on an asynchronous
+engine drains the pipeline before it and restarts it after), optimistic acceptance, host work of the
+proposer. The guard checks the outcome instead: over the steps of the *drafting regime* (verify
+steps and the transition steps around them) it compares the time plain decoding would have needed
+for the same tokens with the time they took,
+
+    efficiency E = Σ (tokens_i / B_i) · D(B_i)  /  Σ t_i        (decayed sums, newest weighing most)
+
+where D(B) is the measured time of a steady plain decode step of B requests (the cost model's) and
+tokens_i the tokens step i emitted. E < ``min_efficiency`` with enough evidence (``min_weight``
+decayed steps; ``FAST_WEIGHT`` when E < ``FAST_EFFICIENCY``: a trial that clearly loses is cut short) blocks drafting in that bucket for a cooldown (``cooldown`` steps, doubling after
+every failed trial up to ``max_cooldown``; reset after a trial that passes). When the cooldown ends
+the sums restart and the policy drafts again as its model says: a trial. Blocking only ever turns
+speculation off, so an error of the guard costs a missed gain, never a slowdown; the trials cost at
+most ``min_weight`` steps per cooldown, a few when they clearly lose (well under 1 % once the
+cooldown has grown).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tandem.spec_decode.policy_cost import bucket_of
+
+MIN_EFFICIENCY = 1.0
+MIN_WEIGHT = 24.0
+FAST_EFFICIENCY = 0.85  # this far below plain decoding, fewer steps of evidence suffice
+FAST_WEIGHT = 8.0
+DECAY = 0.97  # per drafting-regime step: ~33 steps of memory
+COOLDOWN = 256
+MAX_COOLDOWN = 8192
+
+
+@dataclass
+class _Regime:
+    plain_seconds: float = 0.0  # decayed Σ tokens / B · D(B)
+    seconds: float = 0.0  # decayed Σ t
+    weight: float = 0.0  # decayed step count
+    blocked_until: int = -1  # step clock
+    cooldown: int = COOLDOWN
+    trials_failed: int = 0
+
+
+class GoodputGuard:
+    def __init__(self, *, min_efficiency: float = MIN_EFFICIENCY, min_weight: float = MIN_WEIGHT,
+                 decay: float = DECAY, cooldown: int = COOLDOWN, max_cooldown: int = MAX_COOLDOWN) -> None:
+        self.min_efficiency, self.min_weight, self.decay = min_efficiency, min_weight, decay
+        self.cooldown, self.max_cooldown = cooldown, max_cooldown
+        self._buckets: dict[int, _Regime] = {}
+        self._clock = 0
+        self.num_blocks = 0  # times a bucket was blocked (cumulative)
+
+    def allows(self, batch: int) -> bool:
+        """Whether the policy may draft at this batch size now."""
+        b = self._buckets.get(bucket_of(batch))
+        return b is None or self._clock >= b.blocked_until
+
+    def tick(self) -> None:
+        """One engine step passed (any kind)."""
+        self._clock += 1
+
+    def observe(self, batch: int, num_tokens: int, seconds: float, decode_seconds: float | None) -> None:
+        """A drafting-regime step of ``batch`` requests that emitted ``num_tokens`` in ``seconds``;
+        ``decode_seconds`` is D(batch) (None: not measured yet, the step cannot be judged)."""
+        if batch <= 0 or seconds <= 0 or not decode_seconds:
+            return
+        key = bucket_of(batch)
+        b = self._buckets.setdefault(key, _Regime(cooldown=self.cooldown))
+        if self._clock < b.blocked_until:
+            return  # a step of the blocked regime (a transition or a stray verify): not a trial's
+        d = self.decay
+        b.plain_seconds = d * b.plain_seconds + num_tokens / batch * decode_seconds
+        b.seconds = d * b.seconds + seconds
+        b.weight = d * b.weight + 1.0
+        if b.weight < FAST_WEIGHT:
+            return
+        e = b.plain_seconds / b.seconds
+        if e < self.min_efficiency and (b.weight >= self.min_weight or e < FAST_EFFICIENCY):
+            b.blocked_until = self._clock + b.cooldown
+            b.trials_failed += 1
+            b.cooldown = min(self.max_cooldown, b.cooldown * 2)
+            b.plain_seconds = b.seconds = b.weight = 0.0  # the next trial starts afresh
+            self.num_blocks += 1
+        elif b.trials_failed and b.weight >= self.min_weight:
+            b.trials_failed, b.cooldown = 0, self.cooldown  # a trial passed: speculation pays again
+
+    def efficiency(self, batch: int) -> float | None:
+        """E for the bucket of ``batch`` (None without evidence)."""
+        b = self._buckets.get(bucket_of(batch))
+        if b is None or b.seconds <= 0:
+            return None
+        return b.plain_seconds / b.seconds
