@@ -44,7 +44,6 @@ bucket has not timed a plain decode step for ``decode_probe_every`` steps (every
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -60,7 +59,8 @@ PROBE_EVERY = 64
 DECODE_PROBE_EVERY = 256
 VERIFY_PROBE_EVERY = 256
 DECODE_PROBE_STEPS = 4  # on an asynchronous engine the first one restarts the pipeline (not steady)
-SHADOW_PER_STEP = 4  # lazy shadow drafts per step, at most (each costs a host proposal and a score)
+SHADOW_PER_STEP = 2  # lazy shadow drafts per step, at most (each costs a host proposal and a score)
+SHADOW_TOKENS = 16  # ... and about one per this many tokens of the step (batch 64: one every 4 steps)
 WANTS_RECHECK = 4  # steps a "nobody would draft" answer stands before the estimates are consulted again
 DRAFT_COST_ALPHA = 0.2
 PRIOR_DRAFT_COST = 0.1  # a model-based proposer's draft step, in target decode steps, until measured
@@ -102,11 +102,11 @@ class GoodputPolicy:
         self.guard = guard if guard is not None else GoodputGuard()
         self.shadow_per_step = shadow_per_step
         self._shadows_left = shadow_per_step  # this step's lazy shadow budget
-        self._shadow_share = 1.0  # chance a request starts a lazy shadow in a step: budget / batch
-        self._rng = random.Random(0)
+        self._rotation = 0  # where this step's lazy shadows start in the batch (round robin)
+        self._shadow_credit = 0.0
         self._step = 0  # engine steps seen
         self._no_until, self._no_batch = 0, 0  # wants_any's cached "no": until which step, for which bucket
-        self._steps_since_verify = TRANSITION_SPAN + 1
+        self._steps_since_event = TRANSITION_SPAN + 1  # steps since a proposal round or a verify
         self.measure_draft_cost = draft_cost is None and not free
         self.draft_cost = 0.0 if free else (PRIOR_DRAFT_COST if draft_cost is None else draft_cost)
         self._pending: dict[str, _Pending] = {}
@@ -120,6 +120,7 @@ class GoodputPolicy:
     def choose(self, batch: int, candidates: Sequence[Candidate]) -> list[int]:
         """k per candidate for a step of ``batch`` running requests (a proposal round)."""
         self._steps_since_proposal = 0
+        self._steps_since_event = -1  # this step is speculation's (a round, drafted or not)
         ks = [0] * len(candidates)
         if self._off(batch):
             self._count(ks)
@@ -161,6 +162,14 @@ class GoodputPolicy:
             return True
         self._no_until, self._no_batch = self._step + WANTS_RECHECK, bucket_of(batch)
         return False
+
+    def off(self, batch: int) -> bool:
+        """Nobody drafts at this batch size now (``disable_by_batch_size``, a decode probe, the guard):
+        the speculator need not even propose. Counts the round as all-zero decisions."""
+        if not self._off(batch):
+            return False
+        self._steps_since_proposal = 0
+        return True
 
     def _off(self, batch: int) -> bool:
         return ((self.disable_by_batch_size is not None and batch >= self.disable_by_batch_size)
@@ -224,14 +233,34 @@ class GoodputPolicy:
             self.acceptance.record(request_id, len(old.draft), min(at - old.at, len(old.draft)), decided=False)
         self._pending[request_id] = _Pending(at, tuple(int(t) for t in draft))
 
+    def on_step_tokens(self, requests: Sequence[tuple[str, Sequence[int]]]) -> None:
+        """One step's new tokens, per request (id, tokens so far): pending proposals are scored; lazy
+        shadows start for at most the step's budget of the others, round robin over the batch (the
+        per-request work of a step where nobody drafts stays a dictionary lookup)."""
+        pending = self._pending
+        for rid, toks in requests:
+            if rid in pending:
+                self.on_tokens(rid, toks)
+        n = len(requests)
+        if self.shadow is None or self._shadows_left <= 0 or not n:
+            return
+        start = self._rotation % n
+        for i in range(n):
+            if self._shadows_left <= 0:
+                break
+            rid, toks = requests[(start + i) % n]
+            if rid not in pending and self._shadow_at.get(rid, len(toks)) < len(toks):
+                self.on_tokens(rid, toks)
+                self._rotation = start + i + 1
+
     def on_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
         """New tokens of a request: score its pending proposal, then (lazy shadows) propose and score
         from each earlier prefix the tokens have gone past."""
         n = len(token_ids)
         p = self._pending.get(request_id)
         if p is None and self.shadow is not None and self._shadow_at.get(request_id, n) < n:
-            if self._shadows_left <= 0 or self._rng.random() >= self._shadow_share:
-                return  # not this request's turn (budget): its shadow waits and later skips ahead
+            if self._shadows_left <= 0:
+                return  # over this step's budget: its shadow waits and later skips ahead
             # a shadow that fell behind (budget) restarts from the latest prefix a draft can be scored on
             p = self._shadow(request_id, max(self._shadow_at.pop(request_id), n - self.k - 1), token_ids)
         while p is not None:
@@ -271,16 +300,22 @@ class GoodputPolicy:
         self._decode_probe = max(0, self._decode_probe - 1)  # a probe lasts its steps, timed or not
         self._step += 1
         self.guard.tick()
-        # lazy shadows: a budget per step, none while the guard has speculation blocked at this size
-        self._shadows_left = self.shadow_per_step if self.guard.allows(batch) else 0
-        self._shadow_share = min(1.0, self.shadow_per_step / max(batch, 1))
+        # lazy shadows: a budget per step (fewer at large batch, where one costs more of a step than
+        # it tells: engine-wide rates need few samples), none while the guard blocks this batch size
+        rate = min(float(self.shadow_per_step), SHADOW_TOKENS / max(batch, 1))
+        self._shadow_credit = min(float(self.shadow_per_step), self._shadow_credit + rate)
+        self._shadows_left = int(self._shadow_credit) if self.guard.allows(batch) else 0
+        self._shadow_credit -= self._shadows_left
         verify = num_query_tokens > batch
-        self._steps_since_verify = 0 if verify and timed else self._steps_since_verify + 1
+        self._steps_since_event = 0 if verify else self._steps_since_event + 1
         if not timed:
             return
         verify_seconds = seconds - (draft_seconds if not self.free else 0.0)
         self.cost.observe(batch, num_query_tokens, verify_seconds, steady)
-        if num_tokens is not None and (verify or (not steady and self._steps_since_verify <= TRANSITION_SPAN)):
+        # the guard's evidence: every step speculation touched — verifies, proposal rounds (even
+        # those that drafted nothing: on an asynchronous engine they drain the pipeline) and the
+        # restarts after them
+        if num_tokens is not None and self._steps_since_event <= TRANSITION_SPAN:
             self.guard.observe(batch, num_tokens, seconds, self.cost.decode_seconds(batch))
         if self.measure_draft_cost and draft_steps > 0 and draft_seconds > 0:
             d = self.cost.decode_seconds(batch)

@@ -16,10 +16,10 @@ three points:
    proposed from read tokens, so the engine schedules a decode step before the previous step's tokens
    are read (asynchronous decode) only when none will.
 3. ``observe(StepRecord)``, after every step: per request that got tokens, its drafted / accepted
-   counts (``on_verified``: the counters) and its new tokens (``on_tokens``: the policy scores the
-   request's last proposal against them); the requests that finished (``forget``: the proposer gets
-   their output, which the suffix proposer caches); the step's kind, size and wall time (``on_step``:
-   the policy's step-cost model).
+   counts (the counters) and its new tokens (``policy.on_step_tokens``: pending proposals scored,
+   a budget of lazy shadows); the requests that finished (``forget``: the proposer gets their
+   output, which the suffix proposer caches); the step's kind, size, tokens, steadiness and wall
+   time — this bookkeeping included — (``on_step``: the policy's step-cost model and goodput guard).
 
 ``disable_by_acceptance: false`` turns the policy off: every request drafts up to k every step, as
 vLLM does (the default on CPU; on CUDA the policy is on unless turned off). Without speculation the engine holds a ``NoSpeculation``: no drafts, never in the way of
@@ -122,6 +122,9 @@ class Speculator:
         policy = self.policy
         if policy is None and self._capped(len(requests)):
             return {r.request_id: Draft(()) for r in reqs}
+        if policy is not None and policy.off(len(requests)):  # no proposal costs while nobody may draft
+            policy.stats.record_choices([0] * len(reqs), self.k)
+            return {r.request_id: Draft(()) for r in reqs}
         if policy is None:
             proposal, ks = self.proposer.propose_requests(reqs, rooms), rooms
         elif policy.free:  # host lookups: the full drafts first, then the choice
@@ -161,25 +164,23 @@ class Speculator:
         """The step's evidence, then its timing — which includes this bookkeeping (host work the
         speculator adds to every step, paid for by the steps that speculate)."""
         t0 = time.perf_counter()
+        stats, new_tokens, known = self.stats, self._new_tokens, self._requests
+        tokens: list[tuple[str, list[int]]] = []
         for s in record.sampled:
-            self.on_verified(s.request, s.num_drafted, s.num_accepted)
-            self.on_tokens(s.request)
+            r = s.request
+            if s.num_drafted:
+                stats.record(s.num_drafted, s.num_accepted)
+            known[r.request_id] = r  # its output goes to the proposer at forget
+            if not r.status.finished:
+                new_tokens.add(r.request_id)
+                tokens.append((r.request_id, r.token_ids))
+        if self.policy is not None and tokens:
+            self.policy.on_step_tokens(tokens)
         for rid in record.finished:
             self.forget(rid)
         self.on_step(record, time.perf_counter() - t0)
 
     # ---- what observe() is made of -------------------------------------------------------------
-    def on_verified(self, request: Request, num_drafted: int, num_accepted: int) -> None:
-        self.stats.record(num_drafted, num_accepted)
-
-    def on_tokens(self, request: Request) -> None:
-        self._requests[request.request_id] = request  # its output goes to the proposer at forget
-        if request.status.finished:
-            return
-        self._new_tokens.add(request.request_id)
-        if self.policy is not None:
-            self.policy.on_tokens(request.request_id, request.token_ids)
-
     def on_step(self, record: StepRecord, bookkeeping: float = 0.0) -> None:
         if self.policy is not None:
             self.policy.on_step(record.num_requests, record.num_query_tokens, record.seconds + bookkeeping,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from engine_utils import greedy, make_llm, random_prompts, tokens_of
+from tandem.spec_decode.policy import GoodputPolicy
 from tandem.spec_decode.policy_cost import StepCostModel
 from tiny_models import write_tiny_hf_checkpoint
 
@@ -109,7 +110,7 @@ def test_draft_model_with_policy_is_lossless_and_chooses_per_request(tmp_path_fa
     assert policy.acceptance.num_scored > 0 and policy.draft_cost > 0
 
 
-def test_async_transitions_are_marked_and_timed(llama_dir, prompts, want):
+def test_async_transitions_are_marked_and_timed(llama_dir, prompts, want, monkeypatch):
     """On an asynchronous engine the plain step right after a verify restarts the pipeline and one
     before it drains it: both are reported not ``steady`` (the cost model charges a restart to the
     verify), chained decode steps are steady, and every record counts the tokens it emitted."""
@@ -118,6 +119,21 @@ def test_async_transitions_are_marked_and_timed(llama_dir, prompts, want):
     llm = make_llm(llama_dir, async_scheduling=True,
                    speculative_config={"method": "ngram", "num_speculative_tokens": K, "disable_by_acceptance": True})
     eng = llm.engine
+    calls = [0]
+    choose = GoodputPolicy.choose
+
+    def every_sixth(self, batch, candidates):  # a verify now and then, chained decode steps between
+        calls[0] += 1
+        return calls[0] % 6 == 0
+
+    def only_when_asked(self, batch, candidates):  # a proposal round after a verify drafts nothing
+        ks = choose(self, batch, candidates)
+        calls[0] += 1
+        return ks if calls[0] % 6 == 1 else [0] * len(ks)
+
+    monkeypatch.setattr(StepCostModel, "overhead", lambda self, b: (0.0, 0.0))  # a verify always pays
+    monkeypatch.setattr(GoodputPolicy, "wants_any", every_sixth)
+    monkeypatch.setattr(GoodputPolicy, "choose", only_when_asked)
     records = []
     observe = eng.speculator.observe
     eng.speculator.observe = lambda rec: (records.append(rec), observe(rec))[1]
