@@ -1,7 +1,7 @@
 """Host cost of the suffix proposer: the depth-capped trie it had (git ``--old-ref``) vs the suffix
 automaton it has now (``tandem/spec_decode/suffix.py`` + ``suffix_index.py``), side by side.
 
-Tokens: tandem's own Python source, split into words / punctuation / line breaks with indentation
+Tokens: tandem's own Python source at ``--old-ref`` (fixed, whatever the working tree holds), split into words / punctuation / line breaks with indentation
 and numbered in order of appearance (~200k tokens, code-like statistics, no tokenizer needed).
 Workload (seeded): prompts are corpus windows of 300-700 tokens, a request's "true" output is the
 256 tokens that follow its window, and the global cache holds ``--cached`` finished outputs (corpus
@@ -18,12 +18,15 @@ sizes (trie nodes vs automaton states). Run: ``python benchmarks/suffix_cost.py 
 from __future__ import annotations
 
 import argparse
+import gc
+import io
 import importlib.util
 import random
 import re
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -38,11 +41,24 @@ OLD_REF = "f201628"  # the last commit with the suffix trie
 K = 4
 
 
-def corpus() -> list[int]:
+def corpus(ref: str) -> list[int]:
+    """tandem's Python source at ``ref`` (the working tree if git cannot give it), as token ids."""
+    texts: list[str] = []
+    try:
+        tar = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "tandem"], check=True,
+                             capture_output=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
+            for member in sorted(tf.getmembers(), key=lambda m: m.name):
+                if member.name.endswith(".py"):
+                    f = tf.extractfile(member)
+                    assert f is not None
+                    texts.append(f.read().decode("utf-8"))
+    except (OSError, subprocess.CalledProcessError):
+        texts = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "tandem").rglob("*.py"))]
     vocab: dict[str, int] = {}
     out: list[int] = []
-    for path in sorted((ROOT / "tandem").rglob("*.py")):
-        for word in re.findall(r"\w+|[^\w\s]|\n[ \t]*", path.read_text(encoding="utf-8")):
+    for text in texts:
+        for word in re.findall(r"\w+|[^\w\s]|\n[ \t]*", text):
             out.append(vocab.setdefault(word, len(vocab)))
     return out
 
@@ -121,7 +137,7 @@ def first_proposal(p: Any, w: Workload) -> float:
     return statistics.median(times)
 
 
-def steady(p: Any, w: Workload, batch: int, steps: int) -> tuple[float, float]:
+def steady(p: Any, w: Workload, batch: int, steps: int) -> tuple[float, float, list[float]]:
     """µs per request per step (update + proposal, and the finished outputs of other requests
     entering the cache at ``batch / 128`` per step, as 256-token outputs at ~2 tokens per step
     would) and tokens accepted per request-step, over ``steps`` steps."""
@@ -131,6 +147,7 @@ def steady(p: Any, w: Workload, batch: int, steps: int) -> tuple[float, float]:
     for r in reqs:  # first proposals (the index over the prompt) are not timed here
         p.propose_for(f"s{r}", toks[r], K)
     spent, calls, accepted, finished = 0.0, 0, 0, 0.0
+    alone: list[float] = []
     drafts: dict[int, list[int]] = {r: [] for r in reqs}
     spare = iter(w.outputs)
     for step in range(steps):
@@ -152,9 +169,13 @@ def steady(p: Any, w: Workload, batch: int, steps: int) -> tuple[float, float]:
             drafts[r] = p.propose_for(f"s{r}", toks[r], K)
         spent += time.perf_counter() - t0
         calls += batch
+        for r in reqs[:8]:  # the proposal alone: asked again, no new tokens
+            t1 = time.perf_counter()
+            p.propose_for(f"s{r}", toks[r], K)
+            alone.append((time.perf_counter() - t1) * 1e6)
     for r in reqs:
         p._requests.pop(f"s{r}")
-    return spent / calls * 1e6, accepted / (steps * batch)
+    return spent / calls * 1e6, accepted / (steps * batch), alone
 
 
 def sizes(old: Any | None, new: Any) -> tuple[str, str]:
@@ -172,8 +193,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.cached, args.steps = 100, 12
-    toks = corpus()
+    toks = corpus(args.old_ref)
     w = Workload(toks, args.seed, args.cached, 64)
+    gc.collect()
+    gc.freeze()  # setup objects out of the collector's way; each implementation's own objects stay in
     impls: dict[str, ModuleType] = {"new": new_suffix}
     old = load_old(args.old_ref)
     if old is not None:
@@ -191,11 +214,14 @@ def main() -> None:
         r("request index update after a 500-token prompt, µs/token", {})[name] = f"{append_cost(p, w):.1f}"
         r("first proposal over a 700-token prompt, ms", {})[name] = f"{first_proposal(p, w):.2f}"
         for batch in (1, 64):
-            us, acc = steady(p, w, batch, args.steps)
+            us, acc, alone = steady(p, w, batch, args.steps)
             r(f"steady step at batch {batch}: update + proposal (+ finished), µs/request", {})[name] = f"{us:.1f}"
             r(f"  tokens per request-step at batch {batch} (k = {K})", {})[name] = f"{acc:.2f}"
             if batch == 64:
                 r("  host time per decode step at batch 64, ms", {})[name] = f"{us * 64 / 1e3:.2f}"
+                q = statistics.quantiles(alone, n=10)
+                r("proposal alone at batch 64 (no new tokens), µs: median / p90", {})[name] = \
+                    f"{statistics.median(alone):.1f} / {q[-1]:.1f}"
     o, n = sizes(procs.get("old (trie)"), procs["new"])
     rows["global structure size"] = {"old (trie)": o, "new": n}
     names = list(impls)

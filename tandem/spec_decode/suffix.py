@@ -255,5 +255,8 @@ class SuffixProposer:
             new = _ints(token_ids[st.num_tokens :])
             st.index.append(new)
             st.num_tokens, st.last_token = n, new[-1]
-            st.context = (st.context + new)[-self.max_tree_depth :]
+            ctx = st.context
+            ctx += new
+            if len(ctx) > self.max_tree_depth:
+                del ctx[: len(ctx) - self.max_tree_depth]
         return st

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 _NONE = -1  # a state without a next token (best)
 _STALE = -2  # a state whose best lost an occurrence: rescan when read
@@ -67,9 +68,10 @@ class SuffixIndex:
         self._link: list[int] = [-1]
         self._len: list[int] = [0]
         self._count: list[int] = [0]
-        self._best: list[int] = [_NONE]
+        self._best: list[int] = [_STALE]  # the root's: never kept up to date
+        self._second: list[int] = [0]  # at least the count of every next token but the best
         self._open = [0, 0, 0]  # the open sequence: its whole prefix's state, capped end, length
-        self._limits: dict[tuple[int, float], list[int]] = {}
+        self._limits: dict[tuple[int, float], tuple[list[int], int]] = {}
 
     @property
     def num_states(self) -> int:
@@ -92,6 +94,7 @@ class SuffixIndex:
 
     def _extend(self, state: list[int], tokens: Sequence[int]) -> list[int]:
         nxt, link, length, count, best = self._next, self._link, self._len, self._count, self._best
+        second = self._second
         cap = self.max_depth - 1
         last, end, n = state
         for x in tokens:
@@ -108,6 +111,7 @@ class SuffixIndex:
                 nxt.append({})
                 count.append(0)
                 best.append(_NONE)
+                second.append(0)
                 p = last
                 while p != -1 and x not in t:
                     t[x] = cur
@@ -129,22 +133,25 @@ class SuffixIndex:
             #    most frequent next token
             end = seen = nxt[s][x]
             count[seen] += 1
-            while s != -1:
+            while s:  # the root's best is never kept (_STALE: read by rescanning)
                 t = nxt[s]
                 child = t[x]
                 if child != seen:
                     count[child] += 1
                     seen = child
                 b = best[s]
-                if b != x:
-                    if b >= 0:
-                        if count[child] > count[t[b]]:
-                            best[s] = x
-                    elif b == _NONE:
+                if b != x and b != _STALE:  # a stale one stays stale: rescanned when read
+                    if b == _NONE:
                         best[s] = x
                     else:
-                        self._rescan(s)
+                        c, top = count[child], count[t[b]]
+                        if c > top:
+                            best[s], second[s] = x, top
+                        elif c > second[s]:
+                            second[s] = c
                 s = link[s]
+            if nxt[0][x] != seen:
+                count[nxt[0][x]] += 1
             count[0] += 1
             n += 1
         return [last, end, n]
@@ -158,6 +165,7 @@ class SuffixIndex:
         nxt.append(dict(nxt[q]))
         self._count.append(self._count[q])
         self._best.append(self._best[q])
+        self._second.append(self._second[q])
         link[q] = clone
         while p != -1 and nxt[p].get(x) == q:
             nxt[p][x] = clone
@@ -167,6 +175,7 @@ class SuffixIndex:
     def remove(self, tokens: Sequence[int]) -> None:
         """Take out a sequence added earlier with :meth:`add` (exactly these tokens)."""
         nxt, link, length, count, best = self._next, self._link, self._len, self._count, self._best
+        second = self._second
         cap = self.max_depth - 1
         end = n = 0
         for x in tokens:
@@ -176,24 +185,33 @@ class SuffixIndex:
                 s = link[s]
             end = seen = nxt[s][x]
             count[seen] -= 1
-            while s != -1:
+            while s:
                 child = nxt[s][x]
                 if child != seen:
                     count[child] -= 1
                     seen = child
-                if best[s] == x:
+                if best[s] == x and count[child] <= second[s]:  # it may no longer be the only top
                     best[s] = _STALE
                 s = link[s]
+            if nxt[0][x] != seen:
+                count[nxt[0][x]] -= 1
             count[0] -= 1
             n += 1
 
     def _rescan(self, s: int) -> int:
-        count, b, top = self._count, _NONE, 0
-        for tok, child in self._next[s].items():
-            c = count[child]
-            if c > top:
-                b, top = tok, c
-        self._best[s] = b
+        """Recompute ``s``'s most frequent next token: the highest count, ties to the first seen."""
+        t = self._next[s]
+        counts = list(map(self._count.__getitem__, t.values()))  # C loops: states may have 1000s
+        top = max(counts, default=0)
+        if top <= 0:
+            b = _NONE
+        else:
+            i = counts.index(top)
+            b = next(islice(t, i, None))
+            counts[i] = 0
+            self._second[s] = max(counts)
+        if s:  # the root's stays _STALE
+            self._best[s] = b
         return b
 
     # ---- reading ----------------------------------------------------------------------------------
@@ -280,25 +298,30 @@ class SuffixIndex:
     def draft_from(self, s: int, hi: int, k: int, factor: float, min_prob: float) -> SuffixDraft:
         """Best draft over the matches of length 1..hi, the longest in state ``s``."""
         key = (k, factor)
-        lim = self._limits.get(key)
-        if lim is None:  # per match length m: the longest draft it allows
+        got_lim = self._limits.get(key)
+        if got_lim is None:  # per match length m: the longest draft it allows (up, then down)
             d = self.max_depth
-            lim = self._limits[key] = [min(k, int(m * factor + 1e-6), d - m) for m in range(d + 1)]
+            lim_ = [min(k, int(m * factor + 1e-6), d - m) for m in range(d + 1)]
+            got_lim = self._limits[key] = (lim_, lim_.index(max(lim_)))
+        lim, peak = got_lim
         nxt, link, length, count, best = self._next, self._link, self._len, self._count, self._best
         top_score, top_tokens, top_m = 0.0, None, 0
         while s > 0:
             lo = length[link[s]] + 1
-            want = max(lim[lo : hi + 1])
-            if want > 0:
+            want = lim[hi] if hi <= peak else lim[lo] if lo >= peak else lim[peak]
+            if want > top_score:  # a draft of `want` tokens scores at most `want`
                 tokens: list[int] = []
                 sums: list[float] = []
                 prob, total = 1.0, 0.0
                 v = s
                 while len(tokens) < want:
                     b = best[v]
-                    if b < 0 and (b == _NONE or self._rescan(v) == _NONE):
-                        break
-                    b = best[v]
+                    if b < 0:
+                        if b == _NONE:
+                            break
+                        b = self._rescan(v)
+                        if b < 0:
+                            break
                     child = nxt[v][b]
                     prob *= count[child] / count[v]
                     if prob < min_prob:
