@@ -50,22 +50,26 @@ being generated. An evicted output's counts are subtracted, but a suffix automat
 from the cached outputs, a few per :meth:`~FinishedOutputs.add` (twice the tokens added, + 1024), and
 replaces the old one when complete: memory stays O(cached tokens) with no rebuild pause.
 
-Ties. Counts and therefore scores are exactly the trie's. The most frequent child's tie rule (first
-to reach the count) is the trie's while tokens are only added, i.e. always for the per-request
-index. After evictions, or after the global index was rebuilt from the cached outputs, two equally
-frequent continuations may be ordered differently than the trie, which had seen evicted outputs.
+Ties. Counts and therefore scores are exactly the trie's, and the chosen continuation is always a
+most frequent one. The tie rule between equally frequent continuations (first to reach the count)
+is the trie's while tokens are only added, i.e. always for the per-request index. In the global
+index, once an eviction leaves a pattern's most frequent continuation tied (or an index is rebuilt
+from the cached outputs) the tie goes to the continuation seen first, which the trie, having seen
+the evicted outputs, may order differently.
 
 Acceptance gate. The suffix proposer declares ``drafts_on_host_for_free = False``: its drafts are
 host lookups, but the gate's shadow drafts ask ``(tokens, k)`` about *earlier* prefixes of a
 request, which a per-request trie already holding the later tokens would answer with the future in
 view. So ``disable_by_acceptance`` stays n-gram-only.
 
-Cost (``benchmarks/suffix_cost.py``). Per token: O(1) amortised automaton steps plus one count
-update per distinct occurrence count among the last D suffixes (2-5 in text, at most D + 1). Per
-proposal: the per-request index starts from the tracked end state (no matching); the global one
-matches the context's last D tokens (O(D)); then each state on the suffix-link path is walked once
-for at most k tokens: no re-walks from the root, independent of the context length. Memory: at most
-2 states (a small dict each) per token.
+Cost (``benchmarks/suffix_cost.py``, docs/performance.md). Per token: O(1) amortised automaton
+steps plus one count update per distinct occurrence count among the last D suffixes (2-5 in text, at
+most D + 1). Per proposal: the per-request index starts from the tracked end state (no matching);
+the global one matches the context's last hint + 1 tokens, the hint being the last match + the
+tokens accepted since (all D only when that window matches whole); then each state on the
+suffix-link path is walked once for at most k tokens, skipped when it cannot beat the best so far:
+no re-walks from the root, independent of the context length. Memory: at most 2 states per token
+(a small int dict each, ~0.3-0.5 KB per token), against up to D trie nodes per token before.
 """
 
 from __future__ import annotations

@@ -22,11 +22,14 @@ has one state per distinct occurrence count among the last D suffixes: typically
 Most frequent next token (``best``): the trie's rule, kept exactly while tokens are only added: when
 pattern v's child v + x gains an occurrence, x becomes v's best if it now occurs more often than the
 best so far (ties: the first to reach the count). The parents of the states whose counts went up are
-the previous capped end's path (v + x lies in the state of v's transition on x). A removal only marks
-a parent whose best lost an occurrence as stale; the next read rescans its next tokens (highest count,
-ties to the first seen). Patterns with no occurrences left keep their states and transitions (a
-suffix automaton cannot drop states), with count 0, which reads as "does not occur"; the owner of a
-removable index rebuilds it when too much of it is dead (``suffix.py``'s finished-output cache).
+the previous capped end's path (v + x lies in the state of v's transition on x). Each state also
+keeps a bound on its other next tokens' counts (``_second``), so a removal that costs the best an
+occurrence keeps it while it stays above the bound, and otherwise marks it stale; a stale best is
+recomputed when read (highest count, ties to the first seen; additions leave it stale). The root's
+best is never kept (no draft starts from the empty pattern). Patterns with no occurrences left keep
+their states and transitions (a suffix automaton cannot drop states), with count 0, which reads as
+"does not occur"; the owner of a removable index rebuilds it when too much of it is dead
+(``suffix.py``'s finished-output cache).
 
 Proposal. The states on the path from the context's longest occurring suffix (at most D tokens) down
 to the root hold its suffixes of every length m; per state the greedy walk along ``best`` is the same
