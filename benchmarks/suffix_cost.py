@@ -10,10 +10,11 @@ timed. A decode step appends to each request the tokens greedy verification woul
 drafts while they match the truth, + 1) and asks for k = 4 drafts; the steady-state rows time those
 calls (index update + proposal) per request per step (batch 1: 8 requests, one after the other).
 
-Rows: per-token maintenance (a request's index after its prompt, one token at a time; a finished
-output into the full cache, eviction of the oldest included), a request's first proposal (index over
-the whole prompt + proposal), the steady-state proposal at batch 1 and batch 64, and the structure
-sizes (trie nodes vs automaton states). Run: ``python benchmarks/suffix_cost.py [--quick]``.
+Rows: per-token maintenance (a finished output into the full cache, eviction of the oldest
+included; a request's index after its prompt, one token at a time), a request's first proposal
+(index over the whole prompt + proposal), the steady state at batch 1 and batch 64 (the host time of
+a batch-64 decode step adds half a finished output, the rate above), and the structure sizes (trie
+nodes vs automaton states). Run: ``python benchmarks/suffix_cost.py [--quick]``.
 """
 
 from __future__ import annotations
@@ -142,9 +143,9 @@ def first_proposal(p: Any, w: Workload) -> float:
 
 
 def steady(p: Any, w: Workload, batch: int, steps: int, first: int = 0) -> tuple[float, float, list[float]]:
-    """µs per request per step (update + proposal, and the finished outputs of other requests
-    entering the cache at ``batch / 128`` per step, as 256-token outputs at ~2 tokens per step
-    would) and tokens accepted per request-step, over ``steps`` steps."""
+    """µs per request per step (index update + proposal) and tokens accepted per request-step, over
+    ``steps`` steps; meanwhile (untimed) finished outputs of other requests enter the cache at
+    ``batch / 128`` per step, as 256-token outputs at ~2 tokens per step would."""
     reqs = list(range(first, first + batch))
     toks = {r: list(w.prompts[r]) for r in reqs}
     done = {r: 0 for r in reqs}
@@ -165,10 +166,10 @@ def steady(p: Any, w: Workload, batch: int, steps: int, first: int = 0) -> tuple
             done[r] += len(take)
             accepted += len(take)
         finished += batch / 128
-        t0 = time.perf_counter()
-        while finished >= 1:
+        while finished >= 1:  # not timed here: the insert + evict row
             finished -= 1
             p.forget(f"done{batch}-{first}-{step}-{finished}", next(spare))
+        t0 = time.perf_counter()
         for r in reqs:
             drafts[r] = p.propose_for(f"s{r}", toks[r], K)
         spent += time.perf_counter() - t0
@@ -182,9 +183,24 @@ def steady(p: Any, w: Workload, batch: int, steps: int, first: int = 0) -> tuple
     return spent / calls * 1e6, accepted / (steps * batch), alone
 
 
-def sizes(old: Any | None, new: Any) -> tuple[str, str]:
-    o = f"{old.global_tree.num_nodes:,} nodes" if old is not None else "-"
-    return o, f"{new.global_tree.index.num_states:,} states"
+def size(p: Any) -> str:
+    g = p.global_tree
+    return f"{g.num_nodes:,} nodes" if hasattr(g, "num_nodes") else f"{g.index.num_states:,} states"
+
+
+class GcClock:
+    """Seconds the cyclic garbage collector ran (the trie's nodes are tracked objects; the
+    automaton's int lists and int-to-int dicts are not)."""
+
+    def __init__(self) -> None:
+        self.seconds, self._t0 = 0.0, 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._t0
 
 
 def main() -> None:
@@ -206,14 +222,15 @@ def main() -> None:
     if old is not None:
         impls = {"old (trie)": old, **impls}
     rows: dict[str, dict[str, str]] = {}
-    procs = {}
+    clock = GcClock()
     for name, mod in impls.items():
+        gc_before, start = clock.seconds, time.perf_counter()
         t0 = time.perf_counter()
         p, per_tok = fill(mod, w)
         build = time.perf_counter() - t0
-        procs[name] = p
         r = rows.setdefault
         r("finished output into the full cache (insert + evict), µs/token", {})[name] = f"{per_tok:.1f}"
+        r("  per finished 256-token output, ms", {})[name] = f"{per_tok * 256 / 1e3:.2f}"
         r(f"filling the cache ({args.cached + 200} outputs of 256), s", {})[name] = f"{build:.2f}"
         r("request index update after a 500-token prompt, µs/token", {})[name] = f"{append_cost(p, w):.1f}"
         r("first proposal over a 700-token prompt, ms", {})[name] = f"{first_proposal(p, w):.2f}"
@@ -222,15 +239,20 @@ def main() -> None:
             us = statistics.mean(r_[0] for r_ in runs)
             acc = statistics.mean(r_[1] for r_ in runs)
             alone = [a for r_ in runs for a in r_[2]]
-            r(f"steady step at batch {batch}: update + proposal (+ finished), µs/request", {})[name] = f"{us:.1f}"
+            r(f"steady step at batch {batch}: index update + proposal, µs/request", {})[name] = f"{us:.1f}"
             r(f"  tokens per request-step at batch {batch} (k = {K})", {})[name] = f"{acc:.2f}"
             if batch == 64:
-                r("  host time per decode step at batch 64, ms", {})[name] = f"{us * 64 / 1e3:.2f}"
+                r("  host time per decode step at batch 64 (+ 0.5 finished outputs), ms", {})[name] = \
+                    f"{(us * 64 + 0.5 * 256 * per_tok) / 1e3:.2f}"
                 q = statistics.quantiles(alone, n=10)
                 r("proposal alone at batch 64 (no new tokens), µs: median / p90", {})[name] = \
                     f"{statistics.median(alone):.1f} / {q[-1]:.1f}"
-    o, n = sizes(procs.get("old (trie)"), procs["new"])
-    rows["global structure size"] = {"old (trie)": o, "new": n}
+        total = time.perf_counter() - start
+        r("garbage collector's share of this column's run", {})[name] = \
+            f"{(clock.seconds - gc_before) / total:.0%} of {total:.1f} s"
+        r("global structure size", {})[name] = size(p)
+        del p  # the next column runs without this one's objects
+        gc.collect()
     names = list(impls)
     width = max(map(len, rows)) + 2
     print(f"suffix proposer host cost (D = 24, k = {K}, {args.cached} cached outputs, corpus "
