@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import io
 import importlib.util
+import io
 import random
 import re
 import statistics
@@ -35,10 +35,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from tandem.spec_decode import suffix as new_suffix  # noqa: E402
+from tandem.spec_decode import suffix as new_suffix
 
+ROOT = Path(__file__).resolve().parents[1]
 OLD_REF = "f201628"  # the last commit with the suffix trie
 K = 4
 
@@ -142,7 +141,8 @@ def first_proposal(p: Any, w: Workload) -> float:
     return statistics.median(times)
 
 
-def steady(p: Any, w: Workload, batch: int, steps: int, first: int = 0) -> tuple[float, float, list[float]]:
+def steady(p: Any, w: Workload, batch: int, steps: int,
+           first: int = 0) -> tuple[float, float, list[float]]:
     """µs per request per step (index update + proposal) and tokens accepted per request-step, over
     ``steps`` steps; meanwhile (untimed) finished outputs of other requests enter the cache at
     ``batch / 128`` per step, as 256-token outputs at ~2 tokens per step would."""

@@ -100,6 +100,7 @@ class SuffixIndex:
         second = self._second
         cap = self.max_depth - 1
         last, end, n = state
+        ell = min(n, cap)  # the previous suffix's length that the parents start from
         for x in tokens:
             # 1. the automaton: the state of the whole prefix + x (a new one, or an existing one
             #    when another sequence had this prefix already), splitting a state where needed
@@ -127,7 +128,6 @@ class SuffixIndex:
                 last = cur
             # 2. the previous suffix of min(D - 1, n) tokens: its state and those of the shorter
             #    ones (the suffix-link path) are the parents of the patterns ending here
-            ell = n if n < cap else cap
             s = end
             while s and length[link[s]] >= ell:
                 s = link[s]
@@ -157,6 +157,8 @@ class SuffixIndex:
                 count[nxt[0][x]] += 1
             count[0] += 1
             n += 1
+            if ell < cap:
+                ell += 1
         return [last, end, n]
 
     def _split(self, p: int, q: int, x: int) -> int:
@@ -180,9 +182,9 @@ class SuffixIndex:
         nxt, link, length, count, best = self._next, self._link, self._len, self._count, self._best
         second = self._second
         cap = self.max_depth - 1
-        end = n = 0
-        for x in tokens:
-            ell = n if n < cap else cap
+        end = 0
+        for n, x in enumerate(tokens):
+            ell = min(n, cap)
             s = end
             while s and length[link[s]] >= ell:
                 s = link[s]
@@ -199,7 +201,6 @@ class SuffixIndex:
             if nxt[0][x] != seen:
                 count[nxt[0][x]] -= 1
             count[0] -= 1
-            n += 1
 
     def _rescan(self, s: int) -> int:
         """Recompute ``s``'s most frequent next token: the highest count, ties to the first seen."""
