@@ -47,7 +47,7 @@ finished outputs (oldest evicted first, as ArcticInference's FIFO; 0 turns the g
 Unlike ArcticInference, a response joins the global trie when its request finishes, not while it is
 being generated. An evicted output's counts are subtracted, but a suffix automaton keeps the states
 (count 0); once the index has over 4 states per live token (+ 4096) a fresh one is built alongside,
-from the cached outputs, a few per :meth:`~FinishedOutputs.add` (twice the tokens added, + 1024), and
+from the cached outputs, a few per :meth:`~FinishedOutputs.add` (as many tokens as added, + 512), and
 replaces the old one when complete: memory stays O(cached tokens) with no rebuild pause.
 
 Ties. Counts and therefore scores are exactly the trie's, and the chosen continuation is always a
@@ -86,7 +86,7 @@ from tandem.spec_decode.suffix_index import NO_DRAFT, SuffixDraft, SuffixIndex
 __all__ = ["FinishedOutputs", "SuffixDraft", "SuffixIndex", "SuffixProposer"]
 
 _SLACK_STATES = 4096  # dead states tolerated beyond 4 per live token before a rebuild starts
-_MIN_REBUILD_TOKENS = 1024  # rebuild work per add, beyond twice the tokens added
+_MIN_REBUILD_TOKENS = 512  # rebuild work per add, beyond the tokens added
 
 
 def _ints(tokens: Sequence[int]) -> list[int]:
@@ -136,7 +136,7 @@ class FinishedOutputs:
             self._copied.add(request_id)
         while len(self._seqs) > self.capacity:
             self.remove(next(iter(self._seqs)))
-        self._rebuild_step(2 * len(toks) + _MIN_REBUILD_TOKENS)
+        self._rebuild_step(len(toks) + _MIN_REBUILD_TOKENS)
 
     def remove(self, request_id: str) -> None:
         toks = self._seqs.pop(request_id, None)
@@ -172,7 +172,7 @@ class _Request:
     last_token: int | None = None
     context: list[int] = field(default_factory=list)  # its last max_depth tokens
     # the longest suffix of the context found in the global index, and the request's length then:
-    # a hint for the next lookup (FinishedOutputs.match)
+    # a hint for the next lookup (SuffixIndex.match)
     global_match: int | None = None
     global_at: int = 0
 
