@@ -5,11 +5,12 @@ suffix tries: a per-request trie over the prompt and the accepted output so far,
 over the outputs of finished requests (agentic loops and code edits repeat earlier answers). No
 model, no probabilities: drafts are one-hot q for the rejection sampler.
 
-The trie (:class:`SuffixTree`) holds every suffix of its sequences, truncated to ``max_depth``
-tokens. A node stands for a token string s; its ``count`` is the number of positions where s occurs
-(occurrences that end at a sequence's last token included). Appending a token to a sequence extends
-its (at most ``max_depth``) open suffixes by one node each: O(max_depth) per token, never a rebuild.
-Each node remembers its most frequent child (first to reach the highest count wins ties).
+The trie holds every suffix of its sequences, truncated to ``max_depth`` tokens. A node stands for a
+token string s; its ``count`` is the number of positions where s occurs (occurrences that end at a
+sequence's last token included). Each node remembers its most frequent child (first to reach the
+highest count wins ties). The trie is never materialised: :class:`SuffixIndex`
+(``suffix_index.py``, a suffix automaton with occurrence counts) answers the same counts and most
+frequent children with O(1) amortised new states per token instead of ``max_depth`` trie nodes.
 
 Proposal (ArcticInference's ``SuffixTree.speculate`` with linear, not tree, drafts). For every match
 length m = 1, 2, ... (stopping at the first suffix of the context that does not occur):
@@ -36,180 +37,144 @@ Worked example (one request, max_spec_factor = 1, min_token_prob = 0.1, k = 4)::
       (probabilities 0.5, 0.5, 0.5, 0.25: "1 2 3 1 2" is followed by 3 once and ends once).
       With min_token_prob = 0.6 nothing is drafted.
 
-Lifecycle. The per-request trie is created at a request's first proposal from its prompt + output
+Lifecycle. The per-request index is created at a request's first proposal from its prompt + output
 and extended with the accepted tokens at each later one (accepted tokens only ever grow; a request
-whose tokens visibly do not extend what the trie has seen, shorter or with another token where the
+whose tokens visibly do not extend what the index has seen, shorter or with another token where the
 last seen one was, is rebuilt). When the request finishes the speculator calls
-:meth:`SuffixProposer.forget` with its output: the per-request trie is dropped and the output joins the global trie, which keeps the ``max_cached_requests`` most recently finished
-outputs (oldest evicted first, as ArcticInference's FIFO; 0 turns the global trie off). Unlike
-ArcticInference, a response joins the global trie when its request finishes, not while it is being
-generated.
+:meth:`SuffixProposer.forget` with its output: the per-request index is dropped and the output joins
+the global one (:class:`FinishedOutputs`), which keeps the ``max_cached_requests`` most recently
+finished outputs (oldest evicted first, as ArcticInference's FIFO; 0 turns the global trie off).
+Unlike ArcticInference, a response joins the global trie when its request finishes, not while it is
+being generated. An evicted output's counts are subtracted, but a suffix automaton keeps the states
+(count 0); once the index has over 4 states per live token (+ 4096) a fresh one is built alongside,
+from the cached outputs, a few per :meth:`~FinishedOutputs.add` (as many tokens as added, + 512), and
+replaces the old one when complete: memory stays O(cached tokens) with no rebuild pause.
+
+Ties. Counts and therefore scores are exactly the trie's, and the chosen continuation is always a
+most frequent one. The tie rule between equally frequent continuations (first to reach the count)
+is the trie's while tokens are only added, i.e. always for the per-request index. In the global
+index, once an eviction leaves a pattern's most frequent continuation tied (or an index is rebuilt
+from the cached outputs) the tie goes to the continuation seen first, which the trie, having seen
+the evicted outputs, may order differently.
 
 Acceptance gate. The suffix proposer declares ``drafts_on_host_for_free = False``: its drafts are
 host lookups, but the gate's shadow drafts ask ``(tokens, k)`` about *earlier* prefixes of a
 request, which a per-request trie already holding the later tokens would answer with the future in
 view. So ``disable_by_acceptance`` stays n-gram-only.
 
-Cost. Insertion is O(max_depth) dictionary operations per token (a prompt of n tokens: O(n · D)
-nodes at most, there is no path compression). A proposal tries at most D match lengths of O(D) each
-per trie: O(D²) per request per step, independent of the context length. Measured (pure Python,
-2-core CPU, D = 24): a 4096-token prompt of mostly distinct ids takes ~230 ms and ~86k nodes to
-insert at the request's first proposal; each later step (one new token + a proposal) ~75 µs. Path
-compression (ArcticInference's O(n) nodes) is not implemented, so a large global cache of long
-outputs costs O(total tokens · D) nodes of memory.
+Cost (``benchmarks/suffix_cost.py``, docs/performance.md). Per token: O(1) amortised automaton
+steps plus one count update per distinct occurrence count among the last D suffixes (2-5 in text, at
+most D + 1). Per proposal: the per-request index starts from the tracked end state (no matching);
+the global one matches the context's last hint + 1 tokens, the hint being the last match + the
+tokens accepted since (all D only when that window matches whole); then each state on the
+suffix-link path is walked once for at most k tokens, skipped when it cannot beat the best so far:
+no re-walks from the root, independent of the context length. Memory: at most 2 states per token
+(a small int dict each, ~0.3-0.5 KB per token), against up to D trie nodes per token before.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tandem.config.speculative import SpeculativeConfig
 from tandem.errors import ConfigError
 from tandem.spec_decode.base import DraftProposal, ProposalInput
+from tandem.spec_decode.suffix_index import NO_DRAFT, SuffixDraft, SuffixIndex
+
+__all__ = ["FinishedOutputs", "SuffixDraft", "SuffixIndex", "SuffixProposer"]
+
+_SLACK_STATES = 4096  # dead states tolerated beyond 4 per live token before a rebuild starts
+_MIN_REBUILD_TOKENS = 512  # rebuild work per add, beyond the tokens added
 
 
-class _Node:
-    __slots__ = ("count", "children", "best")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.children: dict[int, _Node] = {}
-        self.best: int | None = None  # token of the most frequent child
+def _ints(tokens: Sequence[int]) -> list[int]:
+    return tokens.tolist() if hasattr(tokens, "tolist") else [int(t) for t in tokens]
 
 
-@dataclass(frozen=True)
-class SuffixDraft:
-    token_ids: list[int]
-    score: float = 0.0  # sum of the running probabilities: expected accepted tokens
-    match_len: int = 0
+class FinishedOutputs:
+    """The global index: the ``capacity`` most recently added outputs (FIFO), in a
+    :class:`SuffixIndex` that is rebuilt incrementally when evictions have left it mostly dead."""
 
-
-_NO_DRAFT = SuffixDraft([])
-
-
-class SuffixTree:
-    """Suffix trie, depth-capped at ``max_depth``, over any number of token sequences."""
-
-    def __init__(self, max_depth: int) -> None:
+    def __init__(self, max_depth: int, capacity: int) -> None:
         self.max_depth = max_depth
-        self.root = _Node()
-        self._open: dict[Hashable, list[_Node]] = {}  # per sequence: its open suffixes, shallowest first
-        self._seqs: dict[Hashable, list[int]] = {}  # per sequence: its tokens (for remove)
-        self.num_nodes = 0
-
-    def __contains__(self, seq_id: Hashable) -> bool:
-        return seq_id in self._seqs
+        self.capacity = capacity
+        self._seqs: OrderedDict[str, list[int]] = OrderedDict()  # oldest first
+        self.index = SuffixIndex(max_depth)
+        self._fresh: SuffixIndex | None = None  # the rebuild under way
+        self._todo: deque[str] = deque()  # outputs still to copy into it
+        self._copied: set[str] = set()  # outputs already in it
 
     def __len__(self) -> int:
         return len(self._seqs)
 
-    def extend(self, seq_id: Hashable, tokens: Sequence[int]) -> None:
-        for t in tokens:
-            self.append(seq_id, t)
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._seqs
 
-    def append(self, seq_id: Hashable, token: int) -> None:
-        """One more token of sequence ``seq_id``: every open suffix grows by it (O(max_depth))."""
-        token = int(token)
-        seq = self._seqs.setdefault(seq_id, [])
-        seq.append(token)
-        nodes = self._open.get(seq_id, [])
-        self.root.count += 1
-        grown: list[_Node] = []
-        for node in [self.root, *nodes]:
-            child = node.children.get(token)
-            if child is None:
-                child = node.children[token] = _Node()
-                self.num_nodes += 1
-            child.count += 1
-            best = node.best
-            if best is None or (best != token and child.count > node.children[best].count):
-                node.best = token
-            grown.append(child)
-        self._open[seq_id] = grown[: self.max_depth - 1]  # grown[i] is at depth i + 1
-
-    def close(self, seq_id: Hashable) -> None:
-        """No more tokens for ``seq_id`` (it stays in the trie): frees its open-suffix list."""
-        self._open.pop(seq_id, None)
-
-    def remove(self, seq_id: Hashable) -> None:
-        """Take sequence ``seq_id`` out: every count it added is subtracted, emptied nodes deleted."""
-        seq = self._seqs.pop(seq_id, None)
-        self._open.pop(seq_id, None)
-        if seq is None:
-            return
-        for start in range(len(seq)):
-            self.root.count -= 1
-            node = self.root
-            for token in seq[start : start + self.max_depth]:
-                child = node.children[token]
-                child.count -= 1
-                if child.count == 0:  # its whole subtree counted only this occurrence
-                    del node.children[token]
-                    self.num_nodes -= _size(child)
-                if node.best == token:
-                    node.best = max(node.children, key=lambda t: node.children[t].count, default=None)
-                if child.count == 0:
-                    break
-                node = child
-
-    def match(self, pattern: Sequence[int]) -> _Node | None:
-        """The node of ``pattern`` (None if it never occurs)."""
-        node: _Node | None = self.root
-        for t in pattern:
-            node = node.children.get(t)
-            if node is None:
-                return None
-        return node
+    @property
+    def rebuilding(self) -> bool:
+        return self._fresh is not None
 
     def speculate(self, context: Sequence[int], max_tokens: int, max_spec_factor: float,
-                  min_token_prob: float) -> SuffixDraft:
-        """The best chain draft for what follows ``context`` (see the module docstring)."""
-        best = _NO_DRAFT
-        if max_tokens <= 0:
-            return best
-        for m in range(1, min(len(context), self.max_depth) + 1):
-            node = self.match(context[len(context) - m :])
-            if node is None:
-                break
-            limit = min(max_tokens, int(m * max_spec_factor + 1e-6))
-            draft = _follow(node, limit, min_token_prob)
-            if draft and sum(draft[1]) >= best.score:
-                best = SuffixDraft(draft[0], sum(draft[1]), m)
-        return best
+                  min_token_prob: float, hint: int | None = None) -> SuffixDraft:
+        if not self._seqs:
+            return NO_DRAFT
+        return self.index.speculate(context, max_tokens, max_spec_factor, min_token_prob, hint)
 
+    def add(self, request_id: str, tokens: Sequence[int]) -> None:
+        """Cache ``tokens`` as ``request_id``'s output (an id already cached: the new output
+        replaces the old, now the newest); evict the oldest beyond ``capacity``."""
+        self.remove(request_id)
+        if self.capacity == 0 or len(tokens) == 0:
+            return
+        toks = _ints(tokens)
+        self._seqs[request_id] = toks
+        self.index.add(toks)
+        if self._fresh is not None:
+            self._fresh.add(toks)
+            self._copied.add(request_id)
+        while len(self._seqs) > self.capacity:
+            self.remove(next(iter(self._seqs)))
+        self._rebuild_step(len(toks) + _MIN_REBUILD_TOKENS)
 
-def _follow(node: _Node, limit: int, min_token_prob: float) -> tuple[list[int], list[float]] | None:
-    tokens: list[int] = []
-    probs: list[float] = []
-    prob = 1.0
-    while len(tokens) < limit and node.best is not None:
-        child = node.children[node.best]
-        prob *= child.count / node.count
-        if prob < min_token_prob:
-            break
-        tokens.append(node.best)
-        probs.append(prob)
-        node = child
-    return (tokens, probs) if tokens else None
+    def remove(self, request_id: str) -> None:
+        toks = self._seqs.pop(request_id, None)
+        if toks is None:
+            return
+        self.index.remove(toks)
+        if request_id in self._copied:
+            self._copied.discard(request_id)
+            assert self._fresh is not None
+            self._fresh.remove(toks)
 
-
-def _size(node: _Node) -> int:
-    stack, n = [node], 0
-    while stack:
-        cur = stack.pop()
-        n += 1
-        stack.extend(cur.children.values())
-    return n
+    def _rebuild_step(self, budget: int) -> None:
+        if self._fresh is None:
+            if self.index.num_states <= 4 * self.index.num_tokens + _SLACK_STATES:
+                return
+            self._fresh, self._todo, self._copied = SuffixIndex(self.max_depth), deque(self._seqs), set()
+        while budget > 0 and self._todo:
+            rid = self._todo.popleft()
+            toks = self._seqs.get(rid)
+            if toks is None or rid in self._copied:  # evicted, or replaced (and copied) meanwhile
+                continue
+            self._fresh.add(toks)
+            self._copied.add(rid)
+            budget -= len(toks)
+        if not self._todo:
+            self.index, self._fresh, self._copied = self._fresh, None, set()
 
 
 @dataclass
 class _Request:
-    tree: SuffixTree
-    num_tokens: int = 0  # tokens of the request in the trie
+    index: SuffixIndex
+    num_tokens: int = 0  # tokens of the request in the index
     last_token: int | None = None
     context: list[int] = field(default_factory=list)  # its last max_depth tokens
+    # the longest suffix of the context found in the global index, and the request's length then:
+    # a hint for the next lookup (SuffixIndex.match)
+    global_match: int | None = None
+    global_at: int = 0
 
 
 class SuffixProposer:
@@ -236,8 +201,7 @@ class SuffixProposer:
         self.max_cached_requests = max_cached_requests
         self.max_spec_factor = float(max_spec_factor)
         self.min_token_prob = float(min_token_prob)
-        self.global_tree = SuffixTree(max_tree_depth)
-        self._cached: OrderedDict[str, None] = OrderedDict()  # global trie's requests, oldest first
+        self.global_tree = FinishedOutputs(max_tree_depth, max_cached_requests)
         self._requests: dict[str, _Request] = {}
 
     @classmethod
@@ -263,46 +227,40 @@ class SuffixProposer:
 
     def propose_for(self, request_id: str, token_ids: Sequence[int], num_tokens: int) -> list[int]:
         """Up to ``num_tokens`` drafts for request ``request_id`` whose accepted tokens are
-        ``token_ids`` (prompt + output); updates its trie with the tokens it has not seen."""
+        ``token_ids`` (prompt + output); updates its index with the tokens it has not seen."""
         k = min(num_tokens, self.num_speculative_tokens)
         if k <= 0:
             return []
         st = self._sync(request_id, token_ids)
-        args = (st.context, k, self.max_spec_factor, self.min_token_prob)
-        local = st.tree.speculate(*args)
-        if len(self.global_tree):
-            other = self.global_tree.speculate(*args)
-            if other.score > local.score:
-                return other.token_ids
+        local = st.index.speculate_open(k, self.max_spec_factor, self.min_token_prob)
+        g = self.global_tree
+        if len(g):
+            hint = None if st.global_match is None else st.global_match + st.num_tokens - st.global_at
+            s, m = g.index.match(st.context, hint)
+            st.global_match, st.global_at = m, st.num_tokens
+            if m:
+                other = g.index.draft_from(s, m, k, self.max_spec_factor, self.min_token_prob)
+                if other.score > local.score:
+                    return other.token_ids
         return local.token_ids
 
     def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None:
-        """Request ``request_id`` finished with ``output_token_ids``: drop its trie, cache its output
-        in the global trie (evicting the oldest cached outputs beyond ``max_cached_requests``)."""
+        """Request ``request_id`` finished with ``output_token_ids``: drop its index, cache its output
+        in the global one (evicting the oldest cached outputs beyond ``max_cached_requests``)."""
         self._requests.pop(request_id, None)
-        if self.max_cached_requests == 0:
-            return
-        if request_id in self._cached:  # an id used again: the newer output replaces the older
-            self.global_tree.remove(request_id)
-            del self._cached[request_id]
-        if len(output_token_ids) == 0:
-            return
-        self.global_tree.extend(request_id, output_token_ids)
-        self.global_tree.close(request_id)
-        self._cached[request_id] = None
-        while len(self._cached) > self.max_cached_requests:
-            oldest, _ = self._cached.popitem(last=False)
-            self.global_tree.remove(oldest)
+        self.global_tree.add(request_id, output_token_ids)
 
     def _sync(self, request_id: str, token_ids: Sequence[int]) -> _Request:
         st = self._requests.get(request_id)
         n = len(token_ids)
         if st is None or n < st.num_tokens or (st.num_tokens and int(token_ids[st.num_tokens - 1]) != st.last_token):
-            st = self._requests[request_id] = _Request(SuffixTree(self.max_tree_depth))
+            st = self._requests[request_id] = _Request(SuffixIndex(self.max_tree_depth))
         if n > st.num_tokens:
-            new = token_ids[st.num_tokens :]
-            new = new.tolist() if hasattr(new, "tolist") else [int(t) for t in new]
-            st.tree.extend(request_id, new)
+            new = _ints(token_ids[st.num_tokens :])
+            st.index.append(new)
             st.num_tokens, st.last_token = n, new[-1]
-            st.context = (st.context + new)[-self.max_tree_depth :]
+            ctx = st.context
+            ctx += new
+            if len(ctx) > self.max_tree_depth:
+                del ctx[: len(ctx) - self.max_tree_depth]
         return st

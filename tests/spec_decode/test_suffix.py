@@ -1,5 +1,7 @@
-"""SuffixProposer / SuffixTree: worked examples, counts against brute force, the two-tree choice,
-the global tree's lifecycle (finished outputs, eviction), incremental per-request updates."""
+"""SuffixProposer / SuffixIndex: worked examples, counts against brute force, drafts against the
+depth-capped trie the index replaced (a reference copy below), the two-index choice, the global
+index's lifecycle (finished outputs, eviction, bounded under a long stream, incremental rebuild),
+incremental per-request updates."""
 
 from __future__ import annotations
 
@@ -13,26 +15,75 @@ from tandem.config.speculative import SpeculativeConfig
 from tandem.errors import ConfigError
 from tandem.spec_decode.base import ProposalInput, Proposer
 from tandem.spec_decode.ngram import NgramProposer
-from tandem.spec_decode.suffix import SuffixProposer, SuffixTree, _Node
+from tandem.spec_decode.suffix import FinishedOutputs, SuffixProposer
+from tandem.spec_decode.suffix_index import SuffixDraft, SuffixIndex
 
 DOC = [1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2]  # the module docstring's example
 
 
-def tree(*seqs: Sequence[int], depth: int = 24) -> SuffixTree:
-    t = SuffixTree(depth)
+def tree(*seqs: Sequence[int], depth: int = 24) -> SuffixIndex:
+    """An index over ``seqs``: the first one open (appended), the others added whole."""
+    t = SuffixIndex(depth)
     for i, s in enumerate(seqs):
-        t.extend(i, s)
+        t.add(s) if i else t.append(s)
     return t
 
 
-def spec(t: SuffixTree, ctx: Sequence[int], k: int = 4, factor: float = 1.0, min_prob: float = 0.1):
+def spec(t: SuffixIndex, ctx: Sequence[int], k: int = 4, factor: float = 1.0, min_prob: float = 0.1):
     return t.speculate(ctx, k, factor, min_prob)
+
+
+class ReferenceTrie:
+    """The depth-capped suffix trie (suffix.py before the index): one node per pattern, counts and
+    most frequent child (first to reach the count) updated per appended token, drafts re-walked."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth, self.root, self.open = depth, self._node(), {}
+
+    @staticmethod
+    def _node() -> list:
+        return [0, {}, None]  # count, children, best
+
+    def append(self, seq: int, token: int) -> None:
+        grown = []
+        for node in [self.root, *self.open.get(seq, [])]:
+            child = node[1].get(token)
+            if child is None:
+                child = node[1][token] = self._node()
+            child[0] += 1
+            if node[2] is None or (node[2] != token and child[0] > node[1][node[2]][0]):
+                node[2] = token
+            grown.append(child)
+        self.root[0] += 1
+        self.open[seq] = grown[: self.depth - 1]
+
+    def speculate(self, ctx: Sequence[int], k: int, factor: float, min_prob: float) -> SuffixDraft:
+        best = SuffixDraft([])
+        for m in range(1, min(len(ctx), self.depth) + 1):
+            node = self.root
+            for t in ctx[len(ctx) - m :]:
+                node = node[1].get(t)
+                if node is None:
+                    return best
+            tokens, total, prob = [], 0.0, 1.0
+            while len(tokens) < min(k, int(m * factor + 1e-6)) and node[2] is not None:
+                child = node[1][node[2]]
+                prob *= child[0] / node[0]
+                if prob < min_prob:
+                    break
+                tokens.append(node[2])
+                total += prob
+                node = child
+            if tokens and total >= best.score:
+                best = SuffixDraft(tokens, total, m)
+        return best
 
 
 def test_docstring_example() -> None:
     t = tree(DOC)
     d = spec(t, DOC)
     assert (d.token_ids, d.score, d.match_len) == ([3, 1], 1.0, 2)
+    assert t.speculate_open(4, 1.0, 0.1) == d
     d = spec(t, DOC, factor=2.0)
     assert (d.token_ids, d.score) == ([3, 1, 2, 3], 1.75)
     assert spec(t, DOC, min_prob=0.6).token_ids == []
@@ -42,20 +93,20 @@ def test_docstring_example() -> None:
 
 def test_counts() -> None:
     t = tree(DOC)
-    assert t.root.count == len(DOC)
-    n12 = t.match([1, 2])
-    assert n12 is not None and n12.count == 4
-    assert {tok: c.count for tok, c in n12.children.items()} == {3: 2, 4: 1}
-    assert n12.best == 3
-    assert t.match([4, 1, 2]).count == 1 and t.match([4, 1, 2]).children == {}
-    assert t.match([2, 1]) is None
+    assert t.count([]) == t.num_tokens == len(DOC)
+    assert t.count([1, 2]) == 4
+    assert t.next_counts([1, 2]) == {3: 2, 4: 1}
+    assert t.best_next([1, 2]) == 3
+    assert t.count([4, 1, 2]) == 1 and t.next_counts([4, 1, 2]) == {} and t.best_next([4, 1, 2]) is None
+    assert t.count([2, 1]) == 0 and t.next_counts([2, 1]) == {}
 
 
 def test_depth_cap() -> None:
     t = tree([1, 2, 3, 4, 5, 6], depth=3)
-    assert t.match([1, 2, 3]) is not None and t.match([1, 2, 3]).children == {}
-    assert t.match([1, 2, 3, 4]) is None
-    assert t.num_nodes == 3 + 3 + 3 + 3 + 2 + 1  # paths of at most 3 tokens from each start
+    assert t.count([1, 2, 3]) == 1 and t.next_counts([1, 2, 3]) == {}  # depth 3: no children
+    assert t.count([1, 2, 3, 4]) == 0 and t.best_next([1, 2, 3]) is None
+    assert len(index_counts(t)) == 3 + 3 + 3 + 3 + 2 + 1  # patterns of at most 3 tokens from each start
+    assert t.num_states <= 2 * 6  # a suffix automaton: at most 2 states per token (here 1 + 6)
 
 
 def brute_counts(seqs: Sequence[Sequence[int]], depth: int) -> dict[tuple[int, ...], int]:
@@ -68,21 +119,22 @@ def brute_counts(seqs: Sequence[Sequence[int]], depth: int) -> dict[tuple[int, .
     return counts
 
 
-def tree_counts(t: SuffixTree) -> dict[tuple[int, ...], int]:
+def index_counts(t: SuffixIndex) -> dict[tuple[int, ...], int]:
+    """Every pattern the index says occurs (the trie's nodes), with its count; checks that each
+    pattern's most frequent next token has the highest count."""
     out: dict[tuple[int, ...], int] = {}
-
-    def walk(node: _Node, path: tuple[int, ...]) -> None:
-        if node.children:
-            top = max(c.count for c in node.children.values())
-            assert node.best is not None and node.children[node.best].count == top
+    stack: list[tuple[int, ...]] = [()]
+    while stack:
+        path = stack.pop()
+        children = t.next_counts(path)
+        if children:
+            assert children[t.best_next(path)] == max(children.values())
         else:
-            assert node.best is None
-        for tok, child in node.children.items():
-            out[path + (tok,)] = child.count
-            walk(child, path + (tok,))
-
-    walk(t.root, ())
-    assert len(out) == t.num_nodes
+            assert t.best_next(path) is None
+        for tok, c in children.items():
+            assert c == t.count(path + (tok,))
+            out[path + (tok,)] = c
+            stack.append(path + (tok,))
     return out
 
 
@@ -92,14 +144,42 @@ def test_counts_and_removal_against_brute_force() -> None:
         depth = rng.randint(1, 6)
         vocab = rng.choice([2, 3, 5])
         seqs = [[rng.randrange(vocab) for _ in range(rng.randint(0, 15))] for _ in range(4)]
-        t = tree(*seqs, depth=depth)
-        assert tree_counts(t) == brute_counts(seqs, depth)
+        t = SuffixIndex(depth)
+        for s in seqs:
+            t.add(s)
+        assert index_counts(t) == brute_counts(seqs, depth)
         gone = rng.sample(range(4), 2)
         for i in gone:
-            t.remove(i)
+            t.remove(seqs[i])
         kept = [s for i, s in enumerate(seqs) if i not in gone]
-        assert tree_counts(t) == brute_counts(kept, depth)
-        assert t.root.count == sum(map(len, kept)) and len(t) == sum(1 for s in kept if s)
+        assert index_counts(t) == brute_counts(kept, depth)
+        assert t.num_tokens == sum(map(len, kept))
+        t.add(seqs[gone[0]])  # counts come back (states with count 0 are reused)
+        assert index_counts(t) == brute_counts([*kept, seqs[gone[0]]], depth)
+
+
+def test_drafts_equal_the_reference_trie() -> None:
+    """Append-only (the per-request index, and the global one before any eviction): the same drafts,
+    scores and match lengths as the trie, ties between equally frequent continuations included."""
+    rng = random.Random(1)
+    for _ in range(300):
+        depth, vocab = rng.randint(1, 8), rng.choice([2, 3, 4, 6])
+        seqs = [[rng.randrange(vocab) for _ in range(rng.randint(1, 30))] for _ in range(rng.randint(1, 3))]
+        ref, t = ReferenceTrie(depth), tree(*seqs, depth=depth)
+        for i, s in enumerate(seqs):
+            for tok in s:
+                ref.append(i, tok)
+        for tok in [rng.randrange(vocab) for _ in range(rng.randint(0, 10))]:  # the open one grows
+            ref.append(0, tok)
+            t.append([tok])
+            seqs[0].append(tok)
+        for _ in range(6):
+            ctx = [rng.randrange(vocab) for _ in range(rng.randint(0, 12))]
+            args = (rng.randint(1, 6), rng.choice([0.5, 1.0, 2.0, 3.5]), rng.choice([0.0, 0.1, 0.3, 0.6]))
+            assert t.speculate(ctx, *args) == ref.speculate(ctx, *args)
+            assert t.speculate_open(*args) == ref.speculate(seqs[0][-depth:], *args)
+            found = t.match(ctx)
+            assert all(t.match(ctx, hint) == found for hint in range(10))  # a hint only saves work
 
 
 def test_longest_pattern_wins_when_it_scores_higher() -> None:
@@ -167,7 +247,6 @@ def test_global_tree_from_finished_requests() -> None:
 
 def test_eviction_oldest_first_and_reused_ids() -> None:
     p = SuffixProposer(4, max_cached_requests=2)
-    empty_nodes = p.global_tree.num_nodes
     for rid, out in (("a", [1, 2, 3]), ("b", [4, 5, 6]), ("c", [7, 8, 9])):
         p.forget(rid, out)
     assert "a" not in p.global_tree and "b" in p.global_tree and "c" in p.global_tree
@@ -177,9 +256,11 @@ def test_eviction_oldest_first_and_reused_ids() -> None:
     assert p.propose([ProposalInput("z", [0, 4, 5], 4)]).token_ids == [[7]]
     p.forget("d", [1])  # evicts c, the oldest
     assert "c" not in p.global_tree and "b" in p.global_tree
+    index = p.global_tree.index
+    assert index_counts(index) == brute_counts([[5, 7, 7], [1]], 24)
     for rid in ("b", "d"):
         p.global_tree.remove(rid)
-    assert p.global_tree.num_nodes == empty_nodes and p.global_tree.root.children == {}
+    assert len(p.global_tree) == 0 and index.num_tokens == 0 and index_counts(index) == {}
 
 
 def test_no_global_tree_when_cache_is_zero() -> None:
@@ -187,6 +268,62 @@ def test_no_global_tree_when_cache_is_zero() -> None:
     p.forget("a", [10, 11, 12, 13])
     assert len(p.global_tree) == 0
     assert p.propose([ProposalInput("b", [10, 11], 4)]).token_ids == [[]]
+
+
+def test_global_index_stays_bounded_under_a_long_stream() -> None:
+    """10k finished requests through a cache of 50: at most 50 outputs, and the automaton (which
+    keeps evicted outputs' states with count 0) is rebuilt alongside, so its size stays within a
+    constant factor of the live tokens; the counts are always exactly the live outputs'."""
+    rng = random.Random(5)
+    cache = FinishedOutputs(max_depth=8, capacity=50)
+    pool = [[rng.randrange(2000) for _ in range(rng.randint(1, 60))] for _ in range(300)]
+    indexes, peak, rebuilding = set(), 0, 0
+    for i in range(10_000):
+        out = pool[rng.randrange(300)][: rng.randint(1, 60)] + [rng.randrange(2000)]  # old + new text
+        cache.add(f"r{i % 7000}", out)  # ids come back after 7000 requests: replaced, not duplicated
+        assert len(cache) <= 50
+        index = cache.index
+        indexes.add(id(index))
+        rebuilding += cache.rebuilding
+        assert index.num_tokens == sum(map(len, cache._seqs.values()))
+        peak = max(peak, index.num_states - 6 * index.num_tokens)
+        if i % 2500 == 0:
+            assert index_counts(index) == brute_counts(list(cache._seqs.values()), 8)
+    assert len(indexes) > 5 and rebuilding > 0  # it was rebuilt, several times
+    print("peak states - 6 x live tokens", peak)
+    assert peak <= 4096 + 2 * 61  # O(live tokens), never the 10k outputs' 300k tokens
+    assert index_counts(cache.index) == brute_counts(list(cache._seqs.values()), 8)
+
+
+def test_rebuild_keeps_exact_counts_while_outputs_come_and_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tandem.spec_decode.suffix as suffix_module
+
+    # rebuild early and slowly: a rebuild spans several adds, which replace and evict outputs
+    monkeypatch.setattr(suffix_module, "_SLACK_STATES", 8)
+    monkeypatch.setattr(suffix_module, "_MIN_REBUILD_TOKENS", 1)
+    rng = random.Random(9)
+    cache = FinishedOutputs(max_depth=5, capacity=6)
+    live: dict[str, list[int]] = {}
+    swaps, during = 0, 0
+    for i in range(400):
+        before = cache.index
+        rid = f"r{rng.randrange(10)}"  # reused ids: replaced outputs during a rebuild too
+        out = [rng.randrange(4) for _ in range(rng.randint(0, 20))]
+        cache.add(rid, out)
+        live.pop(rid, None)
+        if out:
+            live[rid] = out
+        while len(live) > 6:
+            live.pop(next(iter(live)))
+        assert list(cache._seqs) == list(live)
+        if cache.rebuilding:  # both indexes, the fresh one partially filled, are exact
+            during += 1
+            fresh = cache._fresh
+            assert fresh is not None and cache._copied <= set(live)
+            assert index_counts(fresh) == brute_counts([live[r] for r in cache._copied], 5)
+        swaps += cache.index is not before
+        assert index_counts(cache.index) == brute_counts(list(live.values()), 5)
+    assert swaps > 10 and during > 30
 
 
 def test_incremental_updates_equal_a_fresh_tree() -> None:
@@ -199,7 +336,7 @@ def test_incremental_updates_equal_a_fresh_tree() -> None:
         got = p.propose([ProposalInput("r", arg, 5)]).token_ids[0]
         want = tree(toks, depth=6).speculate(toks[-6:], 5, 2.0, 0.1).token_ids
         assert got == want and all(type(t) is int for t in got)
-    assert tree_counts(p._requests["r"].tree) == brute_counts([toks], 6)
+    assert index_counts(p._requests["r"].index) == brute_counts([toks], 6)
 
 
 def test_tokens_that_do_not_extend_rebuild_the_request_tree() -> None:
