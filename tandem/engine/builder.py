@@ -158,7 +158,9 @@ def build_engine(config: EngineConfig) -> EngineParts:
 
     stats = EngineStats()
     proposer = build_proposer(spec, draft_runner, generator, head_runner)
-    speculator = build_speculator(spec, proposer, stats.spec, device)
+    use_async = sched_cfg.async_scheduling
+    use_async = device.type == "cuda" if use_async is None else bool(use_async)
+    speculator = build_speculator(spec, proposer, stats.spec, device, asynchronous=use_async)
     # On CUDA, compile the step kernels' variants and capture the small-batch decode / verify graphs
     # now rather than on first use (a capture costs ~0.1 s, a compile up to ~1 s). Larger batch
     # buckets are captured lazily.
@@ -167,12 +169,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
         r.warm_up(sizes, range(1, k + 2))
     scheduler = Scheduler(pool, block_size, sched_cfg.token_budget(k), sched_cfg.max_num_seqs, max_model_len,
                           lookahead=lookahead, enable_prefix_caching=cache.enable_prefix_caching)
-    use_async = sched_cfg.async_scheduling
     return EngineParts(
         device=device, dtype=dtype, arch=arch, tokenizer=tokenizer,
         decoder=NO_TEXT if tokenizer is None else fast_decoder(tokenizer),
         max_model_len=max_model_len, eos_token_ids=tuple(sorted(eos)), generator=generator, model=model,
         runner=runner, num_blocks=num_blocks, pool=pool, scheduler=scheduler, stats=stats, proposer=proposer,
         speculator=speculator, target_features=features,
-        async_scheduling=device.type == "cuda" if use_async is None else bool(use_async),
+        async_scheduling=use_async,
     )

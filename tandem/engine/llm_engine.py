@@ -92,7 +92,8 @@ class LLMEngine:
     def spec(self, config: SpeculativeConfig | None) -> None:
         """Switch speculation between runs (benchmarks): the proposer, KV lookahead and token budget
         built at engine start stay; ``None`` turns speculation off."""
-        self._use(build_speculator(config, self.proposer, self.stats.spec, self.device))
+        self._use(build_speculator(config, self.proposer, self.stats.spec, self.device,
+                                   asynchronous=self.async_scheduling))
 
     @property
     def policy(self) -> GoodputPolicy | None:

@@ -60,12 +60,13 @@ DECODE_PROBE_EVERY = 256
 VERIFY_PROBE_EVERY = 256
 DECODE_PROBE_STEPS = 4  # on an asynchronous engine the first one restarts the pipeline (not steady)
 SHADOW_PER_STEP = 2  # lazy shadow drafts per step, at most (each costs a host proposal and a score)
-SHADOW_TOKENS = 16  # ... and about one per this many tokens of the step (batch 64: one every 4 steps)
+SHADOW_BATCH = 8  # ... and SHADOW_BATCH / batch per step below that (batch 64: one every 8 steps)
 WANTS_RECHECK = 4  # steps a "nobody would draft" answer stands before the estimates are consulted again
 DRAFT_COST_ALPHA = 0.2
 PRIOR_DRAFT_COST = 0.1  # a model-based proposer's draft step, in target decode steps, until measured
 
 ShadowDraft = Callable[[Sequence[int], int], list[int]]
+LatestShadowDraft = Callable[[str, Sequence[int], int], list[int]]  # (request id, tokens, k): a stateful proposer
 
 
 @dataclass(frozen=True)
@@ -88,10 +89,13 @@ class GoodputPolicy:
                  decode_probe_steps: int = DECODE_PROBE_STEPS, verify_probe_every: int = VERIFY_PROBE_EVERY,
                  draft_cost: float | None = None, cost: StepCostModel | None = None,
                  acceptance: AcceptanceModel | None = None, guard: GoodputGuard | None = None,
-                 shadow_per_step: int = SHADOW_PER_STEP) -> None:
+                 shadow_per_step: int = SHADOW_PER_STEP, latest_shadow: LatestShadowDraft | None = None) -> None:
         self.k = k
         self.free = free  # drafts are host lookups: propose the full k, then choose
         self.shadow = shadow
+        # a stateful host proposer (suffix) drafts from a request's latest tokens only (its state has
+        # seen them): shadows from the current position, within the same budget
+        self.latest_shadow = latest_shadow if shadow is None else None
         self.stats = stats if stats is not None else SpecStats()
         self.margin = margin
         self.disable_by_batch_size = disable_by_batch_size
@@ -151,8 +155,8 @@ class GoodputPolicy:
         function, called only when the estimates are consulted)."""
         if self._off(batch):
             return False
-        if self.shadow is None and self._steps_since_proposal >= self.probe_every:
-            return True  # no lazy shadows: refresh the estimates now and then
+        if self.shadow is None and self.latest_shadow is None and self._steps_since_proposal >= self.probe_every:
+            return True  # no shadows: refresh the estimates now and then
         if not self.free and self._steps_since_draft >= self.probe_every:
             return True  # a model proposer's exploration round is due
         if self._no_until > self._step and self._no_batch == bucket_of(batch):
@@ -242,14 +246,21 @@ class GoodputPolicy:
             if rid in pending:
                 self.on_tokens(rid, toks)
         n = len(requests)
-        if self.shadow is None or self._shadows_left <= 0 or not n:
+        if (self.shadow is None and self.latest_shadow is None) or self._shadows_left <= 0 or not n:
             return
         start = self._rotation % n
         for i in range(n):
             if self._shadows_left <= 0:
                 break
             rid, toks = requests[(start + i) % n]
-            if rid not in pending and self._shadow_at.get(rid, len(toks)) < len(toks):
+            if rid in pending:
+                continue
+            if self.latest_shadow is not None:
+                pending[rid] = _Pending(len(toks), tuple(self.latest_shadow(rid, toks, self.k)))
+                self.stats.num_shadow_drafts += 1
+                self._shadows_left -= 1
+                self._rotation = start + i + 1
+            elif self._shadow_at.get(rid, len(toks)) < len(toks):
                 self.on_tokens(rid, toks)
                 self._rotation = start + i + 1
 
@@ -302,7 +313,7 @@ class GoodputPolicy:
         self.guard.tick()
         # lazy shadows: a budget per step (fewer at large batch, where one costs more of a step than
         # it tells: engine-wide rates need few samples), none while the guard blocks this batch size
-        rate = min(float(self.shadow_per_step), SHADOW_TOKENS / max(batch, 1))
+        rate = min(float(self.shadow_per_step), SHADOW_BATCH / max(batch, 1))
         self._shadow_credit = min(float(self.shadow_per_step), self._shadow_credit + rate)
         self._shadows_left = int(self._shadow_credit) if self.guard.allows(batch) else 0
         self._shadow_credit -= self._shadows_left

@@ -35,6 +35,9 @@ from dataclasses import dataclass, field
 # Priors: a verify step costs 10% more than a decode step plus 25% of a decode row per draft token
 # per request. Conservative on purpose: with acceptance near zero, speculation never pays.
 PRIOR_SIGMA = 0.10
+# ... on an asynchronous engine: a verify's cycle was 2.05 decode cycles (1.07 vs 0.52 ms; H200,
+# SmolLM2-135M, batch 1, benchmarks/spec_step_profile.py, 2026-12-02)
+ASYNC_PRIOR_SIGMA = 1.0
 PRIOR_BETA = 0.25
 PRIOR_WEIGHT = 1.0  # ridge weight of the prior, in verify steps
 FORGET = 0.95  # per verify observation: ~20 steps of memory

@@ -57,6 +57,10 @@ class TokenProposerAdapter:
         """Drafts of at most ``num_tokens`` tokens for one sequence of accepted tokens."""
         return self.proposer.propose([ProposalInput("", token_ids, num_tokens)]).token_ids[0]
 
+    def propose_for(self, request_id: str, token_ids: Sequence[int], num_tokens: int) -> list[int]:
+        """Drafts for one request from all its accepted tokens (a stateful proposer keeps its state)."""
+        return self.proposer.propose([ProposalInput(request_id, token_ids, num_tokens)]).token_ids[0]
+
 
 def build_proposer(cfg: SpeculativeConfig | None, draft_runner: ModelRunner | None,
                    generator: torch.Generator, head_runner: AnyHeadRunner | None = None) -> EngineProposer | None:

@@ -40,6 +40,7 @@ from tandem.engine.stats import SpecStats
 from tandem.request import Request
 from tandem.scheduler import SchedulerOutput
 from tandem.spec_decode.policy import Candidate, GoodputPolicy
+from tandem.spec_decode.policy_cost import ASYNC_PRIOR_SIGMA, PRIOR_SIGMA, StepCostModel
 from tandem.spec_decode.proposers import EngineProposer, TokenProposerAdapter
 
 
@@ -228,12 +229,14 @@ AnySpeculator = Speculator | NoSpeculation
 
 
 def build_speculator(config: SpeculativeConfig | None, proposer: EngineProposer | None, stats: SpecStats,
-                     device: torch.device) -> AnySpeculator:
+                     device: torch.device, asynchronous: bool = False) -> AnySpeculator:
     """The engine's speculator. The goodput policy is on where ``disable_by_acceptance`` says so
     (None: on for the device types in ``POLICY_BY_DEFAULT_ON``). Host proposers (the token-only ones) draft at no device cost; the stateless ones
     (``drafts_on_host_for_free``: n-gram) also give the policy lazy shadow drafts. A proposer may
     declare ``draft_step_cost`` (one draft step in target decode steps); otherwise a model-based
-    proposer's is measured."""
+    proposer's is measured. On an ``asynchronous`` engine a verify step runs synchronously while
+    plain decode steps overlap the host's work, so the policy starts from a verify costing twice a
+    decode step (``ASYNC_PRIOR_SIGMA``, measured: H200, SmolLM2, batch 1) until it has measured its own."""
     if config is None:
         return NoSpeculation()
     if proposer is None:
@@ -244,7 +247,10 @@ def build_speculator(config: SpeculativeConfig | None, proposer: EngineProposer 
     declared = getattr(proposer, "draft_step_cost", None)
     free = declared == 0 if declared is not None else isinstance(proposer, TokenProposerAdapter)
     shadow = proposer.propose_one if proposer.drafts_on_host_for_free else None  # type: ignore[attr-defined]
+    latest = proposer.propose_for if free and isinstance(proposer, TokenProposerAdapter) else None
     policy = GoodputPolicy(config.num_speculative_tokens, free=free, shadow=shadow, stats=stats,
                            disable_by_batch_size=config.disable_by_batch_size,
-                           draft_cost=None if free else declared)
+                           draft_cost=None if free else declared, latest_shadow=latest,
+                           cost=StepCostModel(prior_sigma=ASYNC_PRIOR_SIGMA if asynchronous else PRIOR_SIGMA,
+                                              max_k=config.num_speculative_tokens))
     return Speculator(config, proposer, stats, policy)

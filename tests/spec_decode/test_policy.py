@@ -391,8 +391,8 @@ def test_shadow_scoring_matches_greedy_verification(seed):
 
 def test_shadow_drafts_are_budgeted_per_step_and_rotate():
     """At batch 64 lazy shadows cost host time every step: at most ``shadow_per_step`` per step and
-    about one per 16 tokens (one every 4 steps here), and the budget rotates over the batch so every
-    request keeps getting evidence."""
+    8 / batch (one every 8 steps here), and the budget rotates over the batch so every request keeps
+    getting evidence."""
     calls: list[int] = []
 
     def shadow(tokens, k):
@@ -404,7 +404,7 @@ def test_shadow_drafts_are_budgeted_per_step_and_rotate():
     for rid, toks in tokens.items():
         policy.proposed(rid, len(toks), [1, 1, 1])  # a proposal round; shadows follow lazily
     per_step = []
-    for step in range(300):
+    for step in range(600):
         before = len(calls)
         for rid, toks in tokens.items():
             toks.append(step % 5 + 2)
@@ -414,6 +414,31 @@ def test_shadow_drafts_are_budgeted_per_step_and_rotate():
     assert max(per_step) <= 4 and 60 <= sum(per_step) <= 80
     scored = sum(1 for rid in tokens if policy.acceptance.num_scored_for(rid))
     assert scored >= 56  # rotation: most of the 64 requests were scored
+
+
+def test_stateful_proposer_shadows_from_the_latest_tokens():
+    """A stateful host proposer (suffix) cannot answer for earlier prefixes: its shadows start at the
+    request's latest tokens, within the same budget, and are scored like any proposal."""
+    calls: list[tuple[str, int]] = []
+    motif = [5, 6, 7, 8]
+
+    def latest(rid, tokens, k):
+        calls.append((rid, len(tokens)))
+        return [motif[(len(tokens) + j) % 4] for j in range(k)]  # the motif's continuation: always right
+
+    policy = GoodputPolicy(3, free=True, latest_shadow=latest)
+    assert policy.shadow is None and policy.latest_shadow is latest
+    tokens = {f"r{i}": [motif[j % 4] for j in range(12)] for i in range(4)}
+    for _ in range(60):
+        for rid, toks in tokens.items():
+            toks.append(motif[len(toks) % 4])
+        lengths = {rid: len(t) for rid, t in tokens.items()}
+        before = len(calls)
+        policy.on_step_tokens(list(tokens.items()))
+        assert all(n == lengths[rid] for rid, n in calls[before:])  # drafted from the latest tokens
+        policy.on_step(4, 4, 1e-3)
+    assert len(calls) >= 20 and policy.acceptance.num_scored >= 10
+    assert min(policy.acceptance.rates("r0")) > 0.8  # every shadow came true
 
 
 def test_score_draft():
