@@ -3,8 +3,8 @@
 For every method (``baseline`` = no speculation, ``ngram``, ``suffix``, or any ``--config`` JSON) one
 engine is built — all at once, and each cell measures the methods back to back (``--interleave``, the
 default: a shared machine's load drifts between cells, not between the methods of one cell); for
-every workload and every concurrency its state is reset (a fresh proposer and
-policy: the suffix proposer's global tree must not remember the previous cell's answers to the same
+every workload, every concurrency and every timed run its state is reset (a fresh proposer and
+policy: the suffix proposer's global tree must not remember the previous run's answers to the same
 prompts), a few untimed random-token requests warm it up, and the workload runs ``--runs`` times with
 at most ``concurrency`` requests in flight (the best run counts). Workloads:
 
@@ -212,13 +212,15 @@ def run_cell(engine: Any, workload: Workload, method: str, prompts: Sequence[Seq
     temp = workload.temperature if temperature is None else temperature
     params = [SamplingParams(temperature=temp, max_tokens=output_len, ignore_eos=ignore_eos,
                              seed=None if temp == 0 else seed + i) for i in range(len(prompts))]
-    reset_speculation(engine)
     vocab = engine.arch.vocab_size
     for w in range(warmup):
         warm = [d["prompt_token_ids"] for d in dummy_prompts(min(concurrency, 8), 16, vocab, seed + 1000 + w)]
         drive(engine, warm, [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)] * len(warm), concurrency)
     best: tuple[dict[str, Any], Any, Any] | None = None
     for _ in range(max(1, runs)):
+        # every run starts afresh: otherwise the suffix proposer's global cache would hold the
+        # previous run's answers to the very same prompts (and the policy its estimates)
+        reset_speculation(engine)
         before = engine.stats.spec.copy()
         m = drive(engine, prompts, params, concurrency)
         after = engine.stats.spec.copy()

@@ -24,11 +24,17 @@ Where drafts come from:
 - Stateless host proposers (``shadow``: n-gram's ``propose_one(tokens, k)``): while decode steps run
   asynchronously (no proposal), the policy also drafts lazily from earlier prefixes, position after
   position, as the gate did, so evidence keeps coming without giving up asynchronous decode.
+  Stateful host proposers (``latest_shadow``: suffix's ``propose_for(request_id, tokens, k)``) draft
+  from a request's latest tokens instead. Shadows cost host time on every step, so a step gets at
+  most ``shadow_per_step`` and ``SHADOW_BATCH / batch`` of them (round robin over the batch), none
+  while the guard blocks.
 - Model-based proposers: the policy chooses k from the estimates first (the drafting costs
   forwards), and the granted drafts are scored the same way.
 
 The decision uses only the estimates as they stand: outcomes may arrive one step late (asynchronous
-steps) without changing anything but the freshness of the estimates.
+steps) without changing anything but the freshness of the estimates. The outcome is checked as well:
+the goodput guard (``policy_guard.py``) compares what the steps speculation touched delivered with
+what plain decoding would have in the same time, and blocks drafting at a batch size where it lost.
 
 Safety valves: ``disable_by_batch_size`` (vLLM's key: no drafts once the batch reaches it); while
 no proposal is made (asynchronous decode), a proposal round is forced every ``probe_every`` steps for

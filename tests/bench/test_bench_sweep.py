@@ -183,3 +183,30 @@ def test_sweep_against_running_servers(model_dir, tmp_path, capsys):
         for _, _, server, ae in servers:
             server.should_exit = True
             ae.shutdown()
+
+
+def test_each_timed_run_starts_with_fresh_speculation(model_dir):
+    """Best-of-N runs repeat the same prompts: the suffix proposer's global cache (and the policy)
+    must start empty each run, or the second run would draft the first run's answers."""
+    from tandem import LLM
+    from tandem.bench import sweep
+    from tandem.bench.sweep_spec import WORKLOADS
+
+    llm = LLM(str(model_dir), device="cpu", dtype="float32", kv_cache_memory_bytes=64 << 20,
+              speculative_config={"method": "suffix", "num_speculative_tokens": 3, "disable_by_acceptance": False})
+    eng = llm.engine
+    seen: list[int] = []
+    drive = sweep.drive
+
+    def spy(engine, prompts, params, concurrency):
+        if len(prompts) == 2:  # the timed runs (the warm-up sends its own batch)
+            seen.append(len(engine.proposer.proposer.global_tree))
+        return drive(engine, prompts, params, concurrency)
+
+    prompts = [[5, 6, 7, 8] * 4, [9, 10, 11] * 5]
+    orig, sweep.drive = sweep.drive, spy
+    try:
+        cell = sweep.run_cell(eng, WORKLOADS["code"], "suffix", prompts, 1, 8, runs=3, warmup=0)
+    finally:
+        sweep.drive = orig
+    assert seen == [0, 0, 0] and cell.output_tokens == 16
