@@ -12,6 +12,12 @@ from tandem import LLM, SamplingParams
 
 
 def make_llm(path: Path | str, **kw) -> LLM:
+    """A small CPU fp32 engine. Speculation drafts every step unless the test says otherwise
+    (``disable_by_acceptance``): these tests exercise the drafting path, which the goodput policy
+    (on by default) would often skip on a tiny model; the policy has its own tests."""
+    spec = kw.get("speculative_config")
+    if isinstance(spec, dict) and "disable_by_acceptance" not in spec:
+        kw["speculative_config"] = {**spec, "disable_by_acceptance": False}
     kw.setdefault("device", "cpu")
     kw.setdefault("dtype", "float32")
     kw.setdefault("kv_cache_memory_bytes", 64 << 20)

@@ -24,8 +24,9 @@ Defaults that differ from vLLM, on purpose:
 - ``disable_by_acceptance`` (tandem only, every method): the goodput policy on or off. On, each step
   chooses how many drafts each request verifies (0..``num_speculative_tokens``) to maximise expected
   tokens per second from measured step costs and acceptance (``tandem/spec_decode/policy.py``), so
-  a request stops drafting while speculation does not pay and resumes when it does. Default (None):
-  on for CUDA targets, off elsewhere; ``false`` drafts up to k every step as vLLM does.
+  a request stops drafting while speculation does not pay and resumes when it does; a guard blocks
+  drafting at a batch size where it measurably delivered less than plain decoding. Default (None):
+  on; ``false`` drafts up to k every step as vLLM does.
 - ``disable_by_batch_size`` (vLLM's V0 key, honoured): no drafts in a step once the running batch
   has at least this many requests. Default None (the policy alone decides).
 - n-gram with neither ``prompt_lookup_min`` nor ``prompt_lookup_max`` given: min = 1, max = 5

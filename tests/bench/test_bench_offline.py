@@ -14,7 +14,9 @@ from tandem.engine.stats import SpecStats
 
 ENGINE = ["--device", "cpu", "--dtype", "float32", "--kv-cache-memory-bytes", str(64 << 20),
           "--block-size", "4"]
-NGRAM = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}']
+# drafting every step (the goodput policy, on by default, may skip it on this tiny model)
+NGRAM = ["--speculative-config",
+         '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "disable_by_acceptance": false}']
 
 
 @pytest.fixture(scope="module")

@@ -113,8 +113,8 @@ def test_packed_default_path_speculation_is_identical_at_batch_1():
     kw = dict(device="cpu", max_model_len=1024, kv_cache_memory_bytes=256 << 20)
     plain = LLM("smollm2-135m-instruct", **kw)
     specs = [LLM("smollm2-135m-instruct", **kw, speculative_config=cfg) for cfg in (
-        {"method": "ngram", "num_speculative_tokens": 4},
-        {"model": "smollm2-135m-instruct-eagle3", "num_speculative_tokens": 3})]
+        {"method": "ngram", "num_speculative_tokens": 4, "disable_by_acceptance": False},  # draft every step
+        {"model": "smollm2-135m-instruct-eagle3", "num_speculative_tokens": 3, "disable_by_acceptance": False})]
     sp = SamplingParams(temperature=0, max_tokens=96)
     for q in ("Explain what a hash table is.", "Write a Python function that merges two sorted lists."):
         want = plain.chat([{"role": "user", "content": q}], sp, use_tqdm=False)[0].outputs[0].token_ids

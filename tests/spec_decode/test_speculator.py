@@ -43,8 +43,8 @@ def test_capabilities_are_declared_not_type_checked():
     stats = SpecStats()
     policy = build_speculator(_cfg(), ngram, stats, CUDA).policy  # on by default for CUDA
     assert policy is not None and policy.free and policy.shadow is not None
-    assert build_speculator(_cfg(), ngram, stats, CPU).policy is None  # off by default elsewhere
-    assert build_speculator(_cfg(disable_by_acceptance=True), ngram, stats, CPU).policy is not None
+    assert build_speculator(_cfg(), ngram, stats, CPU).policy is not None  # on by default everywhere
+    assert build_speculator(_cfg(disable_by_acceptance=False), ngram, stats, CPU).policy is None
     assert build_speculator(_cfg(disable_by_acceptance=False), ngram, stats, CUDA).policy is None
     assert build_speculator(_cfg(disable_by_batch_size=8), ngram, stats, CUDA).policy.disable_by_batch_size == 8
 
