@@ -1,8 +1,8 @@
 """``tandem bench sweep``: the speculation workload table in one command (offline, in-process engine).
 
 For every method (``baseline`` = no speculation, ``ngram``, ``suffix``, or any ``--config`` JSON) one
-engine is built — all at once, and each cell measures the methods back to back (``--interleave``, the
-default: a shared machine's load drifts between cells, not between the methods of one cell); for
+engine is built — all at once, and each cell alternates the methods' timed runs (A B C A B C ...;
+``--interleave``, the default: a machine whose speed drifts weighs on every method of a cell alike); for
 every workload, every concurrency and every timed run its state is reset (a fresh proposer and
 policy: the suffix proposer's global tree must not remember the previous run's answers to the same
 prompts), a few untimed random-token requests warm it up, and the workload runs ``--runs`` times with
@@ -206,26 +206,47 @@ def reset_speculation(engine: Any) -> None:
 def run_cell(engine: Any, workload: Workload, method: str, prompts: Sequence[Sequence[int]], concurrency: int,
              output_len: int, *, runs: int = 1, warmup: int = 1, seed: int = 0, ignore_eos: bool = False,
              temperature: float | None = None) -> CellResult:
+    """One method's cell: warm-up, then ``runs`` timed runs (the best counts)."""
+    return run_cells([engine], workload, [method], prompts, concurrency, output_len, runs=runs, warmup=warmup,
+                     seed=seed, ignore_eos=ignore_eos, temperature=temperature)[0]
+
+
+def run_cells(engines: Sequence[Any], workload: Workload, methods: Sequence[str], prompts: Sequence[Sequence[int]],
+              concurrency: int, output_len: int, *, runs: int = 1, warmup: int = 1, seed: int = 0,
+              ignore_eos: bool = False, temperature: float | None = None) -> list[CellResult]:
+    """One cell for several methods (one engine each): every engine is warmed up, then the timed
+    runs alternate between the methods (A B C A B C ...) so that a machine whose speed drifts during
+    the cell weighs on every method alike; per method the best run counts."""
     from tandem.bench.offline import dummy_prompts
     from tandem.sampling_params import SamplingParams
 
     temp = workload.temperature if temperature is None else temperature
     params = [SamplingParams(temperature=temp, max_tokens=output_len, ignore_eos=ignore_eos,
                              seed=None if temp == 0 else seed + i) for i in range(len(prompts))]
-    vocab = engine.arch.vocab_size
-    for w in range(warmup):
-        warm = [d["prompt_token_ids"] for d in dummy_prompts(min(concurrency, 8), 16, vocab, seed + 1000 + w)]
-        drive(engine, warm, [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)] * len(warm), concurrency)
-    best: tuple[dict[str, Any], Any, Any] | None = None
+    for engine in engines:
+        vocab = engine.arch.vocab_size
+        for w in range(warmup):
+            warm = [d["prompt_token_ids"] for d in dummy_prompts(min(concurrency, 8), 16, vocab, seed + 1000 + w)]
+            drive(engine, warm, [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)] * len(warm),
+                  concurrency)
+    best: list[tuple[dict[str, Any], Any, Any] | None] = [None] * len(engines)
     for _ in range(max(1, runs)):
-        # every run starts afresh: otherwise the suffix proposer's global cache would hold the
-        # previous run's answers to the very same prompts (and the policy its estimates)
-        reset_speculation(engine)
-        before = engine.stats.spec.copy()
-        m = drive(engine, prompts, params, concurrency)
-        after = engine.stats.spec.copy()
-        if best is None or m["output_tokens"] / m["duration_s"] > best[0]["output_tokens"] / best[0]["duration_s"]:
-            best = (m, before, after)
+        for i, engine in enumerate(engines):
+            # every run starts afresh: otherwise the suffix proposer's global cache would hold the
+            # previous run's answers to the very same prompts (and the policy its estimates)
+            reset_speculation(engine)
+            before = engine.stats.spec.copy()
+            m = drive(engine, prompts, params, concurrency)
+            after = engine.stats.spec.copy()
+            old = best[i]
+            if old is None or m["output_tokens"] / m["duration_s"] > old[0]["output_tokens"] / old[0]["duration_s"]:
+                best[i] = (m, before, after)
+    return [_cell_result(engine, workload, method, len(prompts), concurrency, b)
+            for engine, method, b in zip(engines, methods, best, strict=True)]
+
+
+def _cell_result(engine: Any, workload: Workload, method: str, num_prompts: int, concurrency: int,
+                 best: tuple[dict[str, Any], Any, Any] | None) -> CellResult:
     assert best is not None
     m, before, after = best
     drafts = after.num_drafts - before.num_drafts
@@ -234,7 +255,7 @@ def run_cell(engine: Any, workload: Workload, method: str, prompts: Sequence[Seq
     decided = [a - (before.chosen_k[i] if i < len(before.chosen_k) else 0) for i, a in enumerate(after.chosen_k)]
     policy_on = getattr(engine, "policy", None) is not None
     return CellResult(
-        workload.name, concurrency, method, len(prompts), m["output_tokens"], m["duration_s"],
+        workload.name, concurrency, method, num_prompts, m["output_tokens"], m["duration_s"],
         m["output_tokens"] / m["duration_s"] if m["duration_s"] > 0 else 0.0,
         m["mean_tpot_ms"], m["mean_itl_ms"], m["mean_ttft_ms"],
         acc / dtok if dtok else None, 1 + acc / drafts if drafts else None,
@@ -299,13 +320,15 @@ def _run_offline(args: argparse.Namespace, workloads: Sequence[str], concurrenci
     cells: list[CellResult] = []
     meta: dict[str, Any] = {}
 
-    def measure(llm: Any, method: Method, w: str, prompts: list[list[int]], c: int) -> None:
-        cell = run_cell(llm.engine, WORKLOADS[w], method.name, prompts, c, args.output_len, runs=args.runs,
-                        warmup=args.warmup, seed=args.seed, ignore_eos=args.ignore_eos,
-                        temperature=args.code_temperature if w == "code" else None)
-        cells.append(cell)
-        print(f"[{method.name}] {w} c={c}: {cell.output_throughput:.1f} tok/s, TPOT {cell.mean_tpot_ms:.2f} ms"
-              + (f", acceptance {cell.acceptance_rate:.2f}" if cell.acceptance_rate is not None else ""), flush=True)
+    def measure(llms: Sequence[Any], group: Sequence[Method], w: str, prompts: list[list[int]], c: int) -> None:
+        got = run_cells([llm.engine for llm in llms], WORKLOADS[w], [m.name for m in group], prompts, c,
+                        args.output_len, runs=args.runs, warmup=args.warmup, seed=args.seed,
+                        ignore_eos=args.ignore_eos, temperature=args.code_temperature if w == "code" else None)
+        for method, cell in zip(group, got):
+            cells.append(cell)
+            print(f"[{method.name}] {w} c={c}: {cell.output_throughput:.1f} tok/s, TPOT {cell.mean_tpot_ms:.2f} ms"
+                  + (f", acceptance {cell.acceptance_rate:.2f}" if cell.acceptance_rate is not None else ""),
+                  flush=True)
 
     def prompts_for(llm: Any, w: str) -> list[list[int]]:
         return workload_prompts(llm.engine, WORKLOADS[w], args.num_prompts, args.seed, args.output_len,
@@ -316,8 +339,7 @@ def _run_offline(args: argparse.Namespace, workloads: Sequence[str], concurrenci
         for w in workloads:
             prompts = prompts_for(llms[0], w)
             for c in concurrencies:
-                for llm, method in zip(llms, methods):
-                    measure(llm, method, w, prompts, c)
+                measure(llms, methods, w, prompts, c)
         meta = _engine_meta(args, llms[0].engine)
         del llms
         _free_memory()
@@ -328,7 +350,7 @@ def _run_offline(args: argparse.Namespace, workloads: Sequence[str], concurrenci
             for w in workloads:
                 prompts = prompts_for(llm, w)
                 for c in concurrencies:
-                    measure(llm, method, w, prompts, c)
+                    measure([llm], [method], w, prompts, c)
             del llm
             _free_memory()
     meta["methods"] = {m.name: m.speculative_config for m in methods}

@@ -210,3 +210,30 @@ def test_each_timed_run_starts_with_fresh_speculation(model_dir):
     finally:
         sweep.drive = orig
     assert seen == [0, 0, 0] and cell.output_tokens == 16
+
+
+def test_timed_runs_alternate_between_methods(model_dir):
+    """A cell's timed runs go A B A B (not A A B B): drift of the machine weighs on both alike."""
+    from tandem import LLM
+    from tandem.bench import sweep
+    from tandem.bench.sweep_spec import WORKLOADS
+
+    kw = dict(device="cpu", dtype="float32", kv_cache_memory_bytes=64 << 20)
+    a = LLM(str(model_dir), **kw).engine
+    b = LLM(str(model_dir), **kw, speculative_config={"method": "ngram", "num_speculative_tokens": 3}).engine
+    order: list[str] = []
+    drive = sweep.drive
+
+    def spy(engine, prompts, params, concurrency):
+        if len(prompts) == 3:  # timed runs only (the warm-up sends min(concurrency, 8) = 2)
+            order.append("a" if engine is a else "b")
+        return drive(engine, prompts, params, concurrency)
+
+    orig, sweep.drive = sweep.drive, spy
+    try:
+        cells = sweep.run_cells([a, b], WORKLOADS["code"], ["base", "ngram"],
+                                [[5, 6, 7] * 4, [8, 9] * 5, [4, 3] * 6], 2, 6, runs=2, warmup=1)
+    finally:
+        sweep.drive = orig
+    assert order == ["a", "b", "a", "b"]
+    assert [c.method for c in cells] == ["base", "ngram"] and all(c.output_tokens == 18 for c in cells)
