@@ -64,7 +64,7 @@ def _prompts(args: argparse.Namespace, llm: Any) -> list[list[int]]:
         with opener(args.humaneval, "rt", encoding="utf-8") as f:
             rows = [json.loads(line) for line in f if line.strip()]
         return [llm.engine.encode(r["prompt"]) for r in rows[: args.num_prompts]]
-    text = "def add(a, b):\n    return a + b\n\n" * 8
+    text = "def add(a, b):\n    return a + b\n\n" * 2
     return [llm.engine.encode(f"# file {i}\n" + text) for i in range(args.num_prompts)]
 
 

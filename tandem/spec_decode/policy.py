@@ -67,7 +67,7 @@ VERIFY_PROBE_EVERY = 256
 DECODE_PROBE_STEPS = 4  # on an asynchronous engine the first one restarts the pipeline (not steady)
 SHADOW_PER_STEP = 2  # lazy shadow drafts per step, at most (each costs a host proposal and a score)
 SHADOW_BATCH = 8  # ... and SHADOW_BATCH / batch per step below that (batch 64: one every 8 steps)
-WANTS_RECHECK = 4  # steps a "nobody would draft" answer stands before the estimates are consulted again
+WANTS_RECHECK = 4  # steps a "nobody would draft" answer stands at batch >= 8 (smaller batches: every step)
 DRAFT_COST_ALPHA = 0.2
 PRIOR_DRAFT_COST = 0.1  # a model-based proposer's draft step, in target decode steps, until measured
 
@@ -170,7 +170,8 @@ class GoodputPolicy:
         cands = candidates() if callable(candidates) else candidates
         if any(self._optimise(batch, cands, with_reach=True)):
             return True
-        self._no_until, self._no_batch = self._step + WANTS_RECHECK, bucket_of(batch)
+        # the estimates cost O(batch) per step; at small batch a missed verify costs more than asking
+        self._no_until, self._no_batch = self._step + (WANTS_RECHECK if batch >= 8 else 1), bucket_of(batch)
         return False
 
     def off(self, batch: int) -> bool:
