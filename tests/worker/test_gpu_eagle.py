@@ -99,7 +99,8 @@ def test_engine_with_eagle_on_cuda(tmp_path, layout):
     prompts = [[5, 9, 17, 33, 40], [7, 7, 7], list(range(3, 60))]
     kw = dict(device="cuda", dtype="float32", kv_cache_memory_bytes=64 << 20)
     plain = LLM(str(target), **kw)
-    spec = LLM(str(target), **kw, speculative_config={"model": str(head), "num_speculative_tokens": 3})
+    spec = LLM(str(target), **kw, speculative_config={"model": str(head), "num_speculative_tokens": 3,
+                                                      "disable_by_acceptance": False})  # draft every step
     a = tokens_of(plain.generate([{"prompt_token_ids": p} for p in prompts], greedy(24)))
     b = tokens_of(spec.generate([{"prompt_token_ids": p} for p in prompts], greedy(24)))
     same = sum(x == y for p, q in zip(a, b) for x, y in zip(p, q))
