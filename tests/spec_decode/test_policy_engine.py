@@ -147,3 +147,15 @@ def test_async_transitions_are_marked_and_timed(llama_dir, prompts, want, monkey
     assert restarts and all(not r.steady for r in restarts)
     assert all(r.num_tokens == sum(s.num_accepted + 1 for s in r.sampled) for r in records)
     assert sum(r.num_tokens for r in records) == sum(len(t) for t in want)
+
+
+def test_policy_is_on_by_default_on_cpu(llama_dir, prompts, want):
+    """Without ``disable_by_acceptance`` the goodput policy (and its guard) runs on CPU too: drafting
+    every step lost up to 0.62x there (docs/performance.md section 15). Output is unchanged."""
+    from tandem import LLM
+
+    llm = LLM(str(llama_dir), device="cpu", dtype="float32", kv_cache_memory_bytes=64 << 20, block_size=4,
+              speculative_config={"method": "ngram", "num_speculative_tokens": K})
+    assert llm.engine.policy is not None and llm.engine.policy.guard is not None
+    assert tokens_of(llm.generate(prompts, greedy(40), use_tqdm=False)) == want
+    assert sum(llm.engine.stats.spec.chosen_k) > 0  # the policy decided every proposal round
