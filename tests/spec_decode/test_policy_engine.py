@@ -11,6 +11,7 @@ import pytest
 from engine_utils import greedy, make_llm, random_prompts, tokens_of
 from tandem.spec_decode.policy import GoodputPolicy
 from tandem.spec_decode.policy_cost import StepCostModel
+from tandem.spec_decode.policy_guard import GoodputGuard
 from tiny_models import write_tiny_hf_checkpoint
 
 K = 3
@@ -49,6 +50,7 @@ def test_policy_switches_drafting_off_and_on(llama_dir, prompts, want, monkeypat
     llm = make_llm(llama_dir, async_scheduling=True,
                    speculative_config={"method": "ngram", "num_speculative_tokens": K, "disable_by_acceptance": True})
     eng = llm.engine
+    eng.policy.guard = GoodputGuard(min_efficiency=0.0)  # the model alone decides here (wall time varies)
     sigma = [100.0]  # a verify step costs 100 decode steps: speculation never pays
     monkeypatch.setattr(StepCostModel, "overhead", lambda self, b: (sigma[0], 0.0))
     assert tokens_of(llm.generate(prompts, greedy(40), use_tqdm=False)) == want
@@ -96,6 +98,7 @@ def test_draft_model_with_policy_is_lossless_and_chooses_per_request(tmp_path_fa
     policy = llm.engine.policy
     assert policy is not None and not policy.free and policy.shadow is None
     policy.probe_every = 4  # explore after 4 steps without drafts (the prior alone says "no" here)
+    policy.guard = GoodputGuard(min_efficiency=0.0)  # measured wall times must not block drafting here
     calls = [0]
     real = policy._optimise
 
@@ -133,6 +136,7 @@ def test_async_transitions_are_marked_and_timed(llama_dir, prompts, want, monkey
 
     monkeypatch.setattr(StepCostModel, "overhead", lambda self, b: (0.0, 0.0))  # a verify always pays
     monkeypatch.setattr(GoodputPolicy, "wants_any", every_sixth)
+    eng.policy.guard = GoodputGuard(min_efficiency=0.0)  # measured wall times must not block drafting here
     monkeypatch.setattr(GoodputPolicy, "choose", only_when_asked)
     records = []
     observe = eng.speculator.observe
