@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tandem.sample.seeded import SeededStream
 from tandem.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class Request:
     max_model_len: int
     prompt: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
-    generator: torch.Generator | None = None
+    generator: SeededStream | None = None  # params.seed given: randomness keyed by output position
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     spec_token_ids: list[int] = field(default_factory=list)

@@ -159,6 +159,7 @@ class Executor:
                 self._draft_probs(sampling, logits.shape[-1], logits.device), greedy,
                 [s.request.generator or self.generator for s, _ in sampling],
                 synthetic_acceptance_rate=synthetic,
+                positions=[s.request.num_output_tokens for s, _ in sampling],
             )
         sampled: list[tuple[tuple[int, ...], int, SampleLogprobs | None]] = []
         base = 0

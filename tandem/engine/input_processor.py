@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 
 from tandem.engine.output_processor import NewRequest
 from tandem.errors import PromptTooLongError, RequestError
 from tandem.request import Request
 from tandem.sample.logits import validate_for_vocab
+from tandem.sample.seeded import SeededStream
 from tandem.sampling_params import SamplingParams
 
 NO_TOKENIZER_MESSAGE = ("text prompts need the tokenizer, which skip_tokenizer_init=True did not load; "
@@ -25,13 +25,11 @@ NO_TOKENIZER_MESSAGE = ("text prompts need the tokenizer, which skip_tokenizer_i
 
 
 class InputProcessor:
-    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, eos_token_ids: tuple[int, ...],
-                 device: torch.device) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, eos_token_ids: tuple[int, ...]) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
-        self.device = device  # where seeded requests' generators live
         self.grammars: Any = None  # structured/compiler.GrammarCompilerCache, built on first use
 
     def encode(self, prompt: str) -> list[int]:
@@ -64,10 +62,7 @@ class InputProcessor:
         grammars = self._grammar_compiler(params)
         children = []
         for i in range(params.n):
-            gen = None
-            if params.seed is not None:
-                gen = torch.Generator(device=self.device)
-                gen.manual_seed(params.seed + i)
+            gen = None if params.seed is None else SeededStream(params.seed + i)
             children.append(Request(
                 request_id=request_id if params.n == 1 else f"{request_id}#{i}",
                 prompt_token_ids=list(ids), params=params, eos_token_ids=self.eos_token_ids,

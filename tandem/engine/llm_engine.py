@@ -69,7 +69,7 @@ class LLMEngine:
         if p.target_features and p.proposer is not None:
             self.executor.attach_features(p.target_features, p.proposer.record_features)  # type: ignore[attr-defined]
         self.input_processor = InputProcessor(self.tokenizer, self.arch.vocab_size, self.max_model_len,
-                                              self.eos_token_ids, self.device)
+                                              self.eos_token_ids)
         self.output_processor = OutputProcessor(p.decoder, self.stats, self._finish)
         self._use(p.speculator)
         self._log = PeriodicLogger() if config.log_stats else None

@@ -19,11 +19,18 @@ Glossary (see docs/architecture.md):
 - τ = mean tokens emitted per verify step = 1 + accepted / verify steps; per-position acceptance
   rate = accepted at position i / drafts reaching position i (see ``spec_decode/cost_model.py``).
 
-Randomness and reproducibility: per request, from its generator, we draw k uniforms (acceptance)
-then k + 1 rows of Exp(1) noise (the recovered/bonus sample by exponential race, ``sampler``),
+Deterministic drafts (one-hot q) are verified by coupling: row j samples x_j from p_j as plain
+sampling would (exponential race); d_j is accepted iff x_j == d_j, and the first x_j != d_j is the
+emitted token. P(accept) = p_j(d_j) and a rejected x_j is distributed as p_j without d_j, so this is
+the rejection rule above; and the emitted token at every position is the plain sample there.
+
+Randomness and reproducibility: per request, from its randomness (``generators``), we draw k
+uniforms (probabilistic drafts and benchmark mode only) then k + 1 rows of Exp(1) noise (the race),
 always the same amount whatever gets accepted. Requests sharing one generator object (the engine's
-default) are drawn together; a seeded request with its own generator gets the same draws in any batch. A k = 0
-request consumes exactly what ``sampler.sample`` would (one noise row), so it yields the same token.
+default) are drawn together. A seeded request (``seeded.SeededStream``) draws each row from its
+stream at that row's output position (``positions``), so with deterministic drafts its output is
+exactly its output without speculation, token for token, whatever k each step used. A k = 0 request
+consumes exactly what ``sampler.sample`` would (one noise row), so it yields the same token.
 
 Vectorisation: p_j(d_j), q_j(d_j), the accept test, the residual of every draft row and the race of
 every row are computed for the whole batch at once; the only host sync is the final transfer of the
@@ -42,7 +49,8 @@ from dataclasses import dataclass
 import torch
 
 from tandem.sample.argmax import greedy_ids
-from tandem.sample.sampler import draw_exponential, draw_grouped, draw_uniform, exponential_race
+from tandem.sample.sampler import draw_exponential, draw_rows, draw_uniform, exponential_race
+from tandem.sample.seeded import NOISE, UNIFORM, Randomness
 
 
 @dataclass(frozen=True)
@@ -52,19 +60,14 @@ class RejectionOutput:
     num_accepted: list[int]  # per request, 0..k_i
 
 
-def _recover(
-    target_probs: torch.Tensor, draft_probs: torch.Tensor | None, draft_token_ids: torch.Tensor
-) -> torch.Tensor:
-    """Recovery distribution norm(max(p − q, 0)) for draft rows: [M, V].
+def _recover(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """Recovery distribution norm(max(p − q, 0)) for probabilistic draft rows: [M, V].
 
-    target_probs: [M, V] p_j; draft_probs: [M, V] q_j or None (one-hot q at draft_token_ids [M]).
-    Where the residual is all zero (p ≤ q everywhere: rejection had probability 0) fall back to p.
+    target_probs: [M, V] p_j; draft_probs: [M, V] q_j. Where the residual is all zero (p ≤ q
+    everywhere: rejection had probability 0) fall back to p.
     Module-level on purpose: tests swap it to show that a wrong recovery is detected.
     """
-    if draft_probs is None:
-        residual = target_probs.scatter(1, draft_token_ids[:, None], 0.0)
-    else:
-        residual = (target_probs - draft_probs).clamp_min_(0.0)
+    residual = (target_probs - draft_probs).clamp_min_(0.0)
     total = residual.sum(dim=-1, keepdim=True)  # [M, 1]
     return torch.where(total > 0, residual / total.clamp_min(1e-30), target_probs)
 
@@ -101,14 +104,16 @@ def rejection_sample(
     draft_token_ids: Sequence[Sequence[int]],
     draft_probs: torch.Tensor | None,
     rows_greedy: Sequence[bool],
-    generators: Sequence[torch.Generator],
+    generators: Sequence[Randomness],
     synthetic_acceptance_rate: float | None = None,
+    positions: Sequence[int] | None = None,
 ) -> RejectionOutput:
     """Verify each request's drafts; emit accepted drafts + one recovered or bonus token.
 
     target_probs: [Σ(k_i + 1), V] rows of request i contiguous, in request order.
     draft_token_ids: per request, k_i ≥ 0 tokens. draft_probs: [Σ k_i, V] q at each draft position,
     or None for deterministic drafts (one-hot q). rows_greedy, generators: per request.
+    positions: per request, the output position of its first row (needed for seeded requests).
     """
     num_req = len(draft_token_ids)
     if len(rows_greedy) != num_req or len(generators) != num_req:
@@ -161,10 +166,11 @@ def rejection_sample(
 
     # --- randomness: per generator, uniforms (acceptance) then noise rows (race) ---
     # Counts depend only on k_i and the request's mode, never on what gets accepted.
-    u_counts = [k if (rate is not None or not rows_greedy[i]) else 0 for i, k in enumerate(ks)]
-    uniforms = draw_grouped(generators, u_counts, lambda n, g: draw_uniform(n, g, device), device)
+    coupled = rate is None and draft_probs is None  # one-hot drafts: accept iff the plain sample agrees
+    u_counts = [k if (rate is not None or (not rows_greedy[i] and not coupled)) else 0 for i, k in enumerate(ks)]
+    uniforms = draw_rows(generators, u_counts, lambda n, g: draw_uniform(n, g, device), device, positions, UNIFORM)
     if uniforms is None or sum(u_counts) != total_drafts:
-        # Greedy requests (without synthetic mode) draw nothing; their slots are never read.
+        # Greedy and coupled requests (without synthetic mode) draw nothing; their slots are never read.
         full = torch.zeros(total_drafts, dtype=torch.float32, device=device)  # [D]
         if uniforms is not None:
             slots = [draft_start[i] + j for i, c in enumerate(u_counts) for j in range(c)]
@@ -177,50 +183,52 @@ def rejection_sample(
     for i in random_req:
         rand_pos[i] = off
         off += ks[i] + 1
-    noise = draw_grouped(
+    noise = draw_rows(
         [generators[i] for i in random_req],
         [ks[i] + 1 for i in random_req],
         lambda n, g: draw_exponential(n, vocab, g, device),
         device,
+        None if positions is None else [positions[i] for i in random_req],
+        NOISE,
     )
 
-    # --- acceptance at every draft position ---
-    if total_drafts:
-        drows = torch.tensor(draft_rows, dtype=torch.long, device=device)  # [D]
-        dtok = torch.tensor(flat_drafts, dtype=torch.long, device=device)  # [D]
-        if rate is not None:
-            accept = uniforms < rate
-        else:
-            accept = dtok == target_argmax.index_select(0, drows)  # greedy rule
-            if random_req:
-                p_d = p[drows, dtok]  # [D] p_j(d_j)
-                if draft_probs is None:
-                    random_accept = uniforms < p_d  # q_j(d_j) = 1
-                else:
-                    q_d = draft_probs.float()[torch.arange(total_drafts, device=device), dtok]
-                    # u < p/q without dividing: also right when q_d = 0 (accept) or p_d = 0 (reject)
-                    random_accept = uniforms * q_d < p_d
-                is_greedy = torch.tensor(draft_greedy, dtype=torch.bool, device=device)
-                accept = torch.where(is_greedy, accept, random_accept)
-    else:
-        accept = torch.zeros(0, dtype=torch.bool, device=device)
-
     # --- candidate recovered/bonus token at every row of random requests ---
+    dtok = torch.tensor(flat_drafts, dtype=torch.long, device=device)  # [D]
     if rand_rows:
         assert noise is not None
         ridx = torch.tensor(rand_rows, dtype=torch.long, device=device)
-        dist = p.index_select(0, ridx)  # [n_rand, V]; bonus rows sample p_k as is
-        if rate is None:
+        dist = p.index_select(0, ridx)  # [n_rand, V]; bonus rows (and coupled rows) sample p_j as is
+        if rate is None and not coupled:
             # Positions (within rand_rows) and indices (within drafts) of random requests' drafts.
             sub_pos = [rand_pos[i] + j for i in random_req for j in range(ks[i])]
             if sub_pos:
                 sub_draft = [draft_start[i] + j for i in random_req for j in range(ks[i])]
                 sidx = torch.tensor(sub_pos, dtype=torch.long, device=device)
                 didx = torch.tensor(sub_draft, dtype=torch.long, device=device)
-                q_sub = None if draft_probs is None else draft_probs.float().index_select(0, didx)
-                recovered = _recover(dist.index_select(0, sidx), q_sub, dtok.index_select(0, didx))
+                assert draft_probs is not None
+                q_sub = draft_probs.float().index_select(0, didx)
+                recovered = _recover(dist.index_select(0, sidx), q_sub)
                 dist.index_copy_(0, sidx, recovered)
         tokens.index_copy_(0, ridx, exponential_race(dist, noise))
+
+    # --- acceptance at every draft position ---
+    if total_drafts:
+        drows = torch.tensor(draft_rows, dtype=torch.long, device=device)  # [D]
+        if rate is not None:
+            accept = uniforms < rate
+        else:
+            # greedy rule; coupled random rows: the plain sample (tokens) at row j equals d_j
+            accept = dtok == (tokens if coupled else target_argmax).index_select(0, drows)
+            if random_req and not coupled:
+                assert draft_probs is not None
+                p_d = p[drows, dtok]  # [D] p_j(d_j)
+                q_d = draft_probs.float()[torch.arange(total_drafts, device=device), dtok]
+                # u < p/q without dividing: also right when q_d = 0 (accept) or p_d = 0 (reject)
+                random_accept = uniforms * q_d < p_d
+                is_greedy = torch.tensor(draft_greedy, dtype=torch.bool, device=device)
+                accept = torch.where(is_greedy, accept, random_accept)
+    else:
+        accept = torch.zeros(0, dtype=torch.bool, device=device)
 
     # --- one host transfer, then O(k) bookkeeping per request ---
     flat = torch.cat([accept.long(), tokens]).tolist()

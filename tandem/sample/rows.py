@@ -9,8 +9,9 @@ The engine gathers, for one step, N rows in a fixed order:
 - a prefill chunk that completes the prompt contributes 1 row.
 
 Invariants: rows are immutable; ``output_token_ids`` holds only tokens *before* the row's
-position; ``generator`` is the request's own seeded generator (``params.seed`` given) or None, in
-which case the sampler uses the shared default generator handed to it.
+position; ``generator`` is the request's own randomness (a ``SeededStream`` when ``params.seed`` is
+given, drawn at the row's position ``len(output_token_ids)``; a ``torch.Generator`` drawn as a
+stream) or None, in which case the sampler uses the shared default generator handed to it.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
 
-import torch
 
+from tandem.sample.seeded import Randomness
 from tandem.sampling_params import SamplingParams
 
 
@@ -75,7 +76,7 @@ class SamplingRow:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]  # generated tokens before this position (incl. earlier drafts)
     eos_token_ids: tuple[int, ...] = ()  # model EOS ids: masked while len(output) < min_tokens
-    generator: torch.Generator | None = None  # None → the shared default generator
+    generator: Randomness | None = None  # None → the shared default generator
 
 
 def rows_for_request(
@@ -84,7 +85,7 @@ def rows_for_request(
     output_token_ids: Sequence[int],
     draft_token_ids: Sequence[int] = (),
     eos_token_ids: tuple[int, ...] = (),
-    generator: torch.Generator | None = None,
+    generator: Randomness | None = None,
 ) -> list[SamplingRow]:
     """The k + 1 rows of a request verifying k drafts (k = 0: the single decode/prefill row).
 

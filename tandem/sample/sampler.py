@@ -5,9 +5,10 @@ as p (it is the first arrival among independent exponential clocks of rates p_v)
 cumulative sum, no division by the total and no ``multinomial``, so it stays on the device and works
 on unnormalised rows too.
 
-Reproducibility: the noise of a row is drawn from that row's own generator (a request with a seed)
-as a separate [rows, vocab] draw, so a seeded request gets the same token for the same probabilities
-whatever else is in the batch. Rows without a generator share the default generator in one draw.
+Reproducibility: the noise of a seeded request's row is drawn from a generator seeded for that row's
+output position (``seeded.SeededStream``), so a seeded request gets the same token for the same
+probabilities whatever else is in the batch and whatever earlier steps drew. Rows without a seed
+share the default generator in one draw.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from tandem.sample.rows import SamplingRow
+from tandem.sample.seeded import NOISE, Randomness, SeededStream
 
 _TINY = torch.finfo(torch.float32).tiny
 
@@ -51,24 +53,30 @@ def draw_uniform(num: int, generator: torch.Generator, device: torch.device) -> 
     return u.to(device, non_blocking=True)
 
 
-def draw_grouped(
-    generators: Sequence[torch.Generator],
+def draw_rows(
+    sources: Sequence[Randomness],
     counts: Sequence[int],
     draw: Callable[[int, torch.Generator], torch.Tensor],
     device: torch.device,
+    positions: Sequence[int] | None = None,
+    purpose: int = NOISE,
 ) -> torch.Tensor | None:
     """Stack counts[i] draws (rows of ``draw``) per item i, in item order.
 
-    One ``draw(n, generator)`` call per distinct generator, covering its items in order, then one
-    index copy back to item order. A generator used by a single item gives the same values whatever
-    the other items are. Returns None when nothing is drawn (no generator is touched).
+    Items sharing one ``torch.Generator`` (by identity) get one ``draw(n, generator)`` call covering
+    their rows in order; a generator used by a single item gives the same values whatever the other
+    items are. A ``SeededStream`` item draws its row j from the generator of (positions[i] + j,
+    ``purpose``): the same values whatever was drawn before. Returns None when nothing is drawn.
     """
     total = sum(counts)
     if total == 0:
         return None
-    groups = group_by_generator(generators)
-    if len(groups) == 1:
-        return draw(total, groups[0][0])
+    if not any(isinstance(s, SeededStream) for s in sources):
+        groups = group_by_generator(sources)  # type: ignore[arg-type]
+        if len(groups) == 1:
+            return draw(total, groups[0][0])
+    elif positions is None:
+        raise ValueError("seeded items need their output positions")
     starts: list[int] = []
     acc = 0
     for n in counts:
@@ -76,11 +84,18 @@ def draw_grouped(
         acc += n
     draws: list[torch.Tensor] = []
     order: list[int] = []
-    for gen, items in groups:
-        rows = [starts[i] + j for i in items for j in range(counts[i])]
+    streams = [(i, s) for i, s in enumerate(sources) if not isinstance(s, SeededStream)]
+    for gen, items in group_by_generator([s for _, s in streams]):  # type: ignore[misc]
+        rows = [starts[streams[i][0]] + j for i in items for j in range(counts[streams[i][0]])]
         if rows:
             draws.append(draw(len(rows), gen))
             order.extend(rows)
+    for i, s in enumerate(sources):
+        if isinstance(s, SeededStream):
+            assert positions is not None
+            for j in range(counts[i]):
+                draws.append(draw(1, s.generator(positions[i] + j, purpose, device)))
+                order.append(starts[i] + j)
     stacked = torch.cat(draws)
     out = torch.empty_like(stacked)
     return out.index_copy_(0, torch.tensor(order, dtype=torch.long, device=device), stacked)
@@ -92,12 +107,14 @@ def exponential_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
 
 
 def sample(
-    probs: torch.Tensor, rows: Sequence[SamplingRow], default_generator: torch.Generator
+    probs: torch.Tensor, rows: Sequence[SamplingRow], default_generator: torch.Generator,
+    purpose: int = NOISE,
 ) -> torch.Tensor:
     """One token per row: [num_rows] int64 on probs' device.
 
     probs: [num_rows, vocab] from ``probs_from_logits``. Greedy rows take the argmax and consume no
-    randomness; random rows race against Exp(1) noise from ``row.generator or default_generator``.
+    randomness; random rows race against Exp(1) noise from ``row.generator or default_generator``
+    (a seeded row: its stream at position ``len(row.output_token_ids)`` for ``purpose``).
     """
     if probs.dim() != 2 or probs.shape[0] != len(rows):
         raise ValueError(
@@ -112,8 +129,9 @@ def sample(
     gens = [
         g if (g := rows[i].generator) is not None else default_generator for i in random_rows
     ]
-    noise = draw_grouped(
-        gens, [1] * len(gens), lambda n, g: draw_exponential(n, vocab, g, device), device
+    noise = draw_rows(
+        gens, [1] * len(gens), lambda n, g: draw_exponential(n, vocab, g, device), device,
+        [len(rows[i].output_token_ids) for i in random_rows], purpose,
     )  # [n_random, vocab]
     assert noise is not None  # len(gens) > 0
     ridx = torch.tensor(random_rows, dtype=torch.long, device=device)

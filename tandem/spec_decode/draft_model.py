@@ -25,6 +25,7 @@ from tandem.sample.argmax import greedy_ids
 from tandem.sample.logits import probs_from_logits, process_logits
 from tandem.sample.rows import SamplingRow
 from tandem.sample.sampler import sample
+from tandem.sample.seeded import DRAFT
 from tandem.spec_decode.base import DraftProposal
 from tandem.spec_decode.chain import collect_chain
 from tandem.worker.batch import SeqChunk
@@ -126,7 +127,7 @@ class DraftModelProposer:
             for i in idx
         ]
         probs = probs_from_logits(process_logits(logits, rows), rows)
-        toks = sample(probs, rows, self.default_generator).tolist()
+        toks = sample(probs, rows, self.default_generator, DRAFT).tolist()
         for j, i in enumerate(idx):
             drafts[i].append(toks[j])
             qs[i].append(probs[j])

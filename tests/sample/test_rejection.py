@@ -4,6 +4,7 @@ emitted tokens follow the target distribution (with a negative control showing t
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from tandem.sample.logits import probs_from_logits
 from tandem.sample.rejection import RejectionOutput, greedy_verify, rejection_sample
 from tandem.sample.rows import SamplingRow
 from tandem.sample.sampler import sample
+from tandem.sample.seeded import SeededStream
 from tandem.sampling_params import SamplingParams as SP
 
 V = 8
@@ -174,7 +176,7 @@ def target(logits: torch.Tensor) -> torch.Tensor:
     return probs_from_logits(logits, [SamplingRow(PARAMS, [], [])] * logits.shape[0])
 
 
-def build_trials(num: int, one_hot_q: bool, per_request_generators: bool, seed: int = 0):
+def build_trials(num: int, one_hot_q: bool, per_request_generators: bool | str, seed: int = 0):
     """num requests with k=2 drafts; p_1 and q_1 depend on the first draft token, as in real use."""
     torch.manual_seed(seed)
     p0 = target(torch.tensor([[2.0, 1.6, 1.2, 0.9, 0.5, 0.2, -0.3, -0.5]]))[0]
@@ -193,11 +195,15 @@ def build_trials(num: int, one_hot_q: bool, per_request_generators: bool, seed: 
     probs = torch.stack([p0.expand(num, V), P1[d0], p2.expand(num, V)], 1).reshape(3 * num, V)
     draft_probs = None if one_hot_q else torch.stack([q0.expand(num, V), Q1[d0]], 1).reshape(2 * num, V)
     drafts = torch.stack([d0, d1], 1).tolist()
-    if per_request_generators:
+    positions = None
+    if per_request_generators == "seeded":  # seeded requests, each at its own output position
+        gens: list[Any] = [SeededStream(100_000 * (seed + 1) + i) for i in range(num)]
+        positions = [i % 7 for i in range(num)]
+    elif per_request_generators:
         gens = [gen(100_000 * (seed + 1) + i) for i in range(num)]
     else:
         gens = [gen(seed + 12345)] * num
-    out = rejection_sample(probs, drafts, draft_probs, [False] * num, gens)
+    out = rejection_sample(probs, drafts, draft_probs, [False] * num, gens, positions=positions)
     return p0, q0, P1, p2, out
 
 
@@ -226,13 +232,42 @@ def test_emitted_tokens_follow_target(one_hot_q: bool):
     check_target_distribution(*trials, one_hot_q=one_hot_q)
 
 
-@pytest.mark.parametrize("one_hot_q", [False, True], ids=["draft_probs", "one_hot_q"])
-def test_negative_control_plain_target_recovery_is_detected(monkeypatch, one_hot_q: bool):
+def test_negative_control_plain_target_recovery_is_detected(monkeypatch):
     # Resampling from p_j instead of norm(max(p_j − q_j, 0)) double-counts tokens the draft likes.
-    monkeypatch.setattr(rejection, "_recover", lambda p, q, d: p)
-    p0, _, _, _, out = build_trials(30_000, one_hot_q, per_request_generators=False, seed=2)
+    monkeypatch.setattr(rejection, "_recover", lambda p, q: p)
+    p0, _, _, _, out = build_trials(30_000, False, per_request_generators=False, seed=2)
     first = np.array([t[0] for t in out.token_ids])
     assert chi2_pvalue(np.bincount(first, minlength=V), p0.numpy()) < 1e-6
+
+
+@pytest.mark.parametrize("one_hot_q", [False, True], ids=["draft_probs", "one_hot_q"])
+def test_seeded_requests_follow_target(one_hot_q: bool):
+    check_target_distribution(*build_trials(20_000, one_hot_q, "seeded", seed=4), one_hot_q=one_hot_q)
+
+
+def test_seeded_request_with_deterministic_drafts_emits_its_plain_samples():
+    """The same seed gives the same tokens with speculation (any k, any drafts) as without."""
+    torch.manual_seed(6)
+    steps = 40
+    logits = torch.randn(steps + 8, V) * 1.5  # the target's distribution at output position n
+    probs = torch.softmax(logits, -1)
+    for seed in range(10):
+        stream = SeededStream(seed)
+        plain = [sample(probs[n:n + 1], [SamplingRow(SP(seed=seed), [], [0] * n, (), stream)], gen(0)).item()
+                 for n in range(steps)]
+        g = gen(seed)
+        out: list[int] = []
+        while len(out) < steps:
+            n = len(out)
+            k = int(torch.randint(0, 5, (1,), generator=g))
+            # drafts: the plain tokens with some changed (so both accepts and rejections happen)
+            drafts = [plain[n + j] if n + j < steps and torch.rand(1, generator=g).item() < 0.6
+                      else int(torch.randint(0, V, (1,), generator=g)) for j in range(k)]
+            res = rejection_sample(probs[n:n + k + 1], [drafts], None, [False], [stream], positions=[n])
+            out.extend(res.token_ids[0])
+        assert out[:steps] == plain, seed
+    with pytest.raises(ValueError, match="positions"):
+        rejection_sample(probs[:2], [[1]], None, [False], [SeededStream(0)])
 
 
 def test_shared_generator_also_follows_target():

@@ -132,7 +132,9 @@ def test_sampled_distribution_matches_target(dirs, proposer, monkeypatch):
     without speculation, with T≠1 and top-k/top-p active and drafts whose q differs strongly from p:
     another model sampling; the target's own argmax as a one-hot q; suffix drafts (one-hot q; at
     position 1 they come from the global tree of earlier requests' outputs, so they are common and
-    often rejected). Replacing the recovery step by plain target sampling must be detected."""
+    often rejected). Replacing the recovery step by plain target sampling must be detected (drafts
+    with probabilities; one-hot drafts are verified by coupling, which has no recovery step: its
+    exactness is tested token for token in ``test_seeded_sampling_is_unchanged_by_speculation``)."""
     params = SamplingParams(temperature=1.3, top_k=6, top_p=0.95, max_tokens=3, ignore_eos=True)
     n = 3000
     plain = token_counts(make_llm(dirs[0], max_num_seqs=1024), n, params, 1)
@@ -147,12 +149,35 @@ def test_sampled_distribution_matches_target(dirs, proposer, monkeypatch):
     assert chi2_same(plain, token_counts(spec, n, params, 1)) > 1e-3
     st = spec.engine.stats.spec
     assert 0 < st.num_accepted_tokens < st.num_draft_tokens
+    if proposer != "draft_probabilistic":
+        return
     import tandem.sample.rejection as rej
 
-    monkeypatch.setattr(rej, "_recover", lambda p, q, d: p)
+    monkeypatch.setattr(rej, "_recover", lambda p, q: p)
     bad = chi2_same(plain, token_counts(spec, n, params, 1))
     print(f"acceptance {st.num_accepted_tokens}/{st.num_draft_tokens}, wrong-recovery p-value {bad:.2e}")
     assert bad < 1e-4
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix", "draft_greedy"])
+def test_seeded_sampling_is_unchanged_by_speculation(dirs, prompts, method):
+    """A seeded request's randomness is keyed by output position and one-hot drafts are verified by
+    coupling, so its sampled output is token for token what it is without speculation, whatever
+    was drafted and accepted (the goodput policy's timing decisions cannot change it)."""
+    params = [SamplingParams(temperature=0.9, top_p=0.95, seed=i, max_tokens=32, ignore_eos=True)
+              for i in range(len(prompts))]
+    plain = tokens_of(make_llm(dirs[0]).generate(prompts, params, use_tqdm=False))
+    if method == "draft_greedy":
+        cfg = {"method": "draft_model", "model": str(dirs[0]), "num_speculative_tokens": 3,
+               "draft_sample_method": "greedy"}
+    else:
+        cfg = {"method": method, "num_speculative_tokens": 4, **({"prompt_lookup_min": 1} if method == "ngram" else {})}
+    llm = make_llm(dirs[0], speculative_config=cfg)
+    assert tokens_of(llm.generate(prompts, params, use_tqdm=False)) == plain
+    st = llm.engine.stats.spec
+    assert 0 < st.num_accepted_tokens < st.num_draft_tokens
+    # and alone, one request at a time (other batches, other drafts)
+    assert tokens_of(llm.generate(prompts[3], params[3], use_tqdm=False)) == plain[3:4]
 
 
 def test_synthetic_acceptance_is_labelled_and_hits_rate(dirs, prompts):
