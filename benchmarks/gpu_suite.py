@@ -24,6 +24,10 @@ What it does, per section:
 - ``smol``: SmolLM2-135M shape, batch 1.
 - ``sweep``: 8B decode throughput at batch 1, 8, 32, 128 with and without speculation (α=0.6, k=3).
 - ``b64``: 8B batch 64 with and without speculation (α=0.6, k=3).
+- ``w4``: the 8B shape with int4 weights (``quantization="int4"``: the dummy bf16 linears quantized
+  at load, asymmetric groups of 128, served by ``W4Linear``): the reference check, batch-1 decode
+  against the int4 floor (packed weights + scales + the bf16 embedding / LM head + KV), and the
+  ``spec`` section with the bf16 1B draft.
 
 Dummy checkpoints are a config.json plus a word-level tokenizer covering the whole vocabulary.
 The engine opens a draft model with ``open_checkpoint(path)`` and no ``load_format`` (the target's
@@ -126,7 +130,8 @@ def _dummy_draft_workaround(root: Path) -> None:
     E.open_checkpoint = patched
 
 
-def make_llm(path: Path, draft: Path | None = None, kv_gib: float = 8.0, max_num_seqs: int = 256) -> Any:
+def make_llm(path: Path, draft: Path | None = None, kv_gib: float = 8.0, max_num_seqs: int = 256,
+             quantization: str | None = None) -> Any:
     from tandem import LLM
 
     spec = None
@@ -138,11 +143,14 @@ def make_llm(path: Path, draft: Path | None = None, kv_gib: float = 8.0, max_num
     return LLM(str(path), load_format="dummy", dtype="bfloat16" if DEVICE == "cuda" else "float32",
                device=DEVICE, max_model_len=MAX_POS,
                kv_cache_memory_bytes=int(kv_gib * 2**30), enable_prefix_caching=False,
-               max_num_seqs=max_num_seqs, speculative_config=spec)
+               max_num_seqs=max_num_seqs, speculative_config=spec, quantization=quantization)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes of the weights a step reads: parameters plus packed int4 buffers (codes, scales, offsets)."""
+    packed = sum(b.numel() * b.element_size() for n, b in model.named_buffers()
+                 if n.rsplit(".", 1)[-1] in ("qweight", "scale", "offset"))
+    return packed + sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def kv_bytes_per_token(arch: Any) -> int:
@@ -637,6 +645,18 @@ def main() -> None:
         guarded("b64", section_sweep, llms["8b"], [64], key="b64")
     if "sweep" in sections:
         guarded("sweep", section_sweep, llms["8b"], [int(b) for b in args.sweep_batches.split(",")])
+    if "w4" in sections:
+        llms.pop("8b", None)
+        torch.cuda.empty_cache()
+        t1 = time.perf_counter()
+        llms["8b-w4"] = make_llm(d8, draft=d1, kv_gib=12.0, quantization="int4")
+        llms["8b-w4"].engine._suite_draft = str(d1)
+        say(f"built 8B int4 (+1B bf16 draft) engine in {time.perf_counter() - t1:.1f} s")
+        guarded("ref-w4", lambda: RESULTS.setdefault("ref", {}).update({"8b-int4": reference_check(llms["8b-w4"], "8B-int4")}))
+        guarded("decode-w4", section_decode, {"8B-int4": llms["8b-w4"]}, ["8B-int4"])
+        guarded("spec-w4", section_spec, llms["8b-w4"], [(0.6, 3), (0.8, 3), (0.6, 5), (0.8, 5)], runs=args.spec_runs,
+                key="spec-w4")
+        llms.pop("8b-w4", None)
     if "rows" in sections and "8b" in llms:
         guarded("rows-8b", section_variants, llms["8b"], variants=_ROWS_VARIANTS, key="rows",
                 steps=((1, 1), (1, 4), (1, 6), (4, 1), (8, 1)))
@@ -683,9 +703,9 @@ def summary_table() -> str:
         lines.append(f"| {name} b=1 decode | floor {r['floor_tok_s']:.0f} tok/s; graph replay {1e3 / r.get('gpu_ms', float('nan')):.0f} tok/s "
                      f"({r['frac_gpu']:.1%}); runner {1e3 / r['step_ms']:.0f} tok/s ({r['frac_step']:.1%}); engine "
                      f"{r['engine_tok_s']:.0f} tok/s ({r['frac_engine']:.1%}) |")
-    for key in ("spec",):
+    for key in ("spec", "spec-w4"):
         for cfg, r in RESULTS.get(key, {}).get("configs", {}).items():
-            lines.append(f"| 8B+1B b=1 α={r['alpha']} k={r['k']} | {r['tok_s']:.0f} tok/s, x{r['speedup']:.2f}; c={r['c']:.3f} "
+            lines.append(f"| 8B{'-int4' if key == 'spec-w4' else ''}+1B b=1 α={r['alpha']} k={r['k']} | {r['tok_s']:.0f} tok/s, x{r['speedup']:.2f}; c={r['c']:.3f} "
                          f"v={r['v']:.3f}; S={r['S']:.2f} η={r['eta']:.3f} (τ={r['tau']:.2f}: η={r['eta_realised_tau']:.3f}) |")
     for key in ("b64", "sweep"):
         for b, r in RESULTS.get(key, {}).items():

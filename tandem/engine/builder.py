@@ -81,7 +81,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
     generator = torch.Generator(device=device)
     generator.manual_seed(model_cfg.seed)
     quant = resolve_quantization(model_cfg.quantization, ckpt, device)
-    model = build_model(arch, ckpt.weights(packed=quant is not None), dtype, device, max_model_len, quant)
+    model = build_model(arch, ckpt.weights(packed=quant is not None), dtype, device, max_model_len, quant,
+                        named=model_cfg.quantization is not None)
     # After the weights: the load's temporaries are gone before the tokenizer's ~50 MB arrive (peak RSS).
     tokenizer = None if model_cfg.skip_tokenizer_init else ckpt.load_tokenizer()  # None: token-id prompts only
     eos = set(arch.eos_token_ids)
@@ -140,7 +141,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
     draft_runner = None
     if draft_arch is not None and spec is not None:
         draft_model = build_model(draft_arch, draft_weights, dtype, device, spec.max_model_len or max_model_len,
-                                  draft_quant)
+                                  draft_quant, named=spec.quantization is not None)
         draft_runner = make_runner(draft_model, allocate_kv_cache(draft_arch, num_blocks, block_size, dtype, device),
                                    block_size, device, spec.draft_runner_config(runner_cfg),
                                    max_model_len=max_model_len, lookahead=lookahead)  # the target's block tables

@@ -26,17 +26,19 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def build_model(arch: ModelArch, weights: Iterator[tuple[str, torch.Tensor | QuantizedWeight]], dtype: torch.dtype,
-                device: torch.device, max_positions: int, quantization: str | None = None) -> CausalLM:
+                device: torch.device, max_positions: int, quantization: str | None = None,
+                named: bool = False) -> CausalLM:
     """``quantization`` (resolved, ``loader/checkpoint.resolve_quantization``): quantized checkpoint
-    weights arrive as QuantizedWeight and are packed on CPU (dequantized elsewhere); ``int8`` /
-    ``int4`` quantize the float linears after loading."""
+    weights arrive as QuantizedWeight and are packed on the CPU, and on CUDA when the user ``named``
+    the quantization (W4, ``models/quant/cuda_w4.py``: opt-in until measured on the GPU); otherwise
+    they are dequantized to ``dtype``. ``int8`` / ``int4`` quantize the float linears after loading."""
     with _default_dtype(dtype), torch.device(device):
         model = CausalLM(arch, max_positions)
     # On CUDA, dummy weights are drawn on the device in the model dtype (no host round trip).
     where = generate_on(device, dtype) if torch.device(device).type == "cuda" else contextlib.nullcontext()
     with where:
         model.load_weights(((name, t if isinstance(t, QuantizedWeight) else t.to(device=device, dtype=dtype))
-                            for name, t in weights), pack_quantized=torch.device(device).type == "cpu")
+                            for name, t in weights), pack_quantized=torch.device(device).type == "cpu" or named)
     if quantization in ON_THE_FLY:
         quantize_linears(model, quantization)
     if torch.device(device).type == "cpu":

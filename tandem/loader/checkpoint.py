@@ -273,8 +273,8 @@ def resolve_quantization(requested: str | None, ckpt: Checkpoint, device: torch.
                          key: str = "quantization") -> str | None:
     """The quantization a model is loaded with: ``requested`` (ModelConfig / speculative_config
     ``quantization``) checked against what ``ckpt`` holds. Unset: the checkpoint's own format (None for
-    float weights). A checkpoint format that is not the checkpoint's, or int8/int4 on a quantized
-    checkpoint or off the CPU, is one ConfigError naming ``key``. "none" loads everything as float."""
+    float weights). A checkpoint format that is not the checkpoint's, int8/int4 on a quantized
+    checkpoint, or int8 off the CPU, is one ConfigError naming ``key``. "none" loads everything as float."""
     check_quantization(key, requested)
     req = canonical_quantization(requested)
     found = ckpt.quantization
@@ -292,8 +292,8 @@ def resolve_quantization(requested: str | None, ckpt: Checkpoint, device: torch.
         if found is not None:
             raise ConfigError(key, f"{req} quantizes float checkpoints at load, but {ckpt.source} is already "
                                    f"{found}-quantized; leave {key} unset", allowed=QUANTIZATIONS)
-        if device.type != "cpu":
-            raise ConfigError(key, f"on-the-fly {req} runs on the CPU kernels only (device {device}); leave {key} "
-                                   "unset on CUDA", allowed=[*CHECKPOINT_QUANTIZATIONS, "none"])
+        if device.type != "cpu" and req != "int4":
+            raise ConfigError(key, f"on-the-fly {req} runs on the CPU kernels only (device {device}); on CUDA use "
+                                   "int4 or leave it unset", allowed=[*CHECKPOINT_QUANTIZATIONS, "int4", "none"])
         return req
     raise ConfigError(key, f"unknown quantization {requested!r}", allowed=QUANTIZATIONS)  # pragma: no cover

@@ -17,6 +17,10 @@ Either way the adds round in the model dtype exactly as ``x = x + f(x)`` does. N
 (``fused_supported`` is False: the runner uses the torch kernels with Triton attention): Gemma3
 (sandwich norms, scaled embeddings, soft-capping), non-power-of-2 head dims, activations other than
 SiLU. These kernels read the model's parameters; they never copy or re-lay out weights.
+
+Int4 layers (``W4Linear``, models/quant/cuda_w4.py) take the same paths: the skinny kernels stream
+their packed weight (``W4Weight``) with the same fusions; the cuBLAS body calls the module (its own
+choice: skinny up to 16 rows, else dequantize + GEMM).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import torch.nn.functional as F
 from tandem.loader.arch import ModelArch
 from tandem.models.forward_context import ResidualStream
 from tandem.models.layers import GatedMLP, Linear, PackedLinear, RMSNorm
+from tandem.models.quant.cuda_w4 import W4Linear
+from tandem.models.quant.w4_weight import W4Weight
 from tandem.worker.triton_gemv import MAX_ROWS, gemv
 from tandem.worker.triton_ops import rmsnorm, silu_mul
 
@@ -55,6 +61,18 @@ def fused_supported(arch: ModelArch) -> bool:
     )
 
 
+AnyLinear = Linear | PackedLinear | W4Linear
+
+
+def _weight(layer: AnyLinear) -> torch.Tensor | W4Weight:
+    """What the skinny kernel streams: the float weight, or the packed int4 one."""
+    return layer.w4 if isinstance(layer, W4Linear) else layer.weight
+
+
+def _matmul(x: torch.Tensor, layer: AnyLinear) -> torch.Tensor:
+    return layer(x) if isinstance(layer, W4Linear) else F.linear(x, layer.weight, layer.bias)
+
+
 class SkinnyKernels:
     """At most ``triton_gemv.MAX_ROWS`` rows: fused skinny Triton matmuls, residual updated in place."""
 
@@ -62,19 +80,19 @@ class SkinnyKernels:
         self.dot = dot  # 2+ rows on 16-row tensor-core tiles instead of one program per row
         self.defer = defer  # deferred reduction: None = per shape
 
-    def linear(self, x: torch.Tensor, layer: Linear | PackedLinear) -> torch.Tensor:
-        return gemv(x, layer.weight, layer.bias, dot=self.dot, defer=self.defer)
+    def linear(self, x: torch.Tensor, layer: AnyLinear) -> torch.Tensor:
+        return gemv(x, _weight(layer), layer.bias, dot=self.dot, defer=self.defer)
 
-    def norm_linear(self, stream: ResidualStream, norm: RMSNorm, layer: Linear | PackedLinear) -> torch.Tensor:
-        return gemv(stream.x, layer.weight, layer.bias, norm_weight=norm.weight, eps=norm.eps, dot=self.dot,
+    def norm_linear(self, stream: ResidualStream, norm: RMSNorm, layer: AnyLinear) -> torch.Tensor:
+        return gemv(stream.x, _weight(layer), layer.bias, norm_weight=norm.weight, eps=norm.eps, dot=self.dot,
                     defer=self.defer)
 
-    def linear_add(self, x: torch.Tensor, layer: Linear | PackedLinear, stream: ResidualStream) -> ResidualStream:
-        gemv(x, layer.weight, layer.bias, residual=stream.x, dot=self.dot, defer=self.defer)
+    def linear_add(self, x: torch.Tensor, layer: AnyLinear, stream: ResidualStream) -> ResidualStream:
+        gemv(x, _weight(layer), layer.bias, residual=stream.x, dot=self.dot, defer=self.defer)
         return stream
 
     def norm_gated_mlp_in(self, stream: ResidualStream, norm: RMSNorm, mlp: GatedMLP) -> torch.Tensor:
-        return gemv(stream.x, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, norm_weight=norm.weight,
+        return gemv(stream.x, _weight(mlp.gate_up_proj), mlp.gate_up_proj.bias, norm_weight=norm.weight,
                     eps=norm.eps, gated=True, dot=self.dot, defer=self.defer)  # silu(gate) * up
 
     def final_norm(self, stream: ResidualStream, norm: RMSNorm) -> torch.Tensor:
@@ -87,8 +105,8 @@ class SkinnyKernels:
 class CublasKernels:
     """Any row count: cuBLAS matmuls; norms with the pending residual add fused in (Triton)."""
 
-    def linear(self, x: torch.Tensor, layer: Linear | PackedLinear) -> torch.Tensor:
-        return F.linear(x, layer.weight, layer.bias)
+    def linear(self, x: torch.Tensor, layer: AnyLinear) -> torch.Tensor:
+        return _matmul(x, layer)
 
     def _norm(self, stream: ResidualStream, norm: RMSNorm) -> torch.Tensor:
         if stream.pending is None:
@@ -97,15 +115,15 @@ class CublasKernels:
         stream.pending = None
         return h
 
-    def norm_linear(self, stream: ResidualStream, norm: RMSNorm, layer: Linear | PackedLinear) -> torch.Tensor:
-        return F.linear(self._norm(stream, norm), layer.weight, layer.bias)
+    def norm_linear(self, stream: ResidualStream, norm: RMSNorm, layer: AnyLinear) -> torch.Tensor:
+        return _matmul(self._norm(stream, norm), layer)
 
-    def linear_add(self, x: torch.Tensor, layer: Linear | PackedLinear, stream: ResidualStream) -> ResidualStream:
-        stream.pending = F.linear(x, layer.weight, layer.bias)  # added by the next norm
+    def linear_add(self, x: torch.Tensor, layer: AnyLinear, stream: ResidualStream) -> ResidualStream:
+        stream.pending = _matmul(x, layer)  # added by the next norm
         return stream
 
     def norm_gated_mlp_in(self, stream: ResidualStream, norm: RMSNorm, mlp: GatedMLP) -> torch.Tensor:
-        gu = F.linear(self._norm(stream, norm), mlp.gate_up_proj.weight, mlp.gate_up_proj.bias)
+        gu = _matmul(self._norm(stream, norm), mlp.gate_up_proj)
         return silu_mul(gu, mlp.intermediate)
 
     def final_norm(self, stream: ResidualStream, norm: RMSNorm) -> torch.Tensor:

@@ -25,6 +25,11 @@ product: a verify row's logits equal the 1-row decode's bit for bit up to attent
 ~rows × one row on big weights (bandwidth) but little more than one row on small models (latency);
 ``dot=True`` instead runs 16-row tensor-core tiles (slower than cuBLAS at every shape measured).
 CPU tensors work under ``TRITON_INTERPRET=1`` (tests).
+
+Int4 weights (``W4Weight``, GPU serving of 4-bit checkpoints, models/quant/cuda_w4.py): the same
+kernel streams two codes per byte plus a scale and an offset per group of K and dequantizes each tile
+in registers, ``w = code · scale + offset`` rounded to the model dtype, before the same products: the
+result is the 1-row product with the dequantized weight, at a quarter of the bf16 weight bytes.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import triton
 import triton.language as tl
 
 from tandem.worker.pdl import launch_kwargs, pdl_enabled, pdl_prologue
+from tandem.models.quant.w4_weight import W4Weight
 
 MAX_ROWS = 16
 # Deferred reduction (element-wise partial sums, one cross-thread reduction after the K loop) pays for
@@ -43,13 +49,31 @@ MAX_ROWS = 16
 
 
 @triton.jit
+def _w4_tile(w_rows, s_rows, z_rows, k0, n_mask, dt: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
+    """The [BLOCK_N, BLOCK_K] tile at K offset k0 of an int4 weight, dequantized and rounded to ``dt``
+    (zero outside N and K). Bytes hold codes k (low nibble) and k + 1 (high nibble) for even k."""
+    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    byte = tl.load(w_rows + kb[None, :], mask=n_mask[:, None] & (kb < K // 2)[None, :], other=0)
+    lo = (byte & 15).to(tl.float32)
+    hi = (byte >> 4).to(tl.float32)
+    q = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K // GROUP, GROUP))  # natural K order
+    g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+    gm = n_mask[:, None] & (g < K // GROUP)[None, :]
+    sc = tl.load(s_rows + g[None, :], mask=gm, other=0.0).to(tl.float32)
+    zo = tl.load(z_rows + g[None, :], mask=gm, other=0.0).to(tl.float32)
+    w = q * sc[:, :, None] + zo[:, :, None]
+    return tl.reshape(w, (BLOCK_N, BLOCK_K)).to(dt)
+
+
+@triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, eps,
-    M, N, stride_xm, stride_wn, stride_rm, stride_om, up_off,
+    x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, s_ptr, z_ptr, eps,
+    M, N, stride_xm, stride_wn, stride_rm, stride_om, stride_sn, up_off,
     K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
     USE_DOT: tl.constexpr, DEFER: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, W4: tl.constexpr, GROUP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if BLOCK_M == 1:  # one row per program, rows fastest: the M programs of a column block run
@@ -57,7 +81,7 @@ def _gemv_kernel(
         pid = pid // M
     else:
         row0 = 0
-    dt = w_ptr.dtype.element_ty
+    dt = s_ptr.dtype.element_ty if W4 else w_ptr.dtype.element_ty
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
     m = row0 + tl.arange(0, BLOCK_M)
@@ -65,6 +89,8 @@ def _gemv_kernel(
     x_rows = x_ptr + m[:, None].to(tl.int64) * stride_xm
     w_rows = w_ptr + n[:, None].to(tl.int64) * stride_wn
     u_rows = w_rows + up_off * stride_wn  # GATED: the "up" half of a packed [gate | up] weight
+    s_rows = s_ptr + n[:, None].to(tl.int64) * stride_sn  # W4: scales / offsets of these columns
+    z_rows = z_ptr + n[:, None].to(tl.int64) * stride_sn
     if PDL:  # see pdl.py: x, the residual and the output only after this
         pdl_prologue()
 
@@ -86,7 +112,10 @@ def _gemv_kernel(
             nw = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
             xv = (xf * nw[None, :]).to(dt)
         wm = n_mask[:, None] & k_mask[None, :]
-        w = tl.load(w_rows + k[None, :], mask=wm, other=0.0)
+        if W4:
+            w = _w4_tile(w_rows, s_rows, z_rows, k0, n_mask, dt, K, BLOCK_N, BLOCK_K, GROUP)
+        else:
+            w = tl.load(w_rows + k[None, :], mask=wm, other=0.0)
         if USE_DOT:
             acc += tl.dot(xv, tl.trans(w))
         elif DEFER:  # BLOCK_M == 1: multiply-add on the CUDA cores
@@ -94,7 +123,11 @@ def _gemv_kernel(
         else:
             acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32), 1)[None, :]
         if GATED:
-            wu = tl.load(u_rows + k[None, :], mask=wm, other=0.0)
+            if W4:
+                wu = _w4_tile(u_rows, s_rows + up_off * stride_sn, z_rows + up_off * stride_sn, k0, n_mask, dt,
+                              K, BLOCK_N, BLOCK_K, GROUP)
+            else:
+                wu = tl.load(u_rows + k[None, :], mask=wm, other=0.0)
             if USE_DOT:
                 acc_u += tl.dot(xv, tl.trans(wu))
             elif DEFER:
@@ -153,7 +186,7 @@ def _defer(block_n: int, forced: bool | None) -> bool:
 
 def gemv(
     x: torch.Tensor,  # [M, K]
-    weight: torch.Tensor,  # [N, K]; gated: [2I, K] packed gate | up
+    weight: torch.Tensor | W4Weight,  # [N, K]; gated: [2I, K] packed gate | up
     bias: torch.Tensor | None = None,
     *,
     norm_weight: torch.Tensor | None = None,
@@ -165,36 +198,44 @@ def gemv(
     defer: bool | None = None,  # deferred reduction: None = per shape (see _defer)
 ) -> torch.Tensor:  # [M, N] (gated: [M, I] = silu(x W_gate^T) * (x W_up^T))
     mrows, kin = x.shape
+    w4 = weight if isinstance(weight, W4Weight) else None
+    wt = w4.qweight if w4 is not None else weight  # what the kernel streams
+    assert isinstance(wt, torch.Tensor)
     nw_rows = weight.shape[0]
     nout = nw_rows // 2 if gated else nw_rows
     if mrows > MAX_ROWS:
         raise ValueError(f"gemv handles at most {MAX_ROWS} rows, got {mrows}")
-    if weight.shape[1] != kin or x.stride(1) != 1 or weight.stride(1) != 1 or (gated and nw_rows % 2):
+    if weight.shape[1] != kin or x.stride(1) != 1 or wt.stride(1) != 1 or (gated and nw_rows % 2):
         raise ValueError(f"gemv: x {tuple(x.shape)} does not fit weight {tuple(weight.shape)}")
     if residual is not None:
         if residual.shape != (mrows, nout) or residual.stride(1) != 1:
             raise ValueError(f"gemv: residual {tuple(residual.shape)} is not [{mrows}, {nout}]")
         out = residual
     else:
-        out = torch.empty((mrows, nout), dtype=weight.dtype, device=weight.device)
+        out = torch.empty((mrows, nout), dtype=weight.dtype, device=wt.device)
     if mrows == 0:
         return out
     use_dot = mrows > 1 and dot
     block_n, block_k, warps = config or gemv_config(mrows, nw_rows, kin, use_dot)
     if gated and config is None:  # each program reads block_n gate rows and block_n up rows
         block_n = max(4, block_n // 2)
+    if w4 is not None:  # whole groups per K tile, at least two codes per program row
+        block_k = max(block_k, w4.group)
     pdl = pdl_enabled(x.device)
     block_m = 16 if use_dot else 1
     if use_dot:
         block_n = max(block_n, 16)
     grid = (triton.cdiv(nout, block_n) * (1 if use_dot else mrows),)
+    scale = w4.scale if w4 is not None else out  # (unused pointers when not W4)
     _gemv_kernel[grid](
-        x, weight, bias if bias is not None else weight,
-        norm_weight if norm_weight is not None else weight, out, out, eps,
-        mrows, nout, x.stride(0), weight.stride(0), out.stride(0), out.stride(0), nout if gated else 0,
+        x, wt, bias if bias is not None else out,
+        norm_weight if norm_weight is not None else out, out, out, scale,
+        w4.offset if w4 is not None else out, eps,
+        mrows, nout, x.stride(0), wt.stride(0), out.stride(0), out.stride(0), scale.stride(0), nout if gated else 0,
         K=kin, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         HAS_BIAS=bias is not None, NORM=norm_weight is not None, GATED=gated,
-        HAS_RES=residual is not None, USE_DOT=use_dot, DEFER=not use_dot and _defer(block_n, defer), PDL=pdl, num_warps=warps,
+        HAS_RES=residual is not None, USE_DOT=use_dot, DEFER=not use_dot and _defer(block_n, defer), PDL=pdl,
+        W4=w4 is not None, GROUP=w4.group if w4 is not None else 1, num_warps=warps,
         **launch_kwargs(pdl),
     )
     return out

@@ -76,8 +76,9 @@ def test_resolution_rules(dirs):
     assert resolve_quantization("none", q, cpu) is None
     assert resolve_quantization(None, f, cpu) is None
     assert resolve_quantization("int8", f, cpu) == "int8"
+    assert resolve_quantization("int4", f, torch.device("cuda")) == "int4"  # W4 on CUDA
     with pytest.raises(ConfigError, match="CPU kernels only"):
-        resolve_quantization("int4", f, torch.device("cuda"))
+        resolve_quantization("int8", f, torch.device("cuda"))
 
 
 @pytest.mark.parametrize("patch,key", [

@@ -4,10 +4,10 @@
 Shards of a packed projection (q/k/v → qkv_proj, gate/up → gate_up_proj) are held until all have
 arrived, stacked (``concat_rows``) and packed into one kernel module that replaces the float module
 (its bias, loaded as a float tensor, moves over). A weight is dequantized into the float module
-instead when packing is off (CUDA: the fused CUDA kernels read ``module.weight``), when the module is
+instead when packing is off (CUDA unless quantization was named: ``engine/model_loader.py``), when the module is
 the embedding or ``lm_head`` (kept float: the tied embedding needs row lookups, and the LM head's
 error would move greedy picks, docs/quantization.md), when shards cannot share one matmul, or when
-no CPU kernel holds the format (``kernels.make_quant_linear`` returns None). Each such fallback is
+no kernel on the device holds the format (``kernels.make_quant_linear`` returns None). Each such fallback is
 counted and logged once per load.
 
 :func:`quantize_linears` is the on-the-fly ``int8`` / ``int4`` path for float checkpoints.
@@ -34,6 +34,8 @@ ON_THE_FLY: dict[str, tuple[int, int | None, bool]] = {
     "int8": (8, None, True),   # int8pack, one bf16 scale per output row
     "int4": (4, 32, False),    # int4pack, asymmetric groups of 32 (as GGUF Q4_1)
 }
+# On CUDA (W4, cuda_w4.py): int4 in asymmetric groups of 128, the GPTQ / AWQ default.
+ON_THE_FLY_CUDA: dict[str, tuple[int, int | None, bool]] = {"int4": (4, 128, False)}
 _LAYER_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
@@ -109,7 +111,7 @@ class QuantizedLinears:
                 raise ModelLoadError(f"quantized weight {label} has shape {qw.shape}, the model expects "
                                      f"{(rows, module.weight.shape[1])}")
         stacked = concat_rows(parts) if len(parts) > 1 else parts[0]
-        new = make_quant_linear(stacked, module.bias) if stacked is not None else None
+        new = make_quant_linear(stacked, module.bias, module.weight) if stacked is not None else None
         if new is not None:
             _replace(model, name, new)
             self.kernels[f"{new.kernel} ({stacked.source})"] += 1
@@ -133,14 +135,15 @@ class QuantizedLinears:
         if self.kernels:
             logger.info("quantized linears packed: %s", ", ".join(f"{n}× {k}" for k, n in sorted(self.kernels.items())))
         if self.dequantized:
-            why = "" if self.pack else " (packing is CPU-only)"
+            why = "" if self.pack else " (packed only on the CPU, or on CUDA when quantization is named)"
             logger.info("quantized tensors dequantized to float%s: %s", why,
                         ", ".join(f"{n}× {k}" for k, n in sorted(self.dequantized.items())))
 
 
 def quantize_linears(model: nn.Module, method: str) -> Counter[str]:
     """On-the-fly weight-only quantization of every decoder layer's linears (``int8`` / ``int4``)."""
-    bits, group, symmetric = ON_THE_FLY[method]
+    cuda = next(model.parameters()).device.type == "cuda"
+    bits, group, symmetric = (ON_THE_FLY_CUDA if cuda else ON_THE_FLY)[method]
     done: Counter[str] = Counter()
     for i, _ in enumerate(model.model.layers):
         for rel in _LAYER_LINEARS:
@@ -148,7 +151,7 @@ def quantize_linears(model: nn.Module, method: str) -> Counter[str]:
             module = model.get_submodule(name)
             w = module.weight
             g = group if group is not None and w.shape[1] % group == 0 else None
-            new = make_quant_linear(quantize_float(w, bits, g, symmetric, method), module.bias)
+            new = make_quant_linear(quantize_float(w, bits, g, symmetric, method), module.bias, w)
             if new is None:
                 done["kept float"] += 1
                 continue

@@ -1,8 +1,10 @@
-"""Pick the CPU kernel module for one quantized linear (one module per kernel: int8pack.py, int4pack.py).
+"""Pick the kernel module for one quantized linear (one module per kernel: int8pack.py, int4pack.py,
+cuda_w4.py).
 
-Order: ``int8pack`` for symmetric per-channel 8-bit weights (exact: one scale per row), else
+CPU order: ``int8pack`` for symmetric per-channel 8-bit weights (exact: one scale per row), else
 ``int4pack`` when the format's groups are multiples of 32 and N % 16 == 0 (4-bit directly, 5–8-bit as
-two planes), else None: the caller dequantizes that weight to float (and says so in the log).
+two planes). CUDA: ``W4Linear`` for ≤ 4-bit weights without act-order. Else None: the caller
+dequantizes that weight to float (and says so in the log).
 """
 
 from __future__ import annotations
@@ -10,15 +12,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tandem.models.quant.cuda_w4 import W4Linear, fits_w4
 from tandem.models.quant.int4pack import Int4PackLinear, kernel_group
 from tandem.models.quant.int8pack import Int8PackLinear, fits_int8pack
 from tandem.models.quant.weights import QuantizedWeight
 
-QUANT_LINEARS = (Int4PackLinear, Int8PackLinear)
+QUANT_LINEARS = (Int4PackLinear, Int8PackLinear, W4Linear)
 
 
-def make_quant_linear(qw: QuantizedWeight, bias: torch.Tensor | None) -> nn.Module | None:
-    """The packed module computing ``x @ qw^T + bias``, or None if no CPU kernel holds ``qw``."""
+def make_quant_linear(qw: QuantizedWeight, bias: torch.Tensor | None, like: torch.Tensor | None = None
+                      ) -> nn.Module | None:
+    """The packed module computing ``x @ qw^T + bias`` on ``like``'s device (in its dtype on CUDA;
+    None: the CPU), or None if no kernel there holds ``qw``."""
+    if like is not None and like.device.type == "cuda":
+        return W4Linear(qw, bias, like.dtype, like.device) if fits_w4(qw) else None
     if fits_int8pack(qw):
         return Int8PackLinear(qw, bias)
     if kernel_group(qw) is not None:
