@@ -42,6 +42,7 @@ from tandem.worker.pdl import launch_kwargs, pdl_enabled, pdl_prologue
 from tandem.models.quant.w4_weight import W4Weight
 
 MAX_ROWS = 16
+DOT_MAX_ROWS = 256  # ``dot=True``: row blocks of 16 (int4 weights in mid-sized batches, cuda_w4.py)
 # Deferred reduction (element-wise partial sums, one cross-thread reduction after the K loop) pays for
 # narrow column blocks (BLOCK_N <= 4: 1B o/down 8-12 % faster, SmolLM2 down 22 %) and loses for wider
 # ones (8B: 4-12 % slower), measured on the H200 (docs/gpu_notes.md). ``gemv(defer=...)``
@@ -79,8 +80,10 @@ def _gemv_kernel(
     if BLOCK_M == 1:  # one row per program, rows fastest: the M programs of a column block run
         row0 = pid % M  # together, so the weight tile comes from HBM once and from L2 for the rest
         pid = pid // M
-    else:
-        row0 = 0
+    else:  # tensor-core tiles of BLOCK_M rows, row blocks fastest (same reason)
+        mblocks = tl.cdiv(M, BLOCK_M)
+        row0 = (pid % mblocks) * BLOCK_M
+        pid = pid // mblocks
     dt = s_ptr.dtype.element_ty if W4 else w_ptr.dtype.element_ty
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
@@ -203,8 +206,9 @@ def gemv(
     assert isinstance(wt, torch.Tensor)
     nw_rows = weight.shape[0]
     nout = nw_rows // 2 if gated else nw_rows
-    if mrows > MAX_ROWS:
-        raise ValueError(f"gemv handles at most {MAX_ROWS} rows, got {mrows}")
+    limit = DOT_MAX_ROWS if dot else MAX_ROWS
+    if mrows > limit:
+        raise ValueError(f"gemv handles at most {limit} rows{' with dot=True' if dot else ''}, got {mrows}")
     if weight.shape[1] != kin or x.stride(1) != 1 or wt.stride(1) != 1 or (gated and nw_rows % 2):
         raise ValueError(f"gemv: x {tuple(x.shape)} does not fit weight {tuple(weight.shape)}")
     if residual is not None:
@@ -225,7 +229,7 @@ def gemv(
     block_m = 16 if use_dot else 1
     if use_dot:
         block_n = max(block_n, 16)
-    grid = (triton.cdiv(nout, block_n) * (1 if use_dot else mrows),)
+    grid = (triton.cdiv(nout, block_n) * (triton.cdiv(mrows, block_m) if use_dot else mrows),)
     scale = w4.scale if w4 is not None else out  # (unused pointers when not W4)
     _gemv_kernel[grid](
         x, wt, bias if bias is not None else out,

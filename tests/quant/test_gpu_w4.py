@@ -102,3 +102,19 @@ def test_greedy_speculation_on_an_int4_target_equals_no_speculation(tmp_path):
     got = [tokens_of(spec.generate(p, greedy(24), use_tqdm=False))[0] for p in prompts]
     assert got == want
     assert spec.engine.stats.spec.num_draft_tokens > 0
+
+
+@pytest.mark.parametrize("rows", [1, 16, 20, 64, 300])
+def test_w4_linear_every_row_count(rows):
+    """Per-row kernel (≤ 16), 16-row tensor-core tiles (≤ 256), dequantize + cuBLAS above."""
+    from tandem.models.quant.cuda_w4 import W4Linear
+    from tandem.models.quant.weights import quantize_float
+
+    g = torch.Generator(device=CUDA).manual_seed(1)
+    qw = quantize_float(torch.randn(1024, 2048, device=CUDA, generator=g) / 45, 4, 128, False, "t")
+    b = torch.randn(1024, device=CUDA, generator=g)
+    lin = W4Linear(qw, b, torch.bfloat16, CUDA)
+    x = torch.randn(rows, 2048, device=CUDA, generator=g).to(torch.bfloat16)
+    want = x.float() @ lin.dequantized().float().T + b.to(torch.bfloat16).float()
+    got = lin(x).float()
+    assert float((got - want).norm() / want.norm()) < 1e-2

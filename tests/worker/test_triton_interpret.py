@@ -58,6 +58,12 @@ _SCRIPT = textwrap.dedent('''
         assert "at most 16 rows" in str(e)
     else:
         raise AssertionError("17 rows accepted")
+    # tensor-core tiles: any row count up to 256, in blocks of 16 (the last one partial)
+    w = torch.randn(n, k) / k ** 0.5
+    x = torch.randn(37, k)
+    r = torch.randn(37, n)
+    got = gemv(x, w, residual=r.clone(), dot=True)
+    assert ((got - (r + x @ w.T)).norm() / got.norm()).item() < 1e-5
     print("ok")
 ''')
 
@@ -162,7 +168,7 @@ _W4_SCRIPT = textwrap.dedent('''
                          offset=torch.randn(n, 3) * 0.05, group=32, bits=4, source="test")
     b = torch.randn(n)
     lin = W4Linear(qw, b, torch.float32, torch.device("cpu"))
-    for shape in ((1, k), (2, 3, k), (20, k)):
+    for shape in ((1, k), (2, 3, k), (20, k), (300, k)):  # per-row, per-row, 16-row tiles, dequantize + matmul
         x = torch.randn(*shape)
         want = x @ qw.dequantize().T + b
         got = lin(x)

@@ -3,9 +3,11 @@
 Few rows (decode, verify: ≤ ``triton_gemv.MAX_ROWS``): the skinny Triton matmul streams the packed
 weight once and dequantizes each tile in registers (``triton_gemv._w4_tile``); the fused decoder
 kernels (``worker/cuda_kernels.py``) call it with the RMSNorm, silu·mul and residual add fused in,
-exactly as for float weights. More rows (prefill, large batches): dequantize to the model dtype, then
-one cuBLAS GEMM — the same matrix, so a row's result differs from the skinny path's only by the
-GEMM's reduction order, as with float weights.
+exactly as for float weights. Mid-sized batches (≤ ``DOT_ROWS``): the same kernel on tensor cores,
+16-row blocks each streaming the packed weight (from L2 after the first). More rows (prefill):
+dequantize to the model dtype, then one cuBLAS GEMM — the same matrix, so a row's result differs from
+the skinny path's only by the reduction order, as with float weights. The thresholds are first
+guesses, to be set from ``benchmarks/gpu_w4_gemv.py`` on the H200.
 
 Served on CUDA only when ``quantization`` is named explicitly (``engine/model_loader.py``): until
 the H200 measurement says it pays, a quantized checkpoint on CUDA loads dequantized by default.
@@ -20,8 +22,10 @@ from torch import nn
 from tandem.models.quant.w4_weight import W4Weight, w4_group
 from tandem.models.quant.weights import QuantizedWeight
 
-# Rows up to which the skinny kernel runs (its MAX_ROWS); above, dequantize + GEMM.
+# Rows up to which the one-program-per-row kernel runs (its MAX_ROWS), then the 16-row tensor-core
+# tiles up to DOT_ROWS (its DOT_MAX_ROWS); above, dequantize + GEMM.
 SKINNY_ROWS = 16
+DOT_ROWS = 256
 
 
 def fits_w4(qw: QuantizedWeight) -> bool:
@@ -56,10 +60,10 @@ class W4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         h = x.reshape(-1, shape[-1]).to(self.scale.dtype)
-        if h.shape[0] <= SKINNY_ROWS:
+        if h.shape[0] <= DOT_ROWS:
             from tandem.worker.triton_gemv import gemv
 
-            out = gemv(h.contiguous(), self.w4, self.bias)
+            out = gemv(h.contiguous(), self.w4, self.bias, dot=h.shape[0] > SKINNY_ROWS)
         else:
             out = F.linear(h, self.dequantized(), self.bias)
         return out.to(x.dtype).reshape(*shape[:-1], self.out_features)
