@@ -41,6 +41,11 @@ class ModelConfig:
                 "int8/int4 quantize a float checkpoint's linears at load; none dequantizes everything; "
                 "docs/quantization.md)", "short": "-q"})
 
+    batch_invariant: bool = field(default=False, metadata={
+        "help": "CUDA: compute every row the same way whatever the step's other rows (fixed matmul and "
+                "attention tiles, no split-KV), so greedy output is bitwise the same with or without "
+                "speculation at any batch size; slower (docs/performance.md)"})
+
     def __post_init__(self) -> None:
         check_str("model", self.model)
         check_str("tokenizer", self.tokenizer, optional=True)
@@ -52,6 +57,7 @@ class ModelConfig:
         check_int("max_model_len", self.max_model_len, minimum=2, optional=True)
         check_bool("skip_tokenizer_init", self.skip_tokenizer_init)
         check_quantization("quantization", self.quantization)
+        check_bool("batch_invariant", self.batch_invariant)
 
 
 def check_quantization(key: str, value: object) -> None:

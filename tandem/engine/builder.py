@@ -19,7 +19,12 @@ from typing import Any
 
 import torch
 
-from tandem.config import EngineConfig, resolve_device, resolve_dtype, resolve_max_model_len
+from tandem.config import (
+    EngineConfig,
+    resolve_device,
+    resolve_dtype,
+    resolve_max_model_len,
+)
 from tandem.config.runner import with_debug_overrides
 from tandem.config.speculative import EAGLE_METHODS, validate_against_target
 from tandem.engine.detokenizer import NO_TEXT, fast_decoder
@@ -134,9 +139,12 @@ def build_engine(config: EngineConfig) -> EngineParts:
     logger.info("KV cache sized by %s: %d blocks × %d tokens = %d tokens (%.1f MiB)",
                 source, num_blocks, block_size, num_blocks * block_size, num_blocks * bpb / 2**20)
     pool = BlockPool(num_blocks, enable_caching=cache.enable_prefix_caching)
+    if model_cfg.batch_invariant and (device.type != "cuda" or runner_cfg.backend == "torch"):
+        raise ConfigError("batch_invariant", f"needs the CUDA runner (device {device}, backend "
+                                             f"{runner_cfg.backend!r}); the CPU path has no batch-invariant kernels")
     runner = make_runner(model, allocate_kv_cache(arch, num_blocks, block_size, dtype, device), block_size,
                          device, runner_cfg, max_model_len=max_model_len, lookahead=lookahead,
-                         feature_layers=features)
+                         feature_layers=features, batch_invariant=model_cfg.batch_invariant)
     runners = [runner]
     draft_runner = None
     if draft_arch is not None and spec is not None:

@@ -74,32 +74,44 @@ def _matmul(x: torch.Tensor, layer: AnyLinear) -> torch.Tensor:
 
 
 class SkinnyKernels:
-    """At most ``triton_gemv.MAX_ROWS`` rows: fused skinny Triton matmuls, residual updated in place."""
+    """At most ``triton_gemv.MAX_ROWS`` rows: fused skinny Triton matmuls, residual updated in place.
 
-    def __init__(self, dot: bool = False, defer: bool | None = None) -> None:
-        self.dot = dot  # 2+ rows on 16-row tensor-core tiles instead of one program per row
+    ``invariant`` (batch-invariant mode): every row count, every matmul on the same 16-row
+    tensor-core tiles with the same block sizes, so a row's result never depends on how many rows
+    the step has (``triton_gemv.gemv_config``); the GPU runner then uses these kernels for every
+    step, prefill included, and the LM head through ``invariant_logits``."""
+
+    def __init__(self, dot: bool = False, defer: bool | None = None, invariant: bool = False) -> None:
+        self.dot = dot or invariant  # 2+ rows on 16-row tensor-core tiles instead of one program per row
         self.defer = defer  # deferred reduction: None = per shape
+        self.invariant = invariant
 
     def linear(self, x: torch.Tensor, layer: AnyLinear) -> torch.Tensor:
-        return gemv(x, _weight(layer), layer.bias, dot=self.dot, defer=self.defer)
+        return gemv(x, _weight(layer), layer.bias, dot=self.dot, defer=self.defer, invariant=self.invariant)
 
     def norm_linear(self, stream: ResidualStream, norm: RMSNorm, layer: AnyLinear) -> torch.Tensor:
         return gemv(stream.x, _weight(layer), layer.bias, norm_weight=norm.weight, eps=norm.eps, dot=self.dot,
-                    defer=self.defer)
+                    defer=self.defer, invariant=self.invariant)
 
     def linear_add(self, x: torch.Tensor, layer: AnyLinear, stream: ResidualStream) -> ResidualStream:
-        gemv(x, _weight(layer), layer.bias, residual=stream.x, dot=self.dot, defer=self.defer)
+        gemv(x, _weight(layer), layer.bias, residual=stream.x, dot=self.dot, defer=self.defer, invariant=self.invariant)
         return stream
 
     def norm_gated_mlp_in(self, stream: ResidualStream, norm: RMSNorm, mlp: GatedMLP) -> torch.Tensor:
         return gemv(stream.x, _weight(mlp.gate_up_proj), mlp.gate_up_proj.bias, norm_weight=norm.weight,
-                    eps=norm.eps, gated=True, dot=self.dot, defer=self.defer)  # silu(gate) * up
+                    eps=norm.eps, gated=True, dot=self.dot, defer=self.defer, invariant=self.invariant)  # silu(gate) * up
 
     def final_norm(self, stream: ResidualStream, norm: RMSNorm) -> torch.Tensor:
         return rmsnorm(stream.x, norm.weight, norm.eps)
 
     def hidden(self, stream: ResidualStream) -> torch.Tensor:
         return stream.x.clone()  # later layers add into stream.x in place
+
+
+def invariant_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Float32 logits of ``hidden`` rows on the batch-invariant tiles (accumulated and stored in
+    float32, as ``CausalLM.compute_logits``; models with logit soft-capping are not fused)."""
+    return gemv(hidden, weight, dot=True, invariant=True, out_dtype=torch.float32)
 
 
 class CublasKernels:
@@ -133,4 +145,4 @@ class CublasKernels:
         return stream.x.clone() if stream.pending is None else stream.x + stream.pending
 
 
-__all__ = ["CublasKernels", "MAX_ROWS", "SkinnyKernels", "default_skinny_rows", "fused_supported"]
+__all__ = ["CublasKernels", "MAX_ROWS", "SkinnyKernels", "default_skinny_rows", "fused_supported", "invariant_logits"]

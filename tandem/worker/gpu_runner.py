@@ -31,19 +31,32 @@ from collections.abc import Sequence
 import torch
 
 from tandem.config.runner import RunnerConfig
+from tandem.errors import ConfigError
 from tandem.models.decoder import CausalLM, KVCache
 from tandem.models.forward_context import ForwardContext, LayerKernels
 from tandem.models.torch_kernels import TORCH_KERNELS
 from tandem.worker.attn_metadata import AttentionMetadata
 from tandem.worker.batch import SeqChunk
-from tandem.worker.input_packer import HostStaging, layout, pack, step_tensors
 from tandem.worker.cuda_graphs import CapturedStep, GraphCache, batch_bucket
-from tandem.worker.cuda_kernels import MAX_ROWS, CublasKernels, SkinnyKernels, default_skinny_rows, fused_supported
+from tandem.worker.cuda_kernels import (
+    MAX_ROWS,
+    CublasKernels,
+    SkinnyKernels,
+    default_skinny_rows,
+    fused_supported,
+    invariant_logits,
+)
+from tandem.worker.input_packer import HostStaging, layout, pack, step_tensors
 from tandem.worker.pdl import set_pdl
 from tandem.worker.step_output import StepOutput
 from tandem.worker.triton_argmax import argmax_rows
+from tandem.worker.triton_attention import (
+    MAX_SPLITS,
+    num_sms,
+    pick_num_splits,
+    tile_shape,
+)
 from tandem.worker.triton_attention_backend import TritonAttention
-from tandem.worker.triton_attention import MAX_SPLITS, num_sms, pick_num_splits, tile_shape
 
 MAX_GRAPH_Q = 8
 # A step whose exact bucket has no graph yet runs in the smallest captured graph that fits it (more
@@ -55,7 +68,7 @@ class GpuModelRunner:
     def __init__(self, model: CausalLM, kv_caches: list[KVCache], block_size: int, device: torch.device,
                  cfg: RunnerConfig = RunnerConfig(), *, max_model_len: int | None = None, lookahead: int = 0,
                  pad_to_buckets: bool | None = None, max_graph_q: int = MAX_GRAPH_Q,
-                 feature_layers: tuple[int, ...] = ()) -> None:
+                 feature_layers: tuple[int, ...] = (), batch_invariant: bool = False) -> None:
         self.model = model
         # EAGLE: every step (graphs included) also computes these layers' input hidden states for all
         # query rows (id num_layers: the final post-norm hidden state); ``forward`` returns them
@@ -71,7 +84,16 @@ class GpuModelRunner:
         self.gemv_rows = default_skinny_rows(arch) if cfg.skinny_rows is None else cfg.skinny_rows
         self._skinny = SkinnyKernels(dot=cfg.skinny_multirow == "dot", defer=cfg.skinny_defer)
         self._cublas = CublasKernels()
-        self._attention = TritonAttention(fused_rope=self.fused)
+        # Batch-invariant mode: one set of kernels for every step (fixed 16-row matmul tiles, the LM
+        # head included; attention with fixed tiles and no split-KV), so a row's result does not
+        # depend on the step's rows. The builder checks the model is fused-supported.
+        self.invariant = batch_invariant
+        if batch_invariant:
+            if not self.fused:
+                raise ConfigError("batch_invariant", f"{arch.family}: the fused CUDA kernels do not cover this "
+                                                     "model (or runner_config fused=False), so no batch-invariant mode")
+            self._skinny = SkinnyKernels(invariant=True)
+        self._attention = TritonAttention(fused_rope=self.fused, fixed_tiles=batch_invariant)
         self.use_graphs = cfg.cuda_graphs and device.type == "cuda"
         self.pad = self.use_graphs if pad_to_buckets is None else pad_to_buckets
         self.max_graph_batch = cfg.max_graph_batch
@@ -132,6 +154,8 @@ class GpuModelRunner:
         return step_tensors(dev, t, b, w, self.block_size, qmax, splits)
 
     def _splits(self, b: int, qmax: int, max_seq: int | None) -> int:
+        if self.invariant:
+            return 1  # a split's partial sums would depend on how the batch filled the SMs
         if self.cfg.kv_splits is not None:
             return min(MAX_SPLITS, self.cfg.kv_splits)
         q_tiles = -(-qmax // tile_shape(qmax, self.group)[1])
@@ -143,7 +167,7 @@ class GpuModelRunner:
         features of all rows go to ``self._step_features`` ([T, F], one concatenation)."""
         if not self.fused:
             kernels: LayerKernels = TORCH_KERNELS
-        elif ids.shape[0] <= min(self.gemv_rows, MAX_ROWS):
+        elif self.invariant or ids.shape[0] <= min(self.gemv_rows, MAX_ROWS):
             kernels = self._skinny
         else:
             kernels = self._cublas
@@ -154,6 +178,13 @@ class GpuModelRunner:
                 aux.append(hidden)
             self._step_features = aux[0] if len(aux) == 1 else torch.cat(aux, dim=-1)
         return hidden
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits: the model's LM head, or in batch-invariant mode the same product on the
+        fixed tiles."""
+        if self.invariant:
+            return invariant_logits(hidden, self.model.lm_head_weight)
+        return self.model.compute_logits(hidden)
 
     # ---- eager -------------------------------------------------------------------------------
     def _run_eager(self, chunks: Sequence[SeqChunk], qlens: list[int], rows: Sequence[int],
@@ -177,12 +208,12 @@ class GpuModelRunner:
             self._features = self._step_features
         if not identity:
             hidden = hidden.index_select(0, self._eager[r_off:r_off + len(rows)])
-        return self.model.compute_logits(hidden)
+        return self._logits(hidden)
 
     # ---- bucketed (CUDA graphs) --------------------------------------------------------------
     def _static_step(self, b: int, q: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         ids, pos, meta = self._meta(self._static, b * q, b, self.table_width, q, self._splits(b, q, None))
-        logits = self.model.compute_logits(self._hidden(ids, pos, meta))
+        logits = self._logits(self._hidden(ids, pos, meta))
         return logits, (self._step_features if self.feature_layers else None)
 
     def _ensure_graph(self, b: int, q: int) -> CapturedStep:
@@ -218,7 +249,7 @@ class GpuModelRunner:
                 length, _, _, _ = pack(self.block_size, buf, [], [], 1, q, w, None)
                 self._host.send(i, length, dev)
                 ids, pos, meta = self._meta(dev, q, 1, w, q, splits)
-                argmax_rows(self.model.compute_logits(self._hidden(ids, pos, meta)))
+                argmax_rows(self._logits(self._hidden(ids, pos, meta)))
             q *= 2
         torch.cuda.synchronize(self.device)
 

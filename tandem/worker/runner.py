@@ -51,18 +51,19 @@ class ModelRunner(Protocol):
 
 def make_runner(model: CausalLM, kv_caches: list[KVCache], block_size: int, device: torch.device,
                 cfg: RunnerConfig, *, max_model_len: int | None = None, lookahead: int = 0,
-                feature_layers: tuple[int, ...] = ()) -> ModelRunner:
+                feature_layers: tuple[int, ...] = (), batch_invariant: bool = False) -> ModelRunner:
     """The CUDA runner on CUDA devices unless ``cfg.backend == "torch"``; the torch runner otherwise.
 
     ``max_model_len`` + ``lookahead`` (draft slots past it) bound a request's KV blocks: the CUDA
     runner sizes its graphs' block tables from them (None: the model's rope table length).
     ``feature_layers``: what an EAGLE head reads; the CUDA runner computes them in every step (its
-    graphs included), the torch runner when ``forward`` asks."""
+    graphs included), the torch runner when ``forward`` asks. ``batch_invariant``
+    (``ModelConfig.batch_invariant``, checked by the builder): the CUDA runner's batch-invariant mode."""
     if device.type == "cuda" and cfg.backend != "torch":
         from tandem.worker.gpu_runner import GpuModelRunner  # imports Triton: CUDA only
 
         return GpuModelRunner(model, kv_caches, block_size, device, cfg, max_model_len=max_model_len,
-                              lookahead=lookahead, feature_layers=feature_layers)
+                              lookahead=lookahead, feature_layers=feature_layers, batch_invariant=batch_invariant)
     from tandem.worker.model_runner import TorchRunner
 
     return TorchRunner(model, kv_caches, block_size, device)

@@ -15,6 +15,12 @@ Layout and metadata (device tensors, see ``AttentionMetadata``):
   r sits at position ``seq_lens[i] - query_lens[i] + r`` (causal offset).
 - Sliding window w (> 0): key j visible from position p iff p - w < j <= p (as HF Gemma3/Mistral).
 
+Batch invariance (``fixed_tiles`` and one split): a row's scores and its softmax-weighted sum come
+from tl.dot tiles of fixed shape, over key tiles at fixed offsets from 0; key tiles past a row's
+position (other rows of its query tile reach further) are fully masked and change nothing
+(rescaling by exp2(0) = 1, adding exact zeros), so a decode row, the same row in a verify and in a
+prefill chunk compute the same bits.
+
 Split-KV ("flash decoding"): with few requests the (request × kv head) grid leaves most SMs idle,
 so the key range is cut into ``num_splits`` pieces whose partial (max, sum, acc) are merged by a
 second small kernel. The split count is a launch argument (not a compile-time constant), so a
@@ -259,6 +265,7 @@ def paged_attention_triton(
     num_splits: int,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
+    fixed_tiles: bool = False,  # batch-invariant mode: query tiles that do not depend on the step
 ) -> torch.Tensor:  # [T, heads, head_dim]
     t, heads, d = q.shape
     kvh = k_cache.shape[1]
@@ -272,7 +279,7 @@ def paged_attention_triton(
         raise ValueError(f"num_splits must be in 1..{MAX_SPLITS}, got {num_splits}")
     if q.stride(2) != 1 or q.stride(1) != d:
         q = q.contiguous()
-    block_m, block_q = tile_shape(max_query_len, g)
+    block_m, block_q = tile_shape(1, g) if fixed_tiles else tile_shape(max_query_len, g)
     q_tiles = -(-max_query_len // block_q)
     d_pad = triton.next_power_of_2(d)
     block_n = 64 if d_pad <= 128 else 32

@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 
 class TritonAttention:
-    def __init__(self, fused_rope: bool) -> None:
+    def __init__(self, fused_rope: bool, fixed_tiles: bool = False) -> None:
         self.fused_rope = fused_rope
+        self.fixed_tiles = fixed_tiles  # batch-invariant mode: the same query tiles for every step
 
     def forward(self, attn: Attention, qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_cache: KVCache) -> torch.Tensor:  # [T, H * D]
@@ -45,5 +46,6 @@ class TritonAttention:
         o = paged_attention_triton(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start, meta.query_lens,
             meta.block_size, attn.scale, meta.max_query_len, meta.num_kv_splits, attn.sliding_window,
+            fixed_tiles=self.fixed_tiles,
         )
         return o.view(t, attn.q_size)

@@ -38,11 +38,10 @@ import torch
 import triton
 import triton.language as tl
 
-from tandem.worker.pdl import launch_kwargs, pdl_enabled, pdl_prologue
 from tandem.models.quant.w4_weight import W4Weight
+from tandem.worker.pdl import launch_kwargs, pdl_enabled, pdl_prologue
 
-MAX_ROWS = 16
-DOT_MAX_ROWS = 256  # ``dot=True``: row blocks of 16 (int4 weights in mid-sized batches, cuda_w4.py)
+MAX_ROWS = 16  # one program per row; ``dot=True`` takes any row count, in blocks of 16
 # Deferred reduction (element-wise partial sums, one cross-thread reduction after the K loop) pays for
 # narrow column blocks (BLOCK_N <= 4: 1B o/down 8-12 % faster, SmolLM2 down 22 %) and loses for wider
 # ones (8B: 4-12 % slower), measured on the H200 (docs/gpu_notes.md). ``gemv(defer=...)``
@@ -150,7 +149,7 @@ def _gemv_kernel(
         acc += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         if GATED:
             acc_u += tl.load(b_ptr + up_off + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    y = acc.to(dt)
+    y = acc.to(out_ptr.dtype.element_ty)  # dt, or float32 logits (``out_dtype``)
     if GATED:  # silu(gate) * up, rounded as the unfused matmul + silu_mul would
         g = y.to(tl.float32)
         a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
@@ -174,7 +173,7 @@ def gemv_config(m: int, n: int, k: int, dot: bool = False) -> tuple[int, int, in
     cuBLAS). The same config at every row count: each row is computed exactly as a 1-row product.
     ``dot``: 16-row tensor-core tiles.
     """
-    if m > 1 and dot:
+    if dot:  # the same tiles at every row count (what batch-invariant mode relies on)
         return 16, 128, 4
     block_n = 4
     while block_n < 32 and n // (2 * block_n) >= 384:
@@ -197,8 +196,10 @@ def gemv(
     gated: bool = False,
     residual: torch.Tensor | None = None,  # [M, N], updated in place and returned
     config: tuple[int, int, int] | None = None,
-    dot: bool = False,  # 2..16 rows as 16-row tensor-core tiles (slower than cuBLAS on the H200)
+    dot: bool = False,  # 2+ rows as 16-row tensor-core tiles (slower than cuBLAS on the H200 for bf16)
     defer: bool | None = None,  # deferred reduction: None = per shape (see _defer)
+    invariant: bool = False,  # with dot: 16-row tiles at every row count (batch-invariant mode)
+    out_dtype: torch.dtype | None = None,  # e.g. float32 logits: the accumulator stored unrounded
 ) -> torch.Tensor:  # [M, N] (gated: [M, I] = silu(x W_gate^T) * (x W_up^T))
     mrows, kin = x.shape
     w4 = weight if isinstance(weight, W4Weight) else None
@@ -206,9 +207,8 @@ def gemv(
     assert isinstance(wt, torch.Tensor)
     nw_rows = weight.shape[0]
     nout = nw_rows // 2 if gated else nw_rows
-    limit = DOT_MAX_ROWS if dot else MAX_ROWS
-    if mrows > limit:
-        raise ValueError(f"gemv handles at most {limit} rows{' with dot=True' if dot else ''}, got {mrows}")
+    if mrows > MAX_ROWS and not dot:
+        raise ValueError(f"gemv handles at most {MAX_ROWS} rows (dot=True: any), got {mrows}")
     if weight.shape[1] != kin or x.stride(1) != 1 or wt.stride(1) != 1 or (gated and nw_rows % 2):
         raise ValueError(f"gemv: x {tuple(x.shape)} does not fit weight {tuple(weight.shape)}")
     if residual is not None:
@@ -216,10 +216,12 @@ def gemv(
             raise ValueError(f"gemv: residual {tuple(residual.shape)} is not [{mrows}, {nout}]")
         out = residual
     else:
-        out = torch.empty((mrows, nout), dtype=weight.dtype, device=wt.device)
+        if out_dtype is not None and gated:
+            raise ValueError("gemv: out_dtype applies to plain products only")
+        out = torch.empty((mrows, nout), dtype=out_dtype or weight.dtype, device=wt.device)
     if mrows == 0:
         return out
-    use_dot = mrows > 1 and dot
+    use_dot = dot and (mrows > 1 or invariant)
     block_n, block_k, warps = config or gemv_config(mrows, nw_rows, kin, use_dot)
     if gated and config is None:  # each program reads block_n gate rows and block_n up rows
         block_n = max(4, block_n // 2)

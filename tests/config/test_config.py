@@ -202,3 +202,16 @@ def test_readme_lists_every_engine_flag() -> None:
     names = [engine_args.flag_name(f.name) for cls in FLAG_CONFIGS for f in flag_fields(cls)]
     missing = [n for n in [*names, "--enforce-eager", "--speculative-config"] if n.removeprefix("--") not in readme]
     assert not missing, f"README.md's engine flags section lacks {missing}"
+
+
+def test_batch_invariant_flag_and_its_cpu_error(tmp_path: Path) -> None:
+    assert from_cli("--batch-invariant").model == ModelConfig("m", batch_invariant=True)
+    assert engine_config("m", batch_invariant=True).model.batch_invariant is True
+    with pytest.raises(ConfigError, match="batch_invariant"):
+        ModelConfig("m", batch_invariant="yes")  # type: ignore[arg-type]
+    from tandem import LLM
+    from tiny_models import write_tiny_hf_checkpoint
+
+    path = write_tiny_hf_checkpoint(tmp_path, "llama")
+    with pytest.raises(ConfigError, match="batch_invariant.*CUDA runner"):
+        LLM(str(path), device="cpu", batch_invariant=True, kv_cache_memory_bytes=1 << 20)

@@ -184,3 +184,71 @@ def test_w4_gemv_under_interpreter() -> None:
     proc = subprocess.run([sys.executable, "-c", _W4_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+_INVARIANT_SCRIPT = textwrap.dedent('''
+    import torch
+    from tandem.models.quant.w4_weight import W4Weight
+    from tandem.models.quant.weights import quantize_float
+    from tandem.worker.triton_attention import paged_attention_triton
+    from tandem.worker.triton_gemv import gemv
+
+    torch.manual_seed(0)
+    # matmuls: with invariant=True each row of an M-row product is its 1-row product, bit for bit
+    n, k = 40, 96
+    w = torch.randn(n, k) / k ** 0.5
+    w2 = torch.randn(2 * n, k) / k ** 0.5
+    w4 = W4Weight.pack(quantize_float(torch.randn(n, k), 4, 32, False, "t"), torch.float32, torch.device("cpu"))
+    nw = torch.rand(k) + 0.5
+    for m in (3, 16, 37):
+        x = torch.randn(m, k)
+        res = torch.randn(m, n)
+        variants = {
+            "plain": lambda x, r: gemv(x, w, dot=True, invariant=True),
+            "fp32 out": lambda x, r: gemv(x, w, dot=True, invariant=True, out_dtype=torch.float32),
+            "norm": lambda x, r: gemv(x, w, norm_weight=nw, eps=1e-5, dot=True, invariant=True),
+            "gated": lambda x, r: gemv(x, w2, norm_weight=nw, eps=1e-5, gated=True, dot=True, invariant=True),
+            "residual": lambda x, r: gemv(x, w, residual=r, dot=True, invariant=True),
+            "w4": lambda x, r: gemv(x, w4, dot=True, invariant=True),
+        }
+        for name, f in variants.items():
+            whole = f(x, res.clone())
+            for i in (0, m // 2, m - 1):
+                assert torch.equal(whole[i], f(x[i:i + 1], res[i:i + 1].clone())[0]), (name, m, i)
+        ref = x @ w.T
+        assert ((variants["plain"](x, None) - ref).norm() / ref.norm()).item() < 1e-5
+
+    # attention with fixed tiles and one split: a prefill chunk's rows, a verify's rows and decodes
+    # of the same positions give the same bits
+    heads, kvh, d, page, L = 6, 2, 32, 4, 23
+    nblocks = 8
+    kc = torch.randn(nblocks * page, kvh, d)
+    vc = torch.randn(nblocks * page, kvh, d)
+    bt = torch.tensor([[3, 0, 6, 1, 7, 2]], dtype=torch.int32)
+    q = torch.randn(L, heads, d)
+
+    def attend(rows, start):  # query rows start..start+len(rows)-1 of the sequence, context to the last
+        n_q = len(rows)
+        return paged_attention_triton(
+            q[rows].contiguous(), kc, vc, bt, torch.tensor([start + n_q]), torch.tensor([0, n_q]),
+            torch.tensor([n_q]), page, d ** -0.5, n_q, 1, fixed_tiles=True)
+
+    prefill = attend(list(range(L)), 0)
+    verify = attend(list(range(L - 5, L)), L - 5)
+    for p in range(L):
+        dec = attend([p], p)
+        assert torch.equal(dec[0], prefill[p]), p
+        if p >= L - 5:
+            assert torch.equal(verify[p - (L - 5)], prefill[p]), p
+    print("ok")
+''')
+
+
+def test_batch_invariant_kernels_under_interpreter() -> None:
+    """Batch-invariant mode's kernels: matmul rows (every fusion, int4, float32 logits) and attention
+    rows (prefill, verify, decode of one position) do not depend on the step's other rows."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _INVARIANT_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("ok")

@@ -23,7 +23,7 @@ from tandem.models.quant.w4_weight import W4Weight, w4_group
 from tandem.models.quant.weights import QuantizedWeight
 
 # Rows up to which the one-program-per-row kernel runs (its MAX_ROWS), then the 16-row tensor-core
-# tiles up to DOT_ROWS (its DOT_MAX_ROWS); above, dequantize + GEMM.
+# tiles up to DOT_ROWS; above, dequantize + GEMM.
 SKINNY_ROWS = 16
 DOT_ROWS = 256
 

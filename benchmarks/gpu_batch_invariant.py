@@ -1,0 +1,120 @@
+#!/usr/bin/env python
+"""Batch-invariant mode on the GPU (issue #19): its speed as a fraction of the default mode, and how
+often greedy outputs with and without speculation agree in each mode.
+
+Per model — the real SmolLM2-135M-Instruct (``--gguf``, bf16; HumanEval prompts with ``--humaneval``,
+else random token prompts) and the dummy Llama-3.1-8B / 3.2-1B shapes (random weights, random token
+prompts) — two engines in one process, default and ``batch_invariant=True``, each run:
+
+- greedy, no speculation, the prompts one at a time (batch 1): the reference outputs;
+- the same prompts all at once at concurrency 8 and 32 (``max_num_seqs``), no speculation;
+- the same at batch 1, 8, 32 with n-gram speculation (k = 4, drafting every step);
+
+and reports, per mode and cell, decode tokens/s (generated tokens / wall time of the batch) and how
+many outputs equal the batch-1 reference token for token. In batch-invariant mode every count must be
+the full count (tests/worker/test_gpu_batch_invariant.py asserts it); in the default mode the bf16
+differences between a k + 1-row verify, a batch of rows and a 1-row decode flip near-ties.
+
+Usage: python benchmarks/gpu_batch_invariant.py [--gguf PATH] [--humaneval PATH] [--shapes smol,1b,8b]
+       [--num-prompts 32] [--max-tokens 128] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def dummy_dir(root: Path, name: str) -> Path:
+    import gpu_suite
+
+    return gpu_suite.write_dummy_dir(root, name)
+
+
+def run(llm, prompts, max_tokens: int, batch: int, spec: dict | None):  # type: ignore[no-untyped-def]
+    from tandem import SamplingParams
+    from tandem.config.speculative import SpeculativeConfig
+
+    eng = llm.engine
+    eng.spec = SpeculativeConfig.from_dict(spec) if spec else None
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    outs: list[list[int]] = []
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        res = llm.generate(prompts[i:i + batch], sp, use_tqdm=False)
+        outs.extend(list(r.outputs[0].token_ids) for r in res)
+    dt = time.perf_counter() - t0
+    return outs, sum(len(o) for o in outs) / dt
+
+
+def main() -> None:
+    import torch
+
+    from tandem import LLM
+    from tandem.bench.datasets import load_humaneval_prompts
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gguf", default=None)
+    ap.add_argument("--humaneval", default=None)
+    ap.add_argument("--shapes", default="smol,1b,8b")
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    print(f"device {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+    root = Path(tempfile.mkdtemp(prefix="tandem_bi_"))
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4,
+            "disable_by_acceptance": False}
+    rows: list[dict] = []
+    for shape in args.shapes.split(","):
+        if shape == "smol" and args.gguf:
+            model, kw = args.gguf, {}
+            prompts: list = load_humaneval_prompts(args.humaneval)[: args.num_prompts] if args.humaneval else None
+        else:
+            name = {"smol": "smollm2-135m", "1b": "llama-3.2-1b", "8b": "llama-3.1-8b"}[shape]
+            model, kw, prompts = str(dummy_dir(root, name)), {"load_format": "dummy"}, None
+        g = torch.Generator().manual_seed(0)
+        for mode in ("default", "invariant"):
+            llm = LLM(model, dtype="bfloat16", device="cuda", max_model_len=2048, kv_cache_memory_bytes=8 << 30,
+                      enable_prefix_caching=False, batch_invariant=mode == "invariant",
+                      speculative_config=spec, **kw)
+            if prompts is None:
+                vocab = llm.engine.arch.vocab_size
+                prompts = [{"prompt_token_ids": torch.randint(3, vocab, (int(n),), generator=g).tolist()}
+                           for n in torch.randint(16, 200, (args.num_prompts,), generator=g)]
+            run(llm, prompts[:4], 16, 4, None)  # warm-up: graphs, JIT
+            run(llm, prompts[:4], 16, 4, spec)
+            ref, _ = run(llm, prompts, args.max_tokens, 1, None)
+            for s in (None, spec):
+                for b in (1, 8, 32):
+                    outs, tok_s = run(llm, prompts, args.max_tokens, b, s)
+                    same = sum(o == r for o, r in zip(outs, ref))
+                    row = dict(model=shape, mode=mode, spec="ngram" if s else "none", batch=b, tok_s=tok_s,
+                               identical=same, prompts=len(prompts))
+                    rows.append(row)
+                    print(f"{shape:5s} {mode:9s} {row['spec']:5s} b={b:2d}: {tok_s:9.1f} tok/s, identical to batch-1 "
+                          f"reference {same}/{len(prompts)}", flush=True)
+            del llm
+            torch.cuda.empty_cache()
+    print("\n| model | speculation | batch | default tok/s | invariant tok/s | invariant / default | identical default | identical invariant |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r["mode"] != "default":
+            continue
+        inv = next(x for x in rows if x["mode"] == "invariant" and all(x[k] == r[k] for k in ("model", "spec", "batch")))
+        print(f"| {r['model']} | {r['spec']} | {r['batch']} | {r['tok_s']:.0f} | {inv['tok_s']:.0f} | "
+              f"{inv['tok_s'] / r['tok_s']:.2f} | {r['identical']}/{r['prompts']} | {inv['identical']}/{inv['prompts']} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
