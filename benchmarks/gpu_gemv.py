@@ -54,6 +54,18 @@ def timed(fn, calls: int, reps: int = 7) -> float:  # type: ignore[no-untyped-de
     return statistics.median(times)
 
 
+def sweep(make, configs, calls: int) -> list[tuple[float, tuple[int, int, int]]]:  # type: ignore[no-untyped-def]
+    """(µs, config) for each (BLOCK_N, BLOCK_K, num_warps) config, fastest first; ``make(config)`` is
+    the per-call function ``timed`` captures. Configs that do not compile are reported and skipped."""
+    best = []
+    for cfg in configs:
+        try:
+            best.append((timed(make(cfg), calls, reps=3), cfg))
+        except Exception as e:  # noqa: BLE001 - a config may not compile
+            print("   cfg", cfg, "failed:", type(e).__name__)
+    return sorted(best)
+
+
 def main() -> None:
     from tandem.worker.triton_gemv import gemv, gemv_config
 
@@ -109,21 +121,12 @@ def main() -> None:
                       f"| gemv+{fusion} {fused:8.2f} µs (tensor cores {dot:8.2f}) | rel err {err:.1e} | "
                       f"cfg {row['cfg']}", flush=True)
                 if m in sweep_rows and name != "SmolLM2":
-                    best = []
-                    grid = itertools.product((4, 8, 16, 32), (256, 512, 1024), (4, 8))
-                    for bn, bk, wps in grid:
-                        if bk > k * 2 or bn * bk > 32768:
-                            continue
-                        try:
-                            us = timed(lambda i: gemv(x, ws[i % copies], config=(bn, bk, wps)), copies * 2, reps=3)
-                        except Exception as e:  # noqa: BLE001 - a config may not compile
-                            print("   cfg", (bn, bk, wps), "failed:", type(e).__name__)
-                            continue
-                        best.append((us, (bn, bk, wps)))
-                    best.sort()
+                    grid = [c for c in itertools.product((4, 8, 16, 32), (256, 512, 1024), (4, 8))
+                            if c[1] <= k * 2 and c[0] * c[1] <= 32768]
+                    best = sweep(lambda cfg: lambda i: gemv(x, ws[i % copies], config=cfg), grid, copies * 2)
                     print("   sweep best:", ", ".join(f"{c} {u:.2f} µs ({nbytes / u / 1e6:.2f} TB/s)"
                                                     for u, c in best[:4]), flush=True)
-            del ws
+            ws = []  # free the copies before the next shape
             torch.cuda.empty_cache()
     print("\n| model | matmul | M | cuBLAS µs | gemv µs | fused µs (what) | fused, tensor cores µs | gemv TB/s | rel err |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_gemv import SHAPES, timed  # noqa: E402
+from gpu_gemv import SHAPES, sweep, timed  # noqa: E402
 
 COPY_BW = 4.26e12  # bytes/s, H200 device-to-device copy, measured 2026-11-30 (gpu_suite.py)
 
@@ -67,17 +67,9 @@ def main() -> None:
                 print(f"{name:8s} {mat:8s} {n:6d}x{k:6d} M={m:2d}: cuBLAS bf16 {cu:7.2f} µs | gemv bf16 {g16:7.2f} µs | "
                       f"gemv W4 {g4:7.2f} µs = {row['floor_frac']:.1%} of the int4 floor | exact {exact}", flush=True)
                 if m in sweep_rows:
-                    best = []
-                    for bn, bk, wps in itertools.product((4, 8, 16, 32, 64), (128, 256, 512, 1024, 2048), (2, 4, 8)):
-                        if bk < args.group or bk > 2 * k or bn * bk > 65536:
-                            continue
-                        try:
-                            us = timed(lambda i: gemv(x, w4s[i % copies], config=(bn, bk, wps)), copies * 2, reps=3)
-                        except Exception as e:  # noqa: BLE001 - a config may not compile
-                            print("   cfg", (bn, bk, wps), "failed:", type(e).__name__)
-                            continue
-                        best.append((us, (bn, bk, wps)))
-                    best.sort()
+                    grid = [c for c in itertools.product((4, 8, 16, 32, 64), (128, 256, 512, 1024, 2048), (2, 4, 8))
+                            if args.group <= c[1] <= 2 * k and c[0] * c[1] <= 65536]
+                    best = sweep(lambda cfg: lambda i: gemv(x, w4s[i % copies], config=cfg), grid, copies * 2)
                     print("   sweep best:", ", ".join(f"{c} {u:.2f} µs ({w4_bytes / COPY_BW / (u * 1e-6):.1%})"
                                                     for u, c in best[:4]), flush=True)
             w4s, wbf = [], []  # free the copies before the next shape
