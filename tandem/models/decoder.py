@@ -139,7 +139,7 @@ class CausalLM(nn.Module):
         for i, layer in enumerate(m.layers):
             if i in aux_layers:
                 aux.append(ctx.kernels.hidden(stream))
-            stream = layer(stream, positions, ctx, ctx.kv_caches[i])
+            stream = layer.forward(stream, positions, ctx, ctx.kv_caches[i])  # no hooks: skip __call__
         return ctx.kernels.final_norm(stream, m.norm), aux
 
     @property

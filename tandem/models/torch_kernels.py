@@ -22,7 +22,7 @@ class TorchKernels:
         return layer.forward(x)
 
     def norm_linear(self, stream: ResidualStream, norm: RMSNorm, layer: Linear | PackedLinear) -> torch.Tensor:
-        return layer.forward(norm(stream.x))
+        return layer.forward(norm.forward(stream.x))
 
     def linear_add(self, x: torch.Tensor, layer: Linear | PackedLinear, stream: ResidualStream) -> ResidualStream:
         if getattr(layer, "lowp", False) and x.dim() == 2 and stream.x.dtype is torch.float32:
@@ -33,14 +33,14 @@ class TorchKernels:
 
     def norm_gated_mlp_in(self, stream: ResidualStream, norm: RMSNorm, mlp: GatedMLP) -> torch.Tensor:
         layer = mlp.gate_up_proj
-        h = norm(stream.x)
+        h = norm.forward(stream.x)
         if getattr(layer, "lowp", False) and h.dtype is torch.float32 and h.dim() == 2:
             gu = layer.forward_lowp(h)  # bf16 [T, 2I]
             return mlp.act(gu[:, : mlp.intermediate].float()) * gu[:, mlp.intermediate:]
         return mlp.act_mul(layer.forward(h))
 
     def final_norm(self, stream: ResidualStream, norm: RMSNorm) -> torch.Tensor:
-        return norm(stream.x)
+        return norm.forward(stream.x)
 
     def hidden(self, stream: ResidualStream) -> torch.Tensor:
         return stream.x  # never modified in place by these kernels
