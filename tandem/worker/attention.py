@@ -146,14 +146,22 @@ class _HostMeta:
         self.query_start: list[int] = meta.query_start.tolist()
         self.query_lens: list[int] = meta.query_lens.tolist()
         self.seq_lens: list[int] = meta.seq_lens.tolist()
-        self.block_size = bs = meta.block_size
+        self.block_size = meta.block_size
         self.block_tables = meta.block_tables
-        offsets = torch.arange(bs, device=meta.block_tables.device)
-        # per request, the flat slots of positions 0 .. seq_len - 1
-        self.context_slots = [
-            (meta.block_tables[i, : -(-n // bs)][:, None] * bs + offsets[None, :]).flatten()[:n]
-            for i, n in enumerate(self.seq_lens)
-        ]
+        self._context_slots: list[torch.Tensor] | None = None
+
+    @property
+    def context_slots(self) -> list[torch.Tensor]:
+        """Per request, the flat slots of positions 0 .. seq_len - 1 (built on first use: a lone decode
+        over consecutive blocks reads a cache view instead)."""
+        if self._context_slots is None:
+            bs = self.block_size
+            offsets = torch.arange(bs, device=self.block_tables.device)
+            self._context_slots = [
+                (self.block_tables[i, : -(-n // bs)][:, None] * bs + offsets[None, :]).flatten()[:n]
+                for i, n in enumerate(self.seq_lens)
+            ]
+        return self._context_slots
 
     def query_len(self, i: int) -> int:
         return self.query_lens[i]
