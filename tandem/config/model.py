@@ -21,6 +21,10 @@ LOAD_FORMATS: tuple[str, ...] = ("auto", "safetensors", "gguf", "dummy")
 CHECKPOINT_QUANTIZATIONS: tuple[str, ...] = ("gguf", "gptq", "awq", "compressed-tensors")
 ON_THE_FLY_QUANTIZATIONS: tuple[str, ...] = ("int8", "int4")
 QUANTIZATIONS: tuple[str, ...] = (*CHECKPOINT_QUANTIZATIONS, *ON_THE_FLY_QUANTIZATIONS, "none")
+# The LM head's weight dtype on CPU (docs/quantization.md, "LM head"): "auto" reads the model-dtype
+# weight (float32 on CPU: the reference logits); "float16" keeps a half-size copy for the head's matmul
+# (fp16 activations and logits: 3–4e-4 relative error, greedy picks can change at near-ties).
+LM_HEAD_DTYPES: tuple[str, ...] = ("auto", "float16")
 # vLLM spellings of the same formats through its GPU-only kernels.
 QUANTIZATION_ALIASES: dict[str, str] = {"gptq_marlin": "gptq", "awq_marlin": "awq"}
 
@@ -40,6 +44,10 @@ class ModelConfig:
         "help": "weight quantization: " + " | ".join(QUANTIZATIONS) + " (default: detected from the checkpoint; "
                 "int8/int4 quantize a float checkpoint's linears at load; none dequantizes everything; "
                 "docs/quantization.md)", "short": "-q"})
+    lm_head_dtype: str = field(default="auto", metadata={
+        "help": "CPU only: the LM head's weight dtype, " + " | ".join(LM_HEAD_DTYPES) + " (default auto: the "
+                "model dtype, float32 on CPU; float16: a half-size copy, faster batch-1 decode, logits rounded "
+                "to fp16 so greedy picks can change at near-ties; docs/quantization.md)"})
 
     batch_invariant: bool = field(default=False, metadata={
         "help": "CUDA: compute every row the same way whatever the step's other rows (fixed matmul and "
@@ -57,6 +65,7 @@ class ModelConfig:
         check_int("max_model_len", self.max_model_len, minimum=2, optional=True)
         check_bool("skip_tokenizer_init", self.skip_tokenizer_init)
         check_quantization("quantization", self.quantization)
+        check_choice("lm_head_dtype", self.lm_head_dtype, LM_HEAD_DTYPES)
         check_bool("batch_invariant", self.batch_invariant)
 
 

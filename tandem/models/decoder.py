@@ -18,9 +18,10 @@ import math
 from collections.abc import Iterable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from tandem.errors import ModelLoadError
+from tandem.errors import ConfigError, ModelLoadError
 from tandem.loader.arch import ModelArch
 from tandem.models.forward_context import ForwardContext, KVCache, ResidualStream
 from tandem.models.layers import GatedMLP, Linear, PackedLinear, RMSNorm, Rotary, linear
@@ -139,16 +140,33 @@ class CausalLM(nn.Module):
         for i, layer in enumerate(m.layers):
             if i in aux_layers:
                 aux.append(ctx.kernels.hidden(stream))
-            stream = layer(stream, positions, ctx, ctx.kv_caches[i])
+            stream = layer.forward(stream, positions, ctx, ctx.kv_caches[i])  # no hooks: skip __call__
         return ctx.kernels.final_norm(stream, m.norm), aux
 
     @property
     def lm_head_weight(self) -> torch.Tensor:  # [V, H] (the embedding when tied)
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] → [N, V] float32
+    lm_head_lowp: torch.Tensor | None = None  # set_lm_head_dtype's copy (CPU), not in the state dict
+
+    def set_lm_head_dtype(self, name: str) -> None:
+        """``ModelConfig.lm_head_dtype``: "float16" keeps an fp16 copy of the LM head weight (the tied
+        embedding stays float for its row lookups) for ``compute_logits`` (CPU only; docs/quantization.md)."""
         w = self.lm_head_weight
-        logits = _logits_float32(hidden, w)
+        if w.device.type != "cpu":
+            raise ConfigError("lm_head_dtype", f"{name!r} is a CPU option (the model is on {w.device.type})",
+                              allowed=["auto"])
+        if name == "float16":
+            self.lm_head_lowp = w.detach().to(torch.float16).contiguous()
+        elif name != "auto":
+            raise ConfigError("lm_head_dtype", f"unknown value {name!r}", allowed=["auto", "float16"])
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] → [N, V] float32
+        if self.lm_head_lowp is not None:
+            # F.linear in fp16 is row-invariant on CPU (a verify row's logits are a decode's, bitwise)
+            logits = F.linear(hidden.to(torch.float16), self.lm_head_lowp).float()
+        else:
+            logits = _logits_float32(hidden, self.lm_head_weight)
         cap = self.arch.final_logit_softcapping
         if cap:
             logits = torch.tanh(logits / cap) * cap

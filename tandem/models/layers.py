@@ -25,6 +25,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.offset and x.device.type == "cpu":
+            # ATen's CPU rms_norm is this same sequence of ops (fp32 upcast, pow, mean, + eps, rsqrt,
+            # mul, cast back, · weight): bitwise equal, in one call instead of eight
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -71,6 +75,8 @@ class Rotary(nn.Module):
         self.register_buffer("sin", emb.sin() * attention_factor, persistent=False)
         self._positions: torch.Tensor | None = None
         self._cos_sin: tuple[torch.Tensor, torch.Tensor] = (self.cos, self.sin)
+        self._rot_positions: torch.Tensor | None = None
+        self._rot: tuple[torch.Tensor, torch.Tensor] = (self.cos, self.sin)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,6 +90,20 @@ class Rotary(nn.Module):
             self._positions = None if q.is_cuda else positions
         cos, sin = self._cos_sin
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+    def rotate(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``x * cos + rotate_half(x) * sin`` for x [T, heads, d] (q and k heads side by side) in four
+        ops: ``rotate_half(x) * sin`` is ``roll(x, d/2) * sin'`` with ``sin'`` = sin with its first half
+        negated (exactly: -(a·b) = a·(-b) in floating point). CPU only (the table is cached per
+        ``positions`` tensor, as in ``forward``)."""
+        if self._rot_positions is not positions or self._rot[0].dtype != x.dtype:
+            half = x.shape[-1] // 2
+            cos = self.cos[positions].to(x.dtype)
+            sin = self.sin[positions].to(x.dtype)
+            self._rot = (cos[:, None, :], torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None, :])
+            self._rot_positions = positions
+        cos, sin_signed = self._rot
+        return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin_signed
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -121,6 +141,8 @@ class Linear(nn.Linear):
     No random init: every weight is loaded (``load_weights`` fails on a missing one), and skipping
     it keeps the untouched float pages of a linear that a quantized kernel module replaces out of RSS."""
 
+    lowp = False  # no low-precision output path (the packed quantized modules have one: torch_kernels.py)
+
     def reset_parameters(self) -> None:
         pass
 
@@ -133,6 +155,8 @@ class PackedLinear(nn.Module):
 
     ``shards`` maps each HF sub-name to its output size; weights load shard by shard.
     """
+
+    lowp = False
 
     def __init__(self, in_features: int, shards: dict[str, int], bias: bool = False) -> None:
         super().__init__()

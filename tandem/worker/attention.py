@@ -39,8 +39,10 @@ def write_kv(
     v: torch.Tensor,
     slot_mapping: torch.Tensor,  # [num_tokens]
 ) -> None:
-    k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    if k.dtype != k_cache.dtype:
+        k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
+    k_cache.index_copy_(0, slot_mapping, k)
+    v_cache.index_copy_(0, slot_mapping, v)
 
 
 def _mask(q_len: int, ctx: int, window: int | None, device: torch.device) -> torch.Tensor | None:
@@ -66,7 +68,26 @@ def paged_attention(
     plan = meta.plans.get(sliding_window)
     if plan is None:
         plan = meta.plans[sliding_window] = _Plan(_host(meta), sliding_window, q.device)
+    threads = torch.get_num_threads()
+    if plan.long or threads == 1 or q.device.type != "cpu":
+        return _paged_attention(q, k_cache, v_cache, plan, scale)
+    # Short queries only (decodes, verifies): tiny ops, which some kernels (softmax) still split over
+    # the intra-op threads. On a loaded 2-core machine waiting for a descheduled second thread cost up
+    # to 2.6 ms per softmax of [3, 3, 200] (2.2 µs on one thread); one thread is as fast when idle.
+    torch.set_num_threads(1)
+    try:
+        return _paged_attention(q, k_cache, v_cache, plan, scale)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Plan,
+                     scale: float) -> torch.Tensor:
     host = plan.host
+    if plan.alone and plan.row_masks is None:  # one request, one short query (a batch-1 decode)
+        i, neg_mask = plan.single
+        k, v = _context(k_cache, v_cache, host, i, plan.single_range, q.dtype)
+        return _grouped_attention(q, k, v, neg_mask, scale)
     out = torch.empty_like(q)
     gqa = q.shape[1] != k_cache.shape[1]
     for i, mask in zip(plan.long, plan.long_masks):
@@ -82,13 +103,11 @@ def paged_attention(
     if plan.single is not None:
         i, neg_mask = plan.single
         s, e = host.query_start[i], host.query_start[i + 1]
-        slots = host.context_slots[i]
+        k, v = _context(k_cache, v_cache, host, i, plan.single_range, q.dtype)
         if plan.row_masks is None:
-            out[s:e] = _single_short(q[s:e], k_cache, v_cache, slots, neg_mask, scale)
+            out[s:e] = _grouped_attention(q[s:e], k, v, neg_mask, scale)
         else:  # a lone verify: each row exactly as a decode at its position computes it (see _Plan)
-            ctx = len(slots)
-            k = k_cache.index_select(0, slots).to(q.dtype)  # gathered once, sliced per row
-            v = v_cache.index_select(0, slots).to(q.dtype)
+            ctx = k.shape[0]
             for r, row_mask in enumerate(plan.row_masks):
                 c = ctx - (e - s) + 1 + r
                 out[s + r:s + r + 1] = _grouped_attention(q[s + r:s + r + 1], k[:c], v[:c], row_mask, scale)
@@ -97,12 +116,18 @@ def paged_attention(
     return out
 
 
-def _single_short(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                  neg_mask: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """One short query (a lone decode or verify): grouped matmul-softmax-matmul, no padding."""
-    k = k_cache.index_select(0, slots).to(q.dtype)  # [ctx, kvh, d]
-    v = v_cache.index_select(0, slots).to(q.dtype)
-    return _grouped_attention(q, k, v, neg_mask, scale)
+def _context(k_cache: torch.Tensor, v_cache: torch.Tensor, host: _HostMeta, i: int, slot_range: range | None,
+             dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of request ``i``'s whole context, [ctx, kvh, d]: a view of the cache when its slots are
+    one contiguous range (its blocks allocated in order: the common case of one request), else a gather."""
+    if slot_range is not None:
+        k, v = k_cache[slot_range.start:slot_range.stop], v_cache[slot_range.start:slot_range.stop]
+    else:
+        slots = host.context_slots[i]
+        k, v = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
+    if k.dtype != dtype:
+        k, v = k.to(dtype), v.to(dtype)
+    return k, v
 
 
 def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, neg_mask: torch.Tensor | None,
@@ -112,12 +137,19 @@ def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, neg_ma
     q_len, h, d = q.shape
     kvh = k.shape[1]
     g = h // kvh
-    qg = q.view(q_len, kvh, g, d).permute(1, 2, 0, 3).reshape(kvh, g * q_len, d)
+    if q_len == 1:  # a decode (or one verify row): [1, h, d] is [kvh, g, d] already
+        qg = q.reshape(kvh, g, d)
+    else:
+        qg = q.reshape(q_len, kvh, g, d).permute(1, 2, 0, 3).reshape(kvh, g * q_len, d)
     scores = torch.bmm(qg, k.permute(1, 2, 0)).mul_(scale)  # [kvh, g*q_len, ctx]
     if neg_mask is not None:
         scores = scores.view(kvh, g, q_len, -1).masked_fill_(neg_mask, float("-inf")).view(kvh, g * q_len, -1)
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    if probs.dtype != q.dtype:
+        probs = probs.to(q.dtype)
     o = torch.bmm(probs, v.transpose(0, 1))  # [kvh, g*q_len, d]
+    if q_len == 1:
+        return o.view(1, h, d)
     return o.view(kvh, g, q_len, d).permute(2, 0, 1, 3).reshape(q_len, h, d)
 
 
@@ -129,16 +161,35 @@ class _HostMeta:
         self.query_start: list[int] = meta.query_start.tolist()
         self.query_lens: list[int] = meta.query_lens.tolist()
         self.seq_lens: list[int] = meta.seq_lens.tolist()
-        bs = meta.block_size
-        offsets = torch.arange(bs, device=meta.block_tables.device)
-        # per request, the flat slots of positions 0 .. seq_len - 1
-        self.context_slots = [
-            (meta.block_tables[i, : -(-n // bs)][:, None] * bs + offsets[None, :]).flatten()[:n]
-            for i, n in enumerate(self.seq_lens)
-        ]
+        self.block_size = meta.block_size
+        self.block_tables = meta.block_tables
+        self._context_slots: list[torch.Tensor] | None = None
+
+    @property
+    def context_slots(self) -> list[torch.Tensor]:
+        """Per request, the flat slots of positions 0 .. seq_len - 1 (built on first use: a lone decode
+        over consecutive blocks reads a cache view instead)."""
+        if self._context_slots is None:
+            bs = self.block_size
+            offsets = torch.arange(bs, device=self.block_tables.device)
+            self._context_slots = [
+                (self.block_tables[i, : -(-n // bs)][:, None] * bs + offsets[None, :]).flatten()[:n]
+                for i, n in enumerate(self.seq_lens)
+            ]
+        return self._context_slots
 
     def query_len(self, i: int) -> int:
         return self.query_lens[i]
+
+    def slot_range(self, i: int) -> range | None:
+        """Request ``i``'s context slots as one range when its blocks are consecutive, else None."""
+        n, bs = self.seq_lens[i], self.block_size
+        if n == 0:
+            return None
+        blocks = self.block_tables[i, : -(-n // bs)].tolist()
+        if blocks != list(range(blocks[0], blocks[0] + len(blocks))):
+            return None
+        return range(blocks[0] * bs, blocks[0] * bs + n)
 
 
 def _host(meta: AttentionMetadata) -> _HostMeta:
@@ -163,11 +214,15 @@ class _Plan:
         # attention rounding (it did on the packed int4 path, whose bf16 activations amplify 1e-7
         # differences). Costs k + 1 small calls per layer instead of one.
         self.row_masks: list[torch.Tensor | None] | None = None
+        self.single_range: range | None = None
+        self.alone = False
         if len(self.short) == 1:  # nothing to batch with: no padding, gather or scatter
             i = self.short[0]
             ql, ctx = meta.query_len(i), meta.seq_lens[i]
             mask = _mask(ql, ctx, window, dev)
             self.single = (i, None if mask is None else ~mask)
+            self.single_range = meta.slot_range(i)
+            self.alone = meta.num_reqs == 1 and not self.long
             if ql > 1:
                 rows = [_mask(1, ctx - ql + 1 + r, window, dev) for r in range(ql)]
                 self.row_masks = [None if m is None else ~m for m in rows]
@@ -232,7 +287,7 @@ class TorchAttention:
 
     def forward(self, attn: Attention, qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_cache: KVCache) -> torch.Tensor:  # [T, H * D]
-        q, k, v = split_qkv(attn, qkv, positions)
+        q, k, v = split_qkv(attn, qkv, positions) if attn.q_norm is not None else _rope_qk(attn, qkv, positions)
         write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
         o = paged_attention(q, kv_cache[0], kv_cache[1], meta, attn.scale, attn.sliding_window)
         return o.reshape(qkv.shape[0], attn.q_size)
@@ -249,3 +304,14 @@ def split_qkv(attn: Attention, qkv: torch.Tensor, positions: torch.Tensor
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = attn.rotary(positions, q, k)
     return q, k, v
+
+
+def _rope_qk(attn: Attention, qkv: torch.Tensor, positions: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``split_qkv`` without q/k norms, rotating q and k as one tensor (half the ops; the same values,
+    element for element). q and k are views of that tensor: contiguous only for one token."""
+    t, h = qkv.shape[0], attn.num_heads
+    qk = qkv[:, : attn.q_size + attn.kv_size].reshape(t, h + attn.num_kv_heads, attn.head_dim)
+    qk = attn.rotary.rotate(positions, qk)
+    v = qkv[:, attn.q_size + attn.kv_size:].reshape(t, attn.num_kv_heads, attn.head_dim)
+    return qk[:, :h], qk[:, h:], v

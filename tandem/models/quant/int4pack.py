@@ -70,20 +70,45 @@ class Int4PackLinear(nn.Module):
                              .contiguous().to(torch.bfloat16))  # [K·planes / G, N, 2]
         self.register_buffer("perm", qw.perm)
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
+        self.lowp = bias is None  # forward_lowp is the whole product (torch_kernels.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and self.bias is None:
+            return self.forward_lowp(x).to(x.dtype)
         shape = x.shape
-        h = x.reshape(-1, shape[-1])
-        if self.perm is not None:
-            h = h.index_select(1, self.perm)
-        h = h.to(torch.bfloat16)
-        if self.planes == 2:
-            h = torch.cat([h, h], dim=1)
-        out = _aten._weight_int4pack_mm_for_cpu(h.contiguous(), self.packed, self.group, self.scale_zeros)
-        out = out.to(x.dtype)
+        out = self.forward_lowp(x.reshape(-1, shape[-1])).to(x.dtype)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*shape[:-1], self.out_features)
+
+    def forward_lowp(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W^T`` for 2-D ``x`` of any float dtype, returned in the kernel's bf16 (no bias): what
+        ``forward`` casts back to ``x.dtype``. The layer kernels add it to a float32 residual directly
+        (type promotion: the same fp32 sum as casting first, one op fewer)."""
+        packed, scale_zeros, perm = self._args or self._cache_args()
+        h = x
+        if perm is not None:
+            h = h.index_select(1, perm)
+        if h.dtype != torch.bfloat16:
+            h = h.to(torch.bfloat16)
+        if self.planes == 2:
+            h = torch.cat([h, h], dim=1)
+        elif not h.is_contiguous():
+            h = h.contiguous()
+        return _aten._weight_int4pack_mm_for_cpu(h, packed, self.group, scale_zeros)
+
+    # The buffers as a plain tuple: nn.Module resolves a buffer through ``__getattr__`` (~1 µs, three per
+    # call, 120 calls per SmolLM2 token). Dropped whenever the module's tensors are replaced (``_apply``:
+    # ``.to()``, ``.cpu()``, ...); ``load_state_dict`` copies in place and keeps them.
+    _args: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+
+    def _cache_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        self._args = (self.packed, self.scale_zeros, self.perm)
+        return self._args
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        self._args = None
+        return super()._apply(fn, recurse)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scale_zeros))

@@ -34,14 +34,19 @@ class Int8PackLinear(nn.Module):
         self.register_buffer("qweight", (qw.codes.to(torch.int16) - 128).to(torch.int8).contiguous())
         self.register_buffer("scales", qw.scale[:, 0].to(torch.bfloat16).contiguous())
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
+        self.lowp = bias is None  # forward_lowp is the whole product (torch_kernels.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        h = x.reshape(-1, shape[-1]).to(torch.bfloat16).contiguous()
-        out = _aten._weight_int8pack_mm(h, self.qweight, self.scales).to(x.dtype)
+        out = self.forward_lowp(x.reshape(-1, shape[-1])).to(x.dtype)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*shape[:-1], self.out_features)
+
+    def forward_lowp(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W^T`` for 2-D ``x``, in the kernel's bf16 (no bias; see ``Int4PackLinear.forward_lowp``)."""
+        h = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+        return _aten._weight_int8pack_mm(h.contiguous(), self.qweight, self.scales)
 
     def nbytes(self) -> int:
         return self.qweight.numel() + self.scales.numel() * 2
