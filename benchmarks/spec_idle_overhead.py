@@ -1,0 +1,79 @@
+#!/usr/bin/env python
+"""What speculation costs when it does not draft (issue #16: the H200's 0.91x at concurrency 32 with
+3 % drafting), measured on the host: a tiny model on CPU, so a step is mostly the engine's own Python
+work, with asynchronous scheduling on as on CUDA (the pipeline logic runs; the forward does not
+overlap on CPU, so this measures host work and pipeline chaining, not GPU overlap).
+
+Engines in one process, alternating per round, same prompts: no speculation; n-gram with the
+default goodput policy; n-gram drafting every step (``disable_by_acceptance: false``). Random-token
+prompts give n-gram few matches, so the policy mostly does not draft. Per engine: ms per decode step
+(median of rounds), the share of steps launched ahead of the previous read (``num_chained_steps`` /
+steps: 1.0 is a fully overlapped pipeline), and the policy's drafting share.
+
+Usage: python benchmarks/spec_idle_overhead.py [--batch 32,64] [--rounds 5] [--max-tokens 96]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", default="32,64")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from tiny_models import write_tiny_hf_checkpoint
+
+    from tandem import LLM, SamplingParams
+
+    torch.set_num_threads(1)
+    d = write_tiny_hf_checkpoint(Path(tempfile.mkdtemp()), "llama", hidden_size=64, intermediate_size=128,
+                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+    configs = {
+        "none": None,
+        "ngram, policy (default)": {"method": "ngram", "num_speculative_tokens": 4, "disable_by_acceptance": True},
+        "ngram, every step": {"method": "ngram", "num_speculative_tokens": 4, "disable_by_acceptance": False},
+    }
+    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    print("| batch | speculation | ms per step (median) | runs | chained steps | drafting share | steps |")
+    print("|---|---|---|---|---|---|---|")
+    for batch in (int(b) for b in args.batch.split(",")):
+        g = torch.Generator().manual_seed(batch)
+        prompts = [torch.randint(3, 500, (48,), generator=g).tolist() for _ in range(batch)]
+        llms = {name: LLM(str(d), device="cpu", dtype="float32", kv_cache_memory_bytes=256 << 20, block_size=16,
+                          max_num_seqs=max(256, batch), async_scheduling=True, speculative_config=cfg)
+                for name, cfg in configs.items()}
+        res: dict[str, list[float]] = {k: [] for k in llms}
+        info: dict[str, tuple[float, float, int]] = {}
+        for rep in range(args.rounds):
+            for name, llm in llms.items():
+                eng = llm.engine
+                for i, p in enumerate(prompts):
+                    eng.add_request(f"{rep}-{i}", None, sp, prompt_token_ids=p)
+                while eng.scheduler.waiting or any(r.num_output_tokens == 0 for r in eng.scheduler.running):
+                    eng.step()
+                chained0, t0, n = eng.num_chained_steps, time.perf_counter(), 0
+                while eng.has_unfinished_requests():
+                    eng.step()
+                    n += 1
+                res[name].append((time.perf_counter() - t0) / n * 1e3)
+                share = eng.stats.spec.drafting_share if eng.spec is not None else 0.0
+                info[name] = ((eng.num_chained_steps - chained0) / n, share, n)
+        for name, v in res.items():
+            chained, share, steps = info[name]
+            print(f"| {batch} | {name} | {statistics.median(v):.3f} | {', '.join(f'{x:.3f}' for x in v)} | "
+                  f"{chained:.2f} | {share:.2f} | {steps} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
