@@ -50,9 +50,9 @@ class ModelConfig:
                 "to fp16 so greedy picks can change at near-ties; docs/quantization.md)"})
 
     batch_invariant: bool = field(default=False, metadata={
-        "help": "CUDA: compute every row the same way whatever the step's other rows (fixed matmul and "
-                "attention tiles, no split-KV), so greedy output is bitwise the same with or without "
-                "speculation at any batch size; slower (docs/performance.md)"})
+        "help": "compute every row the same way whatever the step's other rows (CUDA: fixed matmul and "
+                "attention tiles, no split-KV; CPU: one row at a time), so greedy output is bitwise the same "
+                "with or without speculation at any batch size; slower (docs/architecture.md)"})
 
     def __post_init__(self) -> None:
         check_str("model", self.model)

@@ -141,9 +141,6 @@ def build_engine(config: EngineConfig) -> EngineParts:
     logger.info("KV cache sized by %s: %d blocks × %d tokens = %d tokens (%.1f MiB)",
                 source, num_blocks, block_size, num_blocks * block_size, num_blocks * bpb / 2**20)
     pool = BlockPool(num_blocks, enable_caching=cache.enable_prefix_caching)
-    if model_cfg.batch_invariant and (device.type != "cuda" or runner_cfg.backend == "torch"):
-        raise ConfigError("batch_invariant", f"needs the CUDA runner (device {device}, backend "
-                                             f"{runner_cfg.backend!r}); the CPU path has no batch-invariant kernels")
     runner = make_runner(model, allocate_kv_cache(arch, num_blocks, block_size, dtype, device), block_size,
                          device, runner_cfg, max_model_len=max_model_len, lookahead=lookahead,
                          feature_layers=features, batch_invariant=model_cfg.batch_invariant)

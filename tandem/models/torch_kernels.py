@@ -6,6 +6,8 @@ equals HF transformers token for token). Nothing is deferred: ``stream.x`` alway
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from tandem.models.forward_context import ResidualStream
@@ -46,4 +48,35 @@ class TorchKernels:
         return stream.x  # never modified in place by these kernels
 
 
+def _rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``fn`` applied to each row of ``x`` [T, ...] alone (a 1-row call), results stacked."""
+    if x.shape[0] <= 1:
+        return fn(x)
+    return torch.cat([fn(x[i:i + 1]) for i in range(x.shape[0])])
+
+
+class RowwiseKernels(TorchKernels):
+    """Batch-invariant mode on the torch path: every matmul and norm runs on one row at a time, the
+    op a 1-row decode runs, so a row's result never depends on how many rows its step has (BLAS picks
+    its blocking by shape: a multi-row matmul and the 1-row product round differently). Costs one
+    call per row: a prefill chunk of P tokens makes P calls per linear."""
+
+    def linear(self, x: torch.Tensor, layer: Linear | PackedLinear) -> torch.Tensor:
+        return _rows(layer.forward, x)
+
+    def norm_linear(self, stream: ResidualStream, norm: RMSNorm, layer: Linear | PackedLinear) -> torch.Tensor:
+        return _rows(lambda r: layer.forward(norm.forward(r)), stream.x)
+
+    def linear_add(self, x: torch.Tensor, layer: Linear | PackedLinear, stream: ResidualStream) -> ResidualStream:
+        stream.x = stream.x + _rows(layer.forward, x)
+        return stream
+
+    def norm_gated_mlp_in(self, stream: ResidualStream, norm: RMSNorm, mlp: GatedMLP) -> torch.Tensor:
+        return _rows(lambda r: mlp.act_mul(mlp.gate_up_proj.forward(norm.forward(r))), stream.x)
+
+    def final_norm(self, stream: ResidualStream, norm: RMSNorm) -> torch.Tensor:
+        return _rows(norm.forward, stream.x)
+
+
 TORCH_KERNELS = TorchKernels()
+ROWWISE_KERNELS = RowwiseKernels()

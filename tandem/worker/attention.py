@@ -64,7 +64,10 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    rowwise: bool = False,
 ) -> torch.Tensor:  # [num_tokens, heads, head_dim]
+    if rowwise:
+        return _rowwise_attention(q, k_cache, v_cache, _host(meta), scale, sliding_window)
     plan = meta.plans.get(sliding_window)
     if plan is None:
         plan = meta.plans[sliding_window] = _Plan(_host(meta), sliding_window, q.device)
@@ -113,6 +116,25 @@ def _paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                 out[s + r:s + r + 1] = _grouped_attention(q[s + r:s + r + 1], k[:c], v[:c], row_mask, scale)
     elif plan.short:
         _batched_short(q, k_cache, v_cache, plan, scale, out)
+    return out
+
+
+def _rowwise_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, host: _HostMeta,
+                       scale: float, window: int | None) -> torch.Tensor:
+    """Batch-invariant mode: every query row — of a prefill chunk, a verify or a decode, in any batch —
+    computed alone over exactly the context a decode at its position sees, with a decode's op shapes
+    (the lone-verify rule of ``_Plan`` applied to every row), so its bits never depend on the step."""
+    out = torch.empty_like(q)
+    for i in range(host.num_reqs):
+        ql, ctx, s = host.query_len(i), host.seq_lens[i], host.query_start[i]
+        if ql == 0:
+            continue
+        k, v = _context(k_cache, v_cache, host, i, host.slot_range(i), q.dtype)
+        for r in range(ql):
+            c = ctx - ql + 1 + r
+            mask = _mask(1, c, window, q.device)
+            out[s + r:s + r + 1] = _grouped_attention(q[s + r:s + r + 1], k[:c], v[:c],
+                                                      None if mask is None else ~mask, scale)
     return out
 
 
@@ -285,11 +307,14 @@ class TorchAttention:
     """The torch attention backend: q/k norm and rope in torch, ``index_copy_`` KV write, paged
     attention above. Reference numerics (HF's order of operations)."""
 
+    def __init__(self, rowwise: bool = False) -> None:
+        self.rowwise = rowwise  # batch-invariant mode: every query row alone (``_rowwise_attention``)
+
     def forward(self, attn: Attention, qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_cache: KVCache) -> torch.Tensor:  # [T, H * D]
         q, k, v = split_qkv(attn, qkv, positions) if attn.q_norm is not None else _rope_qk(attn, qkv, positions)
         write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
-        o = paged_attention(q, kv_cache[0], kv_cache[1], meta, attn.scale, attn.sliding_window)
+        o = paged_attention(q, kv_cache[0], kv_cache[1], meta, attn.scale, attn.sliding_window, self.rowwise)
         return o.reshape(qkv.shape[0], attn.q_size)
 
 

@@ -18,7 +18,7 @@ import torch
 
 from tandem.models.decoder import CausalLM, KVCache
 from tandem.models.forward_context import ForwardContext
-from tandem.models.torch_kernels import TORCH_KERNELS
+from tandem.models.torch_kernels import ROWWISE_KERNELS, TORCH_KERNELS
 from tandem.worker.attention import TorchAttention
 from tandem.worker.batch import SeqChunk
 from tandem.worker.input_packer import layout, pack, step_tensors
@@ -27,12 +27,15 @@ from tandem.worker.step_output import StepOutput
 
 class TorchRunner:
     def __init__(self, model: CausalLM, kv_caches: list[KVCache], block_size: int,
-                 device: torch.device) -> None:
+                 device: torch.device, batch_invariant: bool = False) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
-        self.attention = TorchAttention()
+        # batch-invariant mode: every row alone through the linears, norms, attention and LM head
+        self.invariant = batch_invariant
+        self.kernels = ROWWISE_KERNELS if batch_invariant else TORCH_KERNELS
+        self.attention = TorchAttention(rowwise=batch_invariant)
 
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
                        token_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -63,13 +66,17 @@ class TorchRunner:
         length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, n, None, w, rows)
         inputs = torch.from_numpy(buf[:length]).to(self.device)  # no copy on CPU
         ids, pos, meta = step_tensors(inputs, t, n, w, self.block_size, max(qlens))
-        ctx = ForwardContext(meta, self.kv_caches, TORCH_KERNELS, self.attention)
+        ctx = ForwardContext(meta, self.kv_caches, self.kernels, self.attention)
         hidden, aux = self.model(ids, pos, ctx, aux_layers)
         if self.model.arch.num_layers in aux_layers:
             aux.append(hidden)
         if not identity:
             hidden = hidden.index_select(0, inputs[r_off:r_off + len(rows)])
-        return StepOutput(self.model.compute_logits(hidden), aux)
+        if self.invariant and hidden.shape[0] > 1:
+            logits = torch.cat([self.model.compute_logits(hidden[i:i + 1]) for i in range(hidden.shape[0])])
+        else:
+            logits = self.model.compute_logits(hidden)
+        return StepOutput(logits, aux)
 
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:
         """Nothing to compile or capture on the torch path."""
