@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Batch-invariant mode on the GPU (issue #19): its speed as a fraction of the default mode, and how
-often greedy outputs with and without speculation agree in each mode.
+"""Batch-invariant mode (issue #19): its speed as a fraction of the default mode, and how often greedy
+outputs with and without speculation agree in each mode. On the GPU (default) or ``--device cpu``
+(the torch path: every row alone).
 
 Per model — the real SmolLM2-135M-Instruct (``--gguf``, bf16; HumanEval prompts with ``--humaneval``,
 else random token prompts) and the dummy Llama-3.1-8B / 3.2-1B shapes (random weights, random token
@@ -16,7 +17,8 @@ the full count (tests/worker/test_gpu_batch_invariant.py asserts it); in the def
 differences between a k + 1-row verify, a batch of rows and a 1-row decode flip near-ties.
 
 Usage: python benchmarks/gpu_batch_invariant.py [--gguf PATH] [--humaneval PATH] [--shapes smol,1b,8b]
-       [--num-prompts 32] [--max-tokens 128] [--json OUT]
+       [--num-prompts 32] [--max-tokens 128] [--batches 1,8,32] [--device cuda|cpu] [--json OUT]
+On CPU, ``--shapes smol`` without ``--gguf`` runs the built-in SmolLM2 GGUF (packed int4, the default).
 """
 
 from __future__ import annotations
@@ -68,22 +70,28 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
-    print(f"device {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+    cpu = args.device == "cpu"
+    batches = [int(b) for b in args.batches.split(",")]
+    name = "cpu" if cpu else torch.cuda.get_device_name(0)
+    print(f"device {name}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     root = Path(tempfile.mkdtemp(prefix="tandem_bi_"))
     spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4,
             "disable_by_acceptance": False}
     rows: list[dict] = []
     for shape in args.shapes.split(","):
-        if shape == "smol" and args.gguf:
-            model, kw = args.gguf, {}
+        if shape == "smol" and (args.gguf or cpu):
+            model, kw = args.gguf or "smollm2-135m-instruct", {}
             prompts: list = load_humaneval_prompts(args.humaneval)[: args.num_prompts] if args.humaneval else None
         else:
             name = {"smol": "smollm2-135m", "1b": "llama-3.2-1b", "8b": "llama-3.1-8b"}[shape]
             model, kw, prompts = str(dummy_dir(root, name)), {"load_format": "dummy"}, None
         g = torch.Generator().manual_seed(0)
         for mode in ("default", "invariant"):
-            llm = LLM(model, dtype="bfloat16", device="cuda", max_model_len=2048, kv_cache_memory_bytes=8 << 30,
+            llm = LLM(model, dtype="float32" if cpu else "bfloat16", device=args.device, max_model_len=2048,
+                      kv_cache_memory_bytes=(1 << 30) if cpu else (8 << 30),
                       enable_prefix_caching=False, batch_invariant=mode == "invariant",
                       speculative_config=spec, **kw)
             if prompts is None:
@@ -94,7 +102,7 @@ def main() -> None:
             run(llm, prompts[:4], 16, 4, spec)
             ref, _ = run(llm, prompts, args.max_tokens, 1, None)
             for s in (None, spec):
-                for b in (1, 8, 32):
+                for b in batches:
                     outs, tok_s = run(llm, prompts, args.max_tokens, b, s)
                     same = sum(o == r for o, r in zip(outs, ref))
                     row = dict(model=shape, mode=mode, spec="ngram" if s else "none", batch=b, tok_s=tok_s,
@@ -103,7 +111,8 @@ def main() -> None:
                     print(f"{shape:5s} {mode:9s} {row['spec']:5s} b={b:2d}: {tok_s:9.1f} tok/s, identical to batch-1 "
                           f"reference {same}/{len(prompts)}", flush=True)
             del llm
-            torch.cuda.empty_cache()
+            if not cpu:
+                torch.cuda.empty_cache()
     print("\n| model | speculation | batch | default tok/s | invariant tok/s | invariant / default | identical default | identical invariant |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
