@@ -10,7 +10,11 @@ prompts give n-gram few matches, so the policy mostly does not draft. Per engine
 (median of rounds), the share of steps launched ahead of the previous read (``num_chained_steps`` /
 steps: 1.0 is a fully overlapped pipeline), and the policy's drafting share.
 
-Usage: python benchmarks/spec_idle_overhead.py [--batch 32,64] [--rounds 5] [--max-tokens 96]
+``--repetitive F``: that fraction of the prompts repeats a 6-token motif (n-gram matches there, so a
+few requests want to draft while the rest do not — the case where one drafting request turns the
+whole batch's step into a synchronous verify).
+
+Usage: python benchmarks/spec_idle_overhead.py [--batch 32,64] [--rounds 5] [--max-tokens 96] [--repetitive 0.0]
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ def main() -> None:
     ap.add_argument("--batch", default="32,64")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--repetitive", type=float, default=0.0)
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from tiny_models import write_tiny_hf_checkpoint
@@ -45,11 +50,14 @@ def main() -> None:
         "ngram, every step": {"method": "ngram", "num_speculative_tokens": 4, "disable_by_acceptance": False},
     }
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    print(f"repetitive prompts: {args.repetitive:.0%}")
     print("| batch | speculation | ms per step (median) | runs | chained steps | drafting share | steps |")
     print("|---|---|---|---|---|---|---|")
     for batch in (int(b) for b in args.batch.split(",")):
         g = torch.Generator().manual_seed(batch)
         prompts = [torch.randint(3, 500, (48,), generator=g).tolist() for _ in range(batch)]
+        for i in range(round(args.repetitive * batch)):
+            prompts[i] = (torch.randint(3, 500, (6,), generator=g).tolist() * 8)[:48]
         llms = {name: LLM(str(d), device="cpu", dtype="float32", kv_cache_memory_bytes=256 << 20, block_size=16,
                           max_num_seqs=max(256, batch), async_scheduling=True, speculative_config=cfg)
                 for name, cfg in configs.items()}
