@@ -6,6 +6,8 @@
 - ``copy_bandwidth``: bytes read + written per second by a large tensor copy (the memory-bandwidth
   floor of batch-1 decoding, measured in the same process and run as the engines).
 - ``machine_info``: what to print next to every table (load average, threads, versions).
+- ``tiny_model_dir`` / ``decode_ms_per_step``: a tiny random Llama (the engine's own host work
+  dominates its steps) and the decode-phase ms per ``LLMEngine.step`` of a batch of prompts.
 """
 
 from __future__ import annotations
@@ -135,3 +137,30 @@ def smollm2_decode_and_verify(ctx: int, k: int) -> tuple[Any, list[Any], list[An
     llm.engine.runner.forward_logits([SeqChunk(ids[:ctx], 0, blocks)], [ctx - 1])
     return (llm, [SeqChunk(ids[ctx:ctx + 1], ctx, blocks)], [SeqChunk(ids[ctx:ctx + k + 1], ctx, blocks)],
             list(range(k + 1)))
+
+
+def tiny_model_dir() -> Path:
+    """A tiny random Llama checkpoint (2 layers, hidden 64, vocabulary 512) in a temporary directory."""
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from tiny_models import write_tiny_hf_checkpoint
+
+    return write_tiny_hf_checkpoint(Path(tempfile.mkdtemp()), "llama", hidden_size=64, intermediate_size=128,
+                                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                    vocab_size=512)
+
+
+def decode_ms_per_step(engine: Any, prompts: list[list[int]], params: Any, tag: str) -> tuple[float, int]:
+    """Add ``prompts`` to ``engine``, step until every request has its first token, then time the
+    remaining steps: (ms per step, steps)."""
+    for i, p in enumerate(prompts):
+        engine.add_request(f"{tag}-{i}", None, params, prompt_token_ids=p)
+    while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
+        engine.step()
+    t0, n = time.perf_counter(), 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        n += 1
+    return (time.perf_counter() - t0) / max(1, n) * 1e3, n

@@ -21,10 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import tempfile
-import time
-from pathlib import Path
 
 import torch
 
@@ -36,14 +32,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--repetitive", type=float, default=0.0)
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from tiny_models import write_tiny_hf_checkpoint
+    from _common import decode_ms_per_step, tiny_model_dir
 
     from tandem import LLM, SamplingParams
 
     torch.set_num_threads(1)
-    d = write_tiny_hf_checkpoint(Path(tempfile.mkdtemp()), "llama", hidden_size=64, intermediate_size=128,
-                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+    d = tiny_model_dir()
     configs = {
         "none": None,
         "ngram, policy (default)": {"method": "ngram", "num_speculative_tokens": 4, "disable_by_acceptance": True},
@@ -66,15 +60,9 @@ def main() -> None:
         for rep in range(args.rounds):
             for name, llm in llms.items():
                 eng = llm.engine
-                for i, p in enumerate(prompts):
-                    eng.add_request(f"{rep}-{i}", None, sp, prompt_token_ids=p)
-                while eng.scheduler.waiting or any(r.num_output_tokens == 0 for r in eng.scheduler.running):
-                    eng.step()
-                chained0, t0, n = eng.num_chained_steps, time.perf_counter(), 0
-                while eng.has_unfinished_requests():
-                    eng.step()
-                    n += 1
-                res[name].append((time.perf_counter() - t0) / n * 1e3)
+                chained0 = eng.num_chained_steps
+                ms, n = decode_ms_per_step(eng, prompts, sp, str(rep))
+                res[name].append(ms)
                 share = eng.stats.spec.drafting_share if eng.spec is not None else 0.0
                 info[name] = ((eng.num_chained_steps - chained0) / n, share, n)
         for name, v in res.items():
