@@ -1,0 +1,178 @@
+"""The skinny matmul for int4 weights (``W4Weight``, layout in models/quant/w4_weight.py): ``out[M, N] =
+x[M, K] @ W[N, K]^T`` streamed from the packed codes, with the fusions of ``triton_gemv.py`` (RMSNorm
+of x, silu(gate)·up over a packed [gate | up] weight, in-place residual add, bias).
+
+Each program owns ``BLOCK_N`` output columns and walks K in runs of 128 codes: one ``[BLOCK_N, 16]``
+int32 load per run, then for each of the 8 nibbles a shift and mask gives 16 consecutive codes per
+column, multiplied with the matching 16-element slice of x. The group's scale and offset are applied
+once per group, not per weight:
+
+    Σ_k (q_k·s + z)·x_k  =  s·Σ_k q_k·x_k  +  z·Σ_k x_k
+
+- one row (``USE_DOT`` off): codes become float32 exactly with the exponent trick
+  ``bitcast(q | 0x4B000000) − 2^23`` (integer OR and one add: no slow int→float conversion), then
+  float32 multiply-adds on the CUDA cores;
+- several rows (``USE_DOT``, 16-row tiles, and every row count in batch-invariant mode): codes become
+  ``c + q`` in the model dtype by the same trick in 16 bits (bf16: ``0x4300 | q`` = 128 + q, fp16:
+  ``0x6400 | q`` = 1024 + q, both exact) and go to the tensor cores as is; the constant comes back out
+  through the group's offset, ``z − c·s``. A row's result does not depend on the other rows of its
+  tile.
+
+Numerics: float32 accumulation; the weight is never rounded to the model dtype (codes, scales and
+offsets are exact in float32), so the result equals the product with the dequantized float32 weight
+up to summation order — not bit for bit the bf16 kernel on ``W4Weight.dequantize()``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tandem.models.quant.w4_weight import BLOCK, W4Weight
+from tandem.worker.pdl import launch_kwargs, pdl_enabled, pdl_prologue
+from tandem.worker.triton_epilogue import store_rows
+
+
+@triton.jit
+def _codes_f32(wd, i: tl.constexpr):
+    """Nibble i of each word as an exact float32 (0..15)."""
+    bits = ((wd >> (4 * i)) & 15) | 0x4B000000
+    return bits.to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _codes_dot(wd, i: tl.constexpr, dt: tl.constexpr):
+    """Nibble i of each word as ``MAGIC + q`` in dt (tensor-core operand); float32: q itself."""
+    if dt == tl.bfloat16:
+        return (((wd >> (4 * i)) & 15) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    elif dt == tl.float16:
+        return (((wd >> (4 * i)) & 15) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+    else:
+        return _codes_f32(wd, i)
+
+
+@triton.jit
+def _w4_kernel(
+    x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, eps,
+    M, N, stride_xm, stride_wn, stride_sn, stride_rm, stride_om, up_off,
+    K: tl.constexpr, RUNS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
+    USE_DOT: tl.constexpr, MAGIC: tl.constexpr, PDL: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    mblocks = tl.cdiv(M, BLOCK_M)  # row blocks fastest: a column block's programs share its weight via L2
+    row0 = (pid % mblocks) * BLOCK_M
+    pid = pid // mblocks
+    dt = s_ptr.dtype.element_ty
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    m = row0 + tl.arange(0, BLOCK_M)
+    m_mask = m < M
+    j = tl.arange(0, 16)
+    x_rows = x_ptr + m[:, None].to(tl.int64) * stride_xm
+    w_rows = w_ptr + n[:, None].to(tl.int64) * stride_wn
+    u_rows = w_rows + up_off * stride_wn  # GATED: the "up" half of a packed [gate | up] weight
+    s_rows = s_ptr + n.to(tl.int64) * stride_sn
+    z_rows = z_ptr + n.to(tl.int64) * stride_sn
+    su_rows = s_rows + up_off * stride_sn
+    zu_rows = z_rows + up_off * stride_sn
+    if PDL:  # see pdl.py: x, the residual and the output only after this
+        pdl_prologue()
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    ssq = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+    xs = tl.zeros([BLOCK_M, 16], dtype=tl.float32)  # Σ x over the current group
+    if USE_DOT:
+        part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # Σ (MAGIC + q)·x over the current group
+        part_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    else:
+        part = tl.zeros([BLOCK_N, 16], dtype=tl.float32)  # element-wise q·x, reduced at the group's end
+        part_u = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+    for b in range(RUNS):
+        wd = tl.load(w_rows + b * 16 + j[None, :], mask=n_mask[:, None], other=0)
+        if GATED:
+            wu = tl.load(u_rows + b * 16 + j[None, :], mask=n_mask[:, None], other=0)
+        for i in tl.static_range(8):
+            k = b * BLOCK + i * 16 + j
+            km = k < K
+            xv = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & km[None, :], other=0.0)
+            if NORM:  # rms(x) · (W @ (x ⊙ w_norm)): the row scale is applied in the epilogue
+                xf = xv.to(tl.float32)
+                ssq += xf * xf
+                nw = tl.load(nw_ptr + k, mask=km, other=0.0).to(tl.float32)
+                xv = (xf * nw[None, :]).to(dt)
+            xf = xv.to(tl.float32)
+            xs += xf
+            if USE_DOT:
+                part += tl.dot(xv, tl.trans(_codes_dot(wd, i, dt)))
+                if GATED:
+                    part_u += tl.dot(xv, tl.trans(_codes_dot(wu, i, dt)))
+            else:
+                part += _codes_f32(wd, i) * xf
+                if GATED:
+                    part_u += _codes_f32(wu, i) * xf
+            if ((i + 1) * 16) % GROUP == 0:  # the group ends: apply its scale and offset
+                g = (b * BLOCK + i * 16) // GROUP
+                sc = tl.load(s_rows + g, mask=n_mask, other=0.0).to(tl.float32)
+                zo = tl.load(z_rows + g, mask=n_mask, other=0.0).to(tl.float32) - MAGIC * sc
+                xsum = tl.sum(xs, 1)
+                if USE_DOT:
+                    acc += part * sc[None, :] + xsum[:, None] * zo[None, :]
+                    part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                else:
+                    acc += (tl.sum(part, 1) * sc)[None, :] + xsum[:, None] * zo[None, :]
+                    part = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+                if GATED:
+                    sc = tl.load(su_rows + g, mask=n_mask, other=0.0).to(tl.float32)
+                    zo = tl.load(zu_rows + g, mask=n_mask, other=0.0).to(tl.float32) - MAGIC * sc
+                    if USE_DOT:
+                        acc_u += part_u * sc[None, :] + xsum[:, None] * zo[None, :]
+                        part_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                    else:
+                        acc_u += (tl.sum(part_u, 1) * sc)[None, :] + xsum[:, None] * zo[None, :]
+                        part_u = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+                xs = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+    store_rows(acc, acc_u, tl.sum(ssq, 1), m, n, m_mask, n_mask, b_ptr, res_ptr, out_ptr, stride_rm, stride_om,
+               up_off, eps, dt, K, NORM, HAS_BIAS, GATED, HAS_RES)
+
+
+_MAGIC = {torch.bfloat16: 128.0, torch.float16: 1024.0}  # what _codes_dot adds to each code
+
+
+def w4_config(m: int, n: int, k: int, dot: bool) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) for an [m, k] x [n, k]^T int4 product (``n``: weight rows)."""
+    if dot:
+        return 16, 4, 3
+    block_n = 8
+    while block_n < 64 and n // (2 * block_n) >= 264:
+        block_n *= 2
+    return block_n, 4, 4
+
+
+def w4_gemv(x: torch.Tensor, w: W4Weight, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
+            eps: float, gated: bool, residual: torch.Tensor | None, out: torch.Tensor,
+            config: tuple[int, int, int] | None, invariant: bool) -> None:
+    """Launch for ``triton_gemv.gemv`` (arguments checked there): one row per program for a lone row,
+    16-row tensor-core tiles for more rows or in batch-invariant mode."""
+    mrows, kin = x.shape
+    nout = out.shape[1]
+    use_dot = mrows > 1 or invariant
+    block_n, warps, stages = config or w4_config(mrows, w.shape[0], kin, use_dot)
+    if gated and config is None:
+        block_n = max(8, block_n // 2)
+    block_m = 16 if use_dot else 1
+    if use_dot:
+        block_n = max(block_n, 16)
+    pdl = pdl_enabled(x.device)
+    grid = (triton.cdiv(nout, block_n) * triton.cdiv(mrows, block_m),)
+    _w4_kernel[grid](
+        x, w.qweight, w.scale, w.offset, bias if bias is not None else out,
+        norm_weight if norm_weight is not None else out, out, out, eps,
+        mrows, nout, x.stride(0), w.qweight.stride(0), w.scale.stride(0), out.stride(0), out.stride(0),
+        nout if gated else 0,
+        K=kin, RUNS=w.qweight.shape[1] // 16, GROUP=w.group, BLOCK_M=block_m, BLOCK_N=block_n,
+        HAS_BIAS=bias is not None, NORM=norm_weight is not None, GATED=gated, HAS_RES=residual is not None,
+        USE_DOT=use_dot, MAGIC=_MAGIC.get(w.dtype, 0.0) if use_dot else 0.0, PDL=pdl, num_warps=warps, num_stages=stages, **launch_kwargs(pdl),
+    )
