@@ -6,7 +6,7 @@ asymmetric groups of 128 (``W4Weight``: 0.53 bytes per weight with bf16 scales a
 M ∈ --rows: µs per call and the fraction of the copy bandwidth (4.26 TB/s measured on the H200) that
 the packed bytes read in that time would be — the int4 floor — each timed as a CUDA graph cycling
 through enough weight copies to be cold (``gpu_gemv.timed``). ``--sweep-rows 1,4`` tries a grid of
-(BLOCK_N, num_warps, num_stages) per shape at those row counts and prints the best four (how to tune
+(BLOCK_N, runs per K step, num_warps, num_stages) per shape at those row counts and prints the best four (how to tune
 ``triton_w4.w4_config``). Checks each W4 result against the float32 product with the weight its codes
 describe (relative error; bf16 output rounding is ~2e-3).
 
@@ -74,8 +74,8 @@ def main() -> None:
                 print(f"{name:8s} {mat:8s} {n:6d}x{k:6d} M={m:2d}: cuBLAS bf16 {cu:7.2f} µs | gemv bf16 {g16:7.2f} µs | "
                       f"gemv W4 {g4:7.2f} µs = {row['floor_frac']:.1%} of the int4 floor | rel err {err:.1e} | {row['cfg']}", flush=True)
                 if m in sweep_rows and name in args.sweep_models.split(","):
-                    grid = list(itertools.product((8, 16, 32, 64) if m == 1 else (16, 32, 64), (4, 8),
-                                                  (2, 3, 4) if m == 1 else (2, 3)))
+                    grid = (list(itertools.product((4, 8, 16), (1, 2, 4), (4, 8), (2, 3))) if m <= 16 else
+                            list(itertools.product((16, 32, 64), (1,), (4, 8), (2, 3))))
                     best = sweep(lambda cfg: lambda i: gemv(x, w4s[i % copies], config=cfg), grid, copies * 2)
                     print("   sweep best:", ", ".join(f"{c} {u:.2f} µs ({w4_bytes / COPY_BW / (u * 1e-6):.1%})"
                                                     for u, c in best[:4]), flush=True)

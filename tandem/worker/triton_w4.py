@@ -95,7 +95,7 @@ def _w4_kernel(
         if GATED:
             wu = tl.load(u_rows + b * 16 + j[None, :], mask=n_mask[:, None], other=0)
         for i in tl.static_range(8):
-            k = b * BLOCK + i * 16 + j
+            k = b * 128 + i * 16 + j
             km = k < K
             xv = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & km[None, :], other=0.0)
             if NORM:  # rms(x) · (W @ (x ⊙ w_norm)): the row scale is applied in the epilogue
@@ -114,7 +114,7 @@ def _w4_kernel(
                 if GATED:
                     part_u += _codes_f32(wu, i) * xf
             if ((i + 1) * 16) % GROUP == 0:  # the group ends: apply its scale and offset
-                g = (b * BLOCK + i * 16) // GROUP
+                g = (b * 128 + i * 16) // GROUP
                 sc = tl.load(s_rows + g, mask=n_mask, other=0.0).to(tl.float32)
                 zo = tl.load(z_rows + g, mask=n_mask, other=0.0).to(tl.float32) - MAGIC * sc
                 xsum = tl.sum(xs, 1)
@@ -138,41 +138,111 @@ def _w4_kernel(
                up_off, eps, dt, K, NORM, HAS_BIAS, GATED, HAS_RES)
 
 
+@triton.jit
+def _w4_row_kernel(
+    x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, eps,
+    M, N, stride_xm, stride_wn, stride_sn, stride_rm, stride_om, up_off,
+    K: tl.constexpr, RUNS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, RB: tl.constexpr,
+    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
+):
+    """One row per program (rows of a column block adjacent in the grid: they share its weight
+    through L2). Each K step takes ``RB`` runs of 128 codes: a [BLOCK_N, RB, 16] word tile, expanded
+    to [BLOCK_N, RB, 8, 16] codes (nibble axis 2) against one contiguous [RB, 8, 16] load of x, so no
+    load waits inside the step; sums per 16-code piece, then that piece's group scale and offset."""
+    pid = tl.program_id(0)
+    row = pid % M
+    pid = pid // M
+    dt = s_ptr.dtype.element_ty
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    r = tl.arange(0, RB)
+    i8 = tl.arange(0, 8)
+    j = tl.arange(0, 16)
+    x_row = x_ptr + row.to(tl.int64) * stride_xm
+    w3 = w_ptr + n[:, None, None].to(tl.int64) * stride_wn + r[None, :, None] * 16 + j[None, None, :]
+    kk = r[:, None, None] * 128 + i8[None, :, None] * 16 + j[None, None, :]  # [RB, 8, 16]
+    gi = (r[:, None] * 128 + i8[None, :] * 16) // GROUP  # [RB, 8]: each 16-code piece's group
+    s3 = s_ptr + n[:, None, None].to(tl.int64) * stride_sn + gi[None, :, :]
+    z3 = z_ptr + n[:, None, None].to(tl.int64) * stride_sn + gi[None, :, :]
+    shifts = (4 * i8)[None, None, :, None]
+    if PDL:
+        pdl_prologue()
+
+    acc = tl.zeros([BLOCK_N, RB, 8], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N, RB, 8], dtype=tl.float32)
+    ssq = tl.zeros([RB, 8, 16], dtype=tl.float32)
+    for b0 in range(0, RUNS, RB):
+        rv = (b0 + r) < RUNS
+        wm = n_mask[:, None, None] & rv[None, :, None]
+        k = b0 * 128 + kk
+        km = k < K
+        xv = tl.load(x_row + k, mask=km, other=0.0)
+        if NORM:
+            xf = xv.to(tl.float32)
+            ssq += xf * xf
+            nw = tl.load(nw_ptr + k, mask=km, other=0.0).to(tl.float32)
+            xv = (xf * nw).to(dt)
+        xf = xv.to(tl.float32)
+        xs = tl.sum(xf, 2)[None, :, :]  # [1, RB, 8]
+        g0 = b0 * 128 // GROUP
+        wd = tl.load(w3 + b0 * 16, mask=wm, other=0)
+        q = (((wd[:, :, None, :] >> shifts) & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+        sc = tl.load(s3 + g0, mask=wm, other=0.0).to(tl.float32)
+        zo = tl.load(z3 + g0, mask=wm, other=0.0).to(tl.float32)
+        acc += tl.sum(q * xf[None, :, :, :], 3) * sc + xs * zo
+        if GATED:
+            wu = tl.load(w3 + up_off * stride_wn + b0 * 16, mask=wm, other=0)
+            q = (((wu[:, :, None, :] >> shifts) & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+            sc = tl.load(s3 + up_off * stride_sn + g0, mask=wm, other=0.0).to(tl.float32)
+            zo = tl.load(z3 + up_off * stride_sn + g0, mask=wm, other=0.0).to(tl.float32)
+            acc_u += tl.sum(q * xf[None, :, :, :], 3) * sc + xs * zo
+    m = row + tl.arange(0, 1)
+    ssum = tl.sum(tl.sum(tl.sum(ssq, 2), 1), 0, keep_dims=True)
+    store_rows(tl.sum(tl.sum(acc, 2), 1)[None, :], tl.sum(tl.sum(acc_u, 2), 1)[None, :], ssum,
+               m, n, m < M, n_mask, b_ptr, res_ptr, out_ptr, stride_rm, stride_om, up_off, eps, dt, K, NORM,
+               HAS_BIAS, GATED, HAS_RES)
+
+
+ROW_KERNEL_ROWS = 16  # up to this many rows: one program per row (else 16-row tensor-core tiles)
 _MAGIC = {torch.bfloat16: 128.0, torch.float16: 1024.0}  # what _codes_dot adds to each code
 
 
-def w4_config(m: int, n: int, k: int, dot: bool) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) for an [m, k] x [n, k]^T int4 product (``n``: weight rows)."""
+def w4_config(m: int, n: int, k: int, dot: bool) -> tuple[int, int, int, int]:
+    """(BLOCK_N, runs of 128 codes per K step, num_warps, num_stages) for an [m, k] x [n, k]^T int4
+    product (``n``: weight rows). Tiles: ``dot`` 16 rows x BLOCK_N, one run per step."""
     if dot:
-        return 16, 4, 3
+        return 16, 1, 4, 3
+    runs = -(-k // 128)
+    rb = min(4, triton.next_power_of_2(runs))
     block_n = 8
-    while block_n < 64 and n // (2 * block_n) >= 264:
+    while block_n < 32 and n // (2 * block_n) >= 264:
         block_n *= 2
-    return block_n, 4, 4
+    return block_n, rb, 8, 3
 
 
 def w4_gemv(x: torch.Tensor, w: W4Weight, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
             eps: float, gated: bool, residual: torch.Tensor | None, out: torch.Tensor,
-            config: tuple[int, int, int] | None, invariant: bool) -> None:
-    """Launch for ``triton_gemv.gemv`` (arguments checked there): one row per program for a lone row,
+            config: tuple[int, int, int, int] | None, invariant: bool) -> None:
+    """Launch for ``triton_gemv.gemv`` (arguments checked there): one program per row for a lone row,
     16-row tensor-core tiles for more rows or in batch-invariant mode."""
     mrows, kin = x.shape
     nout = out.shape[1]
-    use_dot = mrows > 1 or invariant
-    block_n, warps, stages = config or w4_config(mrows, w.shape[0], kin, use_dot)
+    use_dot = invariant or mrows > ROW_KERNEL_ROWS
+    block_n, rb, warps, stages = config or w4_config(mrows, w.shape[0], kin, use_dot)
     if gated and config is None:
         block_n = max(8, block_n // 2)
-    block_m = 16 if use_dot else 1
-    if use_dot:
-        block_n = max(block_n, 16)
     pdl = pdl_enabled(x.device)
-    grid = (triton.cdiv(nout, block_n) * triton.cdiv(mrows, block_m),)
-    _w4_kernel[grid](
-        x, w.qweight, w.scale, w.offset, bias if bias is not None else out,
-        norm_weight if norm_weight is not None else out, out, out, eps,
-        mrows, nout, x.stride(0), w.qweight.stride(0), w.scale.stride(0), out.stride(0), out.stride(0),
-        nout if gated else 0,
-        K=kin, RUNS=w.qweight.shape[1] // 16, GROUP=w.group, BLOCK_M=block_m, BLOCK_N=block_n,
-        HAS_BIAS=bias is not None, NORM=norm_weight is not None, GATED=gated, HAS_RES=residual is not None,
-        USE_DOT=use_dot, MAGIC=_MAGIC.get(w.dtype, 0.0) if use_dot else 0.0, PDL=pdl, num_warps=warps, num_stages=stages, **launch_kwargs(pdl),
-    )
+    runs = w.qweight.shape[1] // 16
+    bias_ = bias if bias is not None else out
+    nw_ = norm_weight if norm_weight is not None else out
+    common = dict(K=kin, RUNS=runs, GROUP=w.group, HAS_BIAS=bias is not None, NORM=norm_weight is not None,
+                  GATED=gated, HAS_RES=residual is not None, PDL=pdl, num_warps=warps, num_stages=stages,
+                  **launch_kwargs(pdl))
+    args = (x, w.qweight, w.scale, w.offset, bias_, nw_, out, out, eps, mrows, nout, x.stride(0),
+            w.qweight.stride(0), w.scale.stride(0), out.stride(0), out.stride(0), nout if gated else 0)
+    if not use_dot:
+        _w4_row_kernel[(triton.cdiv(nout, block_n) * mrows,)](*args, BLOCK_N=block_n, RB=rb, **common)
+        return
+    block_n = max(block_n, 16)
+    _w4_kernel[(triton.cdiv(nout, block_n) * triton.cdiv(mrows, 16),)](
+        *args, BLOCK_M=16, BLOCK_N=block_n, USE_DOT=True, MAGIC=_MAGIC.get(w.dtype, 0.0), **common)

@@ -126,6 +126,7 @@ _W4_SCRIPT = textwrap.dedent('''
     from tandem.models.quant.w4_weight import W4Weight
     from tandem.models.quant.weights import QuantizedWeight
     from tandem.worker.triton_gemv import gemv
+    from tandem.worker.triton_w4 import ROW_KERNEL_ROWS
 
     torch.manual_seed(0)
 
@@ -144,7 +145,7 @@ _W4_SCRIPT = textwrap.dedent('''
 
     # N not a multiple of the column block; K = 160: one full run of 128 codes and a padded tail run
     n, k = 40, 160
-    for m, cfg in ((1, (16, 4, 2)), (1, None), (3, None), (17, (16, 4, 1))):  # one row: CUDA cores; more: dot
+    for m, cfg in ((1, (16, 2, 4, 2)), (1, None), (3, None), (17, (16, 1, 4, 1))):  # one row: CUDA cores; more: dot
         for group in (16, 32):
             w, wf = w4(n, k, group)
             x = torch.randn(m, k)
@@ -161,13 +162,13 @@ _W4_SCRIPT = textwrap.dedent('''
             r = res.clone()
             gemv(x, w, residual=r, config=cfg)
             assert rel(r, res + x @ wf.T) < 1e-5, ("residual", m, group)
-            if m > 1:  # each row of the tensor-core tiles exactly as that row alone in a tile
-                one = gemv(x[m - 1:], w, config=cfg, invariant=True)[0]
+            if m > 1:  # each row exactly as that row alone: per-row programs, or alone in a 16-row tile
+                one = gemv(x[m - 1:], w, config=cfg, invariant=m > ROW_KERNEL_ROWS)[0]
                 assert torch.equal(gemv(x, w, config=cfg)[m - 1], one)
     # fp16: codes enter the tensor-core path as 1024 + q, taken back out through the offsets
     # (bf16's 128 + q is the same trick, checked on the GPU: the interpreter's dot misreads bitcast bf16)
     w, wf = w4(n, k, 32, torch.float16)
-    for m in (1, 5):
+    for m in (1, 5, 17):
         x = torch.randn(m, k).half()
         assert rel(gemv(x, w), x.float() @ wf.T) < 2e-3, ("fp16", m)
     # the module: the int4 kernel up to 256 rows, dequantize + matmul above; bias; any leading shape
