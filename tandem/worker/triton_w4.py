@@ -203,6 +203,71 @@ def _w4_row_kernel(
                HAS_BIAS, GATED, HAS_RES)
 
 
+@triton.jit
+def _w4_rows_kernel(
+    x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, eps,
+    M, N, stride_xm, stride_wn, stride_sn, stride_rm, stride_om, up_off,
+    K: tl.constexpr, RUNS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    RB: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """``BLOCK_M`` rows per program on the CUDA cores: ``_w4_row_kernel``'s code tile, expanded once
+    per K step, multiplies every row's x ([BLOCK_M, BLOCK_N, RB, 8, 16] products)."""
+    pid = tl.program_id(0)
+    mblocks = tl.cdiv(M, BLOCK_M)
+    row0 = (pid % mblocks) * BLOCK_M
+    pid = pid // mblocks
+    dt = s_ptr.dtype.element_ty
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    m = row0 + tl.arange(0, BLOCK_M)
+    m_mask = m < M
+    r = tl.arange(0, RB)
+    i8 = tl.arange(0, 8)
+    j = tl.arange(0, 16)
+    x4 = x_ptr + m[:, None, None, None].to(tl.int64) * stride_xm
+    w3 = w_ptr + n[:, None, None].to(tl.int64) * stride_wn + r[None, :, None] * 16 + j[None, None, :]
+    kk = r[:, None, None] * 128 + i8[None, :, None] * 16 + j[None, None, :]  # [RB, 8, 16]
+    gi = (r[:, None] * 128 + i8[None, :] * 16) // GROUP
+    s3 = s_ptr + n[:, None, None].to(tl.int64) * stride_sn + gi[None, :, :]
+    z3 = z_ptr + n[:, None, None].to(tl.int64) * stride_sn + gi[None, :, :]
+    shifts = (4 * i8)[None, None, :, None]
+    if PDL:
+        pdl_prologue()
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N, RB, 8], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N, RB, 8], dtype=tl.float32)
+    ssq = tl.zeros([BLOCK_M, RB, 8, 16], dtype=tl.float32)
+    for b0 in range(0, RUNS, RB):
+        rv = (b0 + r) < RUNS
+        wm = n_mask[:, None, None] & rv[None, :, None]
+        k = b0 * 128 + kk
+        km = m_mask[:, None, None, None] & (k < K)[None, :, :, :]
+        xv = tl.load(x4 + k[None, :, :, :], mask=km, other=0.0)
+        if NORM:
+            xf = xv.to(tl.float32)
+            ssq += xf * xf
+            nw = tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+            xv = (xf * nw[None, :, :, :]).to(dt)
+        xf = xv.to(tl.float32)[:, None, :, :, :]  # [BLOCK_M, 1, RB, 8, 16]
+        xs = tl.sum(xf, 4)  # [BLOCK_M, 1, RB, 8]
+        g0 = b0 * 128 // GROUP
+        wd = tl.load(w3 + b0 * 16, mask=wm, other=0)
+        q = (((wd[:, :, None, :] >> shifts) & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+        sc = tl.load(s3 + g0, mask=wm, other=0.0).to(tl.float32)
+        zo = tl.load(z3 + g0, mask=wm, other=0.0).to(tl.float32)
+        acc += tl.sum(q[None, :, :, :, :] * xf, 4) * sc[None, :, :, :] + xs * zo[None, :, :, :]
+        if GATED:
+            wu = tl.load(w3 + up_off * stride_wn + b0 * 16, mask=wm, other=0)
+            q = (((wu[:, :, None, :] >> shifts) & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+            sc = tl.load(s3 + up_off * stride_sn + g0, mask=wm, other=0.0).to(tl.float32)
+            zo = tl.load(z3 + up_off * stride_sn + g0, mask=wm, other=0.0).to(tl.float32)
+            acc_u += tl.sum(q[None, :, :, :, :] * xf, 4) * sc[None, :, :, :] + xs * zo[None, :, :, :]
+    store_rows(tl.sum(tl.sum(acc, 3), 2), tl.sum(tl.sum(acc_u, 3), 2), tl.sum(tl.sum(tl.sum(ssq, 3), 2), 1),
+               m, n, m_mask, n_mask, b_ptr, res_ptr, out_ptr, stride_rm, stride_om, up_off, eps, dt, K, NORM,
+               HAS_BIAS, GATED, HAS_RES)
+
+
 ROW_KERNEL_ROWS = 16  # up to this many rows: one program per row (else 16-row tensor-core tiles)
 _MAGIC = {torch.bfloat16: 128.0, torch.float16: 1024.0}  # what _codes_dot adds to each code
 
@@ -222,9 +287,10 @@ def w4_config(m: int, n: int, k: int, dot: bool) -> tuple[int, int, int, int]:
 
 def w4_gemv(x: torch.Tensor, w: W4Weight, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
             eps: float, gated: bool, residual: torch.Tensor | None, out: torch.Tensor,
-            config: tuple[int, int, int, int] | None, invariant: bool) -> None:
-    """Launch for ``triton_gemv.gemv`` (arguments checked there): one program per row for a lone row,
-    16-row tensor-core tiles for more rows or in batch-invariant mode."""
+            config: tuple[int, int, int, int] | None, invariant: bool, row_block: int = 1) -> None:
+    """Launch for ``triton_gemv.gemv`` (arguments checked there): up to ``ROW_KERNEL_ROWS`` rows on
+    the CUDA cores (``row_block`` rows per program; 1: each row its own program), more rows or
+    batch-invariant mode as 16-row tensor-core tiles."""
     mrows, kin = x.shape
     nout = out.shape[1]
     use_dot = invariant or mrows > ROW_KERNEL_ROWS
@@ -240,6 +306,10 @@ def w4_gemv(x: torch.Tensor, w: W4Weight, bias: torch.Tensor | None, norm_weight
                   **launch_kwargs(pdl))
     args = (x, w.qweight, w.scale, w.offset, bias_, nw_, out, out, eps, mrows, nout, x.stride(0),
             w.qweight.stride(0), w.scale.stride(0), out.stride(0), out.stride(0), nout if gated else 0)
+    if not use_dot and row_block > 1:
+        _w4_rows_kernel[(triton.cdiv(nout, block_n) * triton.cdiv(mrows, row_block),)](
+            *args, BLOCK_M=row_block, BLOCK_N=block_n, RB=rb, **common)
+        return
     if not use_dot:
         _w4_row_kernel[(triton.cdiv(nout, block_n) * mrows,)](*args, BLOCK_N=block_n, RB=rb, **common)
         return
