@@ -88,12 +88,12 @@ def main() -> None:
                 print(f"{name:8s} {mat:8s} {n:6d}x{k:6d} M={m:2d}: cuBLAS bf16 {cu:7.2f} µs | gemv bf16 {g16:7.2f} µs | "
                       f"gemv W4 {g4:7.2f} µs = {row['floor_frac']:.1%} of the int4 floor | {rb} rows/program {gb:7.2f} µs | rel err {err:.1e} | {row['cfg']}", flush=True)
                 if m in sweep_rows and name in args.sweep_models.split(","):
-                    grid = (list(itertools.product((4, 8, 16), (1, 2, 4), (4, 8), (2, 3))) if m <= 16 else
-                            list(itertools.product((16, 32, 64), (1,), (4, 8), (2, 3))))
-                    best = sweep(lambda cfg: lambda i: gemv(x, w4s[i % copies], config=cfg), grid, copies * 2)
-                    print("   sweep best:", ", ".join(f"{c} {u:.2f} µs ({w4_bytes / COPY_BW / (u * 1e-6):.1%})"
-                                                    for u, c in best[:4]), flush=True)
-                    if m > 1:
+                    if m == 1:  # one program per row
+                        grid = list(itertools.product((4, 8, 16), (2, 4), (4, 8), (2,)))
+                        best = sweep(lambda cfg: lambda i: gemv(x, w4s[i % copies], config=cfg), grid, copies * 2)
+                        print("   sweep best:", ", ".join(f"{c} {u:.2f} µs ({w4_bytes / COPY_BW / (u * 1e-6):.1%})"
+                                                        for u, c in best[:4]), flush=True)
+                    else:  # rows per program
                         grid = list(itertools.product((4, 8, 16), (1, 2), (4, 8), (2,)))
                         best = sweep(lambda cfg: lambda i: blocked(w4s[i % copies], cfg), grid, copies * 2)
                         print(f"   {rb} rows/program sweep best:", ", ".join(f"{c} {u:.2f} µs" for u, c in best[:4]),
