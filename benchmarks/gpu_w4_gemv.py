@@ -33,7 +33,7 @@ def main() -> None:
     from tandem.models.quant.w4_weight import W4Weight
     from tandem.models.quant.weights import quantize_float
     from tandem.worker.triton_gemv import gemv
-    from tandem.worker.triton_w4 import w4_config, w4_gemv
+    from tandem.worker.triton_w4 import w4_config
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="1,4,16")
@@ -50,7 +50,8 @@ def main() -> None:
     for name, (hid, inter, qkv) in SHAPES.items():
         for mat, (n, k) in {"qkv": (qkv, hid), "o": (hid, hid), "gate_up": (2 * inter, hid),
                             "down": (hid, inter)}.items():
-            one = W4Weight.pack(quantize_float(torch.randn(n, k, device=dev) / k ** 0.5, 4, args.group, False, "b"),
+            group = next(g for g in (args.group, 64, 32, 16) if k % g == 0)  # SmolLM2's K = 576: 64
+            one = W4Weight.pack(quantize_float(torch.randn(n, k, device=dev) / k ** 0.5, 4, group, False, "b"),
                                 dt, dev)
             w4_bytes, bf_bytes = one.nbytes(), n * k * 2
             copies = max(2, -(-400_000_000 // w4_bytes))
@@ -68,43 +69,24 @@ def main() -> None:
                 cu = timed(lambda i: F.linear(x, wbf[i % bcopies]), bcopies * 2)
                 g16 = timed(lambda i: gemv(x, wbf[i % bcopies], dot=m > 16), bcopies * 2)
                 g4 = timed(lambda i: gemv(x, w4s[i % copies]), copies * 2)
-                rb = min(4, 1 << (m - 1).bit_length())  # rows per program of the row-blocked kernel
-
-                def blocked(wq, cfg=(8, 1, 8, 2)):
-                    out = torch.empty(m, n, device=dev, dtype=dt)
-                    w4_gemv(x, wq, None, None, 0.0, False, None, out, cfg, False, rb)
-                    return out
-
-                gb = float("nan")
-                if m > 1:
-                    try:
-                        err = max(err, float((blocked(one).float() - want).norm() / want.norm()))
-                        gb = timed(lambda i: blocked(w4s[i % copies]), copies * 2)
-                    except Exception as e:  # noqa: BLE001 - report and go on with the other columns
-                        print("   row-blocked kernel failed:", type(e).__name__, str(e)[:300])
-                row = dict(model=name, mat=mat, n=n, k=k, m=m, cublas=cu, gemv_bf16=g16, gemv_w4=g4, blocked=gb,
+                row = dict(model=name, mat=mat, n=n, k=k, m=m, cublas=cu, gemv_bf16=g16, gemv_w4=g4,
                            floor_frac=w4_bytes / COPY_BW / (g4 * 1e-6), err=err, cfg=w4_config(m, n, k, m > 1))
                 table.append(row)
                 print(f"{name:8s} {mat:8s} {n:6d}x{k:6d} M={m:2d}: cuBLAS bf16 {cu:7.2f} µs | gemv bf16 {g16:7.2f} µs | "
-                      f"gemv W4 {g4:7.2f} µs = {row['floor_frac']:.1%} of the int4 floor | {rb} rows/program {gb:7.2f} µs | rel err {err:.1e} | {row['cfg']}", flush=True)
+                      f"gemv W4 {g4:7.2f} µs = {row['floor_frac']:.1%} of the int4 floor | rel err {err:.1e} | {row['cfg']}", flush=True)
                 if m in sweep_rows and name in args.sweep_models.split(","):
-                    if m == 1:  # one program per row
-                        grid = list(itertools.product((4, 8, 16), (2, 4), (4, 8), (2,)))
-                        best = sweep(lambda cfg: lambda i: gemv(x, w4s[i % copies], config=cfg), grid, copies * 2)
-                        print("   sweep best:", ", ".join(f"{c} {u:.2f} µs ({w4_bytes / COPY_BW / (u * 1e-6):.1%})"
-                                                        for u, c in best[:4]), flush=True)
-                    else:  # rows per program
-                        grid = list(itertools.product((4, 8, 16), (1, 2), (4, 8), (2,)))
-                        best = sweep(lambda cfg: lambda i: blocked(w4s[i % copies], cfg), grid, copies * 2)
-                        print(f"   {rb} rows/program sweep best:", ", ".join(f"{c} {u:.2f} µs" for u, c in best[:4]),
-                              flush=True)
+                    grid = (list(itertools.product((4, 8, 16), (2, 4, 8), (4, 8), (2, 3))) if m <= 16 else
+                            list(itertools.product((16, 32, 64), (1,), (4, 8), (2, 3))))
+                    best = sweep(lambda cfg: lambda i: gemv(x, w4s[i % copies], config=cfg), grid, copies * 2)
+                    print("   sweep best:", ", ".join(f"{c} {u:.2f} µs ({w4_bytes / COPY_BW / (u * 1e-6):.1%})"
+                                                    for u, c in best[:4]), flush=True)
             w4s, wbf = [], []  # free the copies before the next shape
             torch.cuda.empty_cache()
-    print("\n| model | matmul | M | cuBLAS bf16 µs | gemv bf16 µs | gemv W4 µs | W4 % of int4 floor | W4 row-blocked µs | rel err |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| model | matmul | M | cuBLAS bf16 µs | gemv bf16 µs | gemv W4 µs | W4 % of int4 floor | rel err |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in table:
         print(f"| {r['model']} | {r['mat']} {r['n']}x{r['k']} | {r['m']} | {r['cublas']:.2f} | {r['gemv_bf16']:.2f} | "
-              f"{r['gemv_w4']:.2f} | {r['floor_frac']:.1%} | {r['blocked']:.2f} | {r['err']:.1e} |")
+              f"{r['gemv_w4']:.2f} | {r['floor_frac']:.1%} | {r['err']:.1e} |")
 
 
 if __name__ == "__main__":

@@ -146,9 +146,8 @@ def _w4_row_kernel(
     HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
 ):
     """One row per program (rows of a column block adjacent in the grid: they share its weight
-    through L2). Each K step takes ``RB`` runs of 128 codes: a [BLOCK_N, RB, 16] word tile, expanded
-    to [BLOCK_N, RB, 8, 16] codes (nibble axis 2) against one contiguous [RB, 8, 16] load of x, so no
-    load waits inside the step; sums per 16-code piece, then that piece's group scale and offset."""
+    through L2). Each K step loads ``RB`` runs of 128 codes as one [BLOCK_N, RB, 16] word tile, then
+    walks its 8 nibbles (16 consecutive codes per run each) against [RB, 16] slices of x."""
     pid = tl.program_id(0)
     row = pid % M
     pid = pid // M
@@ -156,115 +155,58 @@ def _w4_row_kernel(
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
     r = tl.arange(0, RB)
-    i8 = tl.arange(0, 8)
     j = tl.arange(0, 16)
     x_row = x_ptr + row.to(tl.int64) * stride_xm
     w3 = w_ptr + n[:, None, None].to(tl.int64) * stride_wn + r[None, :, None] * 16 + j[None, None, :]
-    kk = r[:, None, None] * 128 + i8[None, :, None] * 16 + j[None, None, :]  # [RB, 8, 16]
-    gi = (r[:, None] * 128 + i8[None, :] * 16) // GROUP  # [RB, 8]: each 16-code piece's group
-    s3 = s_ptr + n[:, None, None].to(tl.int64) * stride_sn + gi[None, :, :]
-    z3 = z_ptr + n[:, None, None].to(tl.int64) * stride_sn + gi[None, :, :]
-    shifts = (4 * i8)[None, None, :, None]
+    u3 = w3 + up_off * stride_wn
+    s2 = s_ptr + n[:, None].to(tl.int64) * stride_sn
+    z2 = z_ptr + n[:, None].to(tl.int64) * stride_sn
     if PDL:
         pdl_prologue()
 
-    acc = tl.zeros([BLOCK_N, RB, 8], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_N, RB, 8], dtype=tl.float32)
-    ssq = tl.zeros([RB, 8, 16], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_N, RB], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N, RB], dtype=tl.float32)
+    ssq = tl.zeros([RB, 16], dtype=tl.float32)
     for b0 in range(0, RUNS, RB):
         rv = (b0 + r) < RUNS
         wm = n_mask[:, None, None] & rv[None, :, None]
-        k = b0 * 128 + kk
-        km = k < K
-        xv = tl.load(x_row + k, mask=km, other=0.0)
-        if NORM:
-            xf = xv.to(tl.float32)
-            ssq += xf * xf
-            nw = tl.load(nw_ptr + k, mask=km, other=0.0).to(tl.float32)
-            xv = (xf * nw).to(dt)
-        xf = xv.to(tl.float32)
-        xs = tl.sum(xf, 2)[None, :, :]  # [1, RB, 8]
-        g0 = b0 * 128 // GROUP
         wd = tl.load(w3 + b0 * 16, mask=wm, other=0)
-        q = (((wd[:, :, None, :] >> shifts) & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-        sc = tl.load(s3 + g0, mask=wm, other=0.0).to(tl.float32)
-        zo = tl.load(z3 + g0, mask=wm, other=0.0).to(tl.float32)
-        acc += tl.sum(q * xf[None, :, :, :], 3) * sc + xs * zo
         if GATED:
-            wu = tl.load(w3 + up_off * stride_wn + b0 * 16, mask=wm, other=0)
-            q = (((wu[:, :, None, :] >> shifts) & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-            sc = tl.load(s3 + up_off * stride_sn + g0, mask=wm, other=0.0).to(tl.float32)
-            zo = tl.load(z3 + up_off * stride_sn + g0, mask=wm, other=0.0).to(tl.float32)
-            acc_u += tl.sum(q * xf[None, :, :, :], 3) * sc + xs * zo
+            wu = tl.load(u3 + b0 * 16, mask=wm, other=0)
+        part = tl.zeros([BLOCK_N, RB, 16], dtype=tl.float32)
+        part_u = tl.zeros([BLOCK_N, RB, 16], dtype=tl.float32)
+        xs = tl.zeros([RB, 16], dtype=tl.float32)
+        for i in tl.static_range(8):
+            k = (b0 + r)[:, None] * 128 + i * 16 + j[None, :]
+            km = (k < K) & rv[:, None]
+            xv = tl.load(x_row + k, mask=km, other=0.0)
+            if NORM:
+                xf = xv.to(tl.float32)
+                ssq += xf * xf
+                nw = tl.load(nw_ptr + k, mask=km, other=0.0).to(tl.float32)
+                xv = (xf * nw).to(dt)
+            xf = xv.to(tl.float32)
+            xs += xf
+            part += _codes_f32(wd, i) * xf[None, :, :]
+            if GATED:
+                part_u += _codes_f32(wu, i) * xf[None, :, :]
+            if ((i + 1) * 16) % GROUP == 0:  # a group ends: its scale and offset, once per column
+                g = ((b0 + r) * 128 + i * 16) // GROUP
+                gm = n_mask[:, None] & rv[None, :]
+                xsum = tl.sum(xs, 1)[None, :]
+                sc = tl.load(s2 + g[None, :], mask=gm, other=0.0).to(tl.float32)
+                zo = tl.load(z2 + g[None, :], mask=gm, other=0.0).to(tl.float32)
+                acc += tl.sum(part, 2) * sc + xsum * zo
+                part = tl.zeros([BLOCK_N, RB, 16], dtype=tl.float32)
+                if GATED:
+                    sc = tl.load(s2 + up_off * stride_sn + g[None, :], mask=gm, other=0.0).to(tl.float32)
+                    zo = tl.load(z2 + up_off * stride_sn + g[None, :], mask=gm, other=0.0).to(tl.float32)
+                    acc_u += tl.sum(part_u, 2) * sc + xsum * zo
+                    part_u = tl.zeros([BLOCK_N, RB, 16], dtype=tl.float32)
+                xs = tl.zeros([RB, 16], dtype=tl.float32)
     m = row + tl.arange(0, 1)
-    ssum = tl.sum(tl.sum(tl.sum(ssq, 2), 1), 0, keep_dims=True)
-    store_rows(tl.sum(tl.sum(acc, 2), 1)[None, :], tl.sum(tl.sum(acc_u, 2), 1)[None, :], ssum,
+    store_rows(tl.sum(acc, 1)[None, :], tl.sum(acc_u, 1)[None, :], tl.sum(tl.sum(ssq, 1), 0, keep_dims=True),
                m, n, m < M, n_mask, b_ptr, res_ptr, out_ptr, stride_rm, stride_om, up_off, eps, dt, K, NORM,
-               HAS_BIAS, GATED, HAS_RES)
-
-
-@triton.jit
-def _w4_rows_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, eps,
-    M, N, stride_xm, stride_wn, stride_sn, stride_rm, stride_om, up_off,
-    K: tl.constexpr, RUNS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    RB: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """``BLOCK_M`` rows per program on the CUDA cores: ``_w4_row_kernel``'s code tile, expanded once
-    per K step, multiplies every row's x ([BLOCK_M, BLOCK_N, RB, 8, 16] products)."""
-    pid = tl.program_id(0)
-    mblocks = tl.cdiv(M, BLOCK_M)
-    row0 = (pid % mblocks) * BLOCK_M
-    pid = pid // mblocks
-    dt = s_ptr.dtype.element_ty
-    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = n < N
-    m = row0 + tl.arange(0, BLOCK_M)
-    m_mask = m < M
-    r = tl.arange(0, RB)
-    i8 = tl.arange(0, 8)
-    j = tl.arange(0, 16)
-    x4 = x_ptr + m[:, None, None, None].to(tl.int64) * stride_xm
-    w3 = w_ptr + n[:, None, None].to(tl.int64) * stride_wn + r[None, :, None] * 16 + j[None, None, :]
-    kk = r[:, None, None] * 128 + i8[None, :, None] * 16 + j[None, None, :]  # [RB, 8, 16]
-    gi = (r[:, None] * 128 + i8[None, :] * 16) // GROUP
-    s3 = s_ptr + n[:, None, None].to(tl.int64) * stride_sn + gi[None, :, :]
-    z3 = z_ptr + n[:, None, None].to(tl.int64) * stride_sn + gi[None, :, :]
-    shifts = (4 * i8)[None, None, :, None]
-    if PDL:
-        pdl_prologue()
-
-    acc = tl.zeros([BLOCK_M, BLOCK_N, RB, 8], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N, RB, 8], dtype=tl.float32)
-    ssq = tl.zeros([BLOCK_M, RB, 8, 16], dtype=tl.float32)
-    for b0 in range(0, RUNS, RB):
-        rv = (b0 + r) < RUNS
-        wm = n_mask[:, None, None] & rv[None, :, None]
-        k = b0 * 128 + kk
-        km = m_mask[:, None, None, None] & (k < K)[None, :, :, :]
-        xv = tl.load(x4 + k[None, :, :, :], mask=km, other=0.0)
-        if NORM:
-            xf = xv.to(tl.float32)
-            ssq += xf * xf
-            nw = tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-            xv = (xf * nw[None, :, :, :]).to(dt)
-        xf = xv.to(tl.float32)[:, None, :, :, :]  # [BLOCK_M, 1, RB, 8, 16]
-        xs = tl.sum(xf, 4)  # [BLOCK_M, 1, RB, 8]
-        g0 = b0 * 128 // GROUP
-        wd = tl.load(w3 + b0 * 16, mask=wm, other=0)
-        q = (((wd[:, :, None, :] >> shifts) & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-        sc = tl.load(s3 + g0, mask=wm, other=0.0).to(tl.float32)
-        zo = tl.load(z3 + g0, mask=wm, other=0.0).to(tl.float32)
-        acc += tl.sum(q[None, :, :, :, :] * xf, 4) * sc[None, :, :, :] + xs * zo[None, :, :, :]
-        if GATED:
-            wu = tl.load(w3 + up_off * stride_wn + b0 * 16, mask=wm, other=0)
-            q = (((wu[:, :, None, :] >> shifts) & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-            sc = tl.load(s3 + up_off * stride_sn + g0, mask=wm, other=0.0).to(tl.float32)
-            zo = tl.load(z3 + up_off * stride_sn + g0, mask=wm, other=0.0).to(tl.float32)
-            acc_u += tl.sum(q[None, :, :, :, :] * xf, 4) * sc[None, :, :, :] + xs * zo[None, :, :, :]
-    store_rows(tl.sum(tl.sum(acc, 3), 2), tl.sum(tl.sum(acc_u, 3), 2), tl.sum(tl.sum(tl.sum(ssq, 3), 2), 1),
-               m, n, m_mask, n_mask, b_ptr, res_ptr, out_ptr, stride_rm, stride_om, up_off, eps, dt, K, NORM,
                HAS_BIAS, GATED, HAS_RES)
 
 
@@ -277,20 +219,16 @@ def w4_config(m: int, n: int, k: int, dot: bool) -> tuple[int, int, int, int]:
     product (``n``: weight rows). Tiles: ``dot`` 16 rows x BLOCK_N, one run per step."""
     if dot:
         return 16, 1, 4, 3
-    runs = -(-k // 128)
-    rb = min(4, triton.next_power_of_2(runs))
-    block_n = 8
-    while block_n < 32 and n // (2 * block_n) >= 264:
-        block_n *= 2
-    return block_n, rb, 8, 3
+    # one row: best of a sweep on the H200 (benchmarks/gpu_w4_gemv.py, 2026-12-02) at the 8B shapes
+    rb = min(8, triton.next_power_of_2(-(-k // 128)))
+    return (8, rb, 8, 3) if n <= 8192 else (16, rb, 4, 2)
 
 
 def w4_gemv(x: torch.Tensor, w: W4Weight, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
             eps: float, gated: bool, residual: torch.Tensor | None, out: torch.Tensor,
-            config: tuple[int, int, int, int] | None, invariant: bool, row_block: int = 1) -> None:
-    """Launch for ``triton_gemv.gemv`` (arguments checked there): up to ``ROW_KERNEL_ROWS`` rows on
-    the CUDA cores (``row_block`` rows per program; 1: each row its own program), more rows or
-    batch-invariant mode as 16-row tensor-core tiles."""
+            config: tuple[int, int, int, int] | None, invariant: bool) -> None:
+    """Launch for ``triton_gemv.gemv`` (arguments checked there): up to ``ROW_KERNEL_ROWS`` rows one
+    program per row on the CUDA cores; more rows, or batch-invariant mode, 16-row tensor-core tiles."""
     mrows, kin = x.shape
     nout = out.shape[1]
     use_dot = invariant or mrows > ROW_KERNEL_ROWS
@@ -306,10 +244,6 @@ def w4_gemv(x: torch.Tensor, w: W4Weight, bias: torch.Tensor | None, norm_weight
                   **launch_kwargs(pdl))
     args = (x, w.qweight, w.scale, w.offset, bias_, nw_, out, out, eps, mrows, nout, x.stride(0),
             w.qweight.stride(0), w.scale.stride(0), out.stride(0), out.stride(0), nout if gated else 0)
-    if not use_dot and row_block > 1:
-        _w4_rows_kernel[(triton.cdiv(nout, block_n) * triton.cdiv(mrows, row_block),)](
-            *args, BLOCK_M=row_block, BLOCK_N=block_n, RB=rb, **common)
-        return
     if not use_dot:
         _w4_row_kernel[(triton.cdiv(nout, block_n) * mrows,)](*args, BLOCK_N=block_n, RB=rb, **common)
         return
