@@ -33,7 +33,7 @@ def main() -> None:
     from tandem.models.quant.w4_weight import W4Weight
     from tandem.models.quant.weights import quantize_float
     from tandem.worker.triton_gemv import gemv
-    from tandem.worker.triton_w4 import w4_config
+    from tandem.worker.triton_w4 import ROW_KERNEL_ROWS, w4_config
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="1,4,16")
@@ -58,8 +58,9 @@ def main() -> None:
             w4s = [one] + [W4Weight(torch.randint(-2 ** 31, 2 ** 31 - 1, one.qweight.shape, device=dev,
                                                   dtype=torch.int32), one.scale.clone(), one.offset.clone(),
                                     one.group, one.k) for _ in range(copies - 1)]
-            wexact = (one.codes().float().view(n, k // one.group, one.group) * one.scale[:, :, None].float()
-                      + one.offset[:, :, None].float()).view(n, k)
+            kg = k // one.group
+            wexact = (one.codes().float().view(n, kg, one.group) * one.scale[:, :kg, None].float()
+                      + one.offset[:, :kg, None].float()).view(n, k)
             bcopies = max(2, -(-400_000_000 // bf_bytes))
             wbf = [one.dequantize()] + [torch.randn(n, k, device=dev, dtype=dt) for _ in range(bcopies - 1)]
             for m in rows_list:
@@ -70,7 +71,7 @@ def main() -> None:
                 g16 = timed(lambda i: gemv(x, wbf[i % bcopies], dot=m > 16), bcopies * 2)
                 g4 = timed(lambda i: gemv(x, w4s[i % copies]), copies * 2)
                 row = dict(model=name, mat=mat, n=n, k=k, m=m, cublas=cu, gemv_bf16=g16, gemv_w4=g4,
-                           floor_frac=w4_bytes / COPY_BW / (g4 * 1e-6), err=err, cfg=w4_config(m, n, k, m > 1))
+                           floor_frac=w4_bytes / COPY_BW / (g4 * 1e-6), err=err, cfg=w4_config(m, n, k, m > ROW_KERNEL_ROWS))
                 table.append(row)
                 print(f"{name:8s} {mat:8s} {n:6d}x{k:6d} M={m:2d}: cuBLAS bf16 {cu:7.2f} µs | gemv bf16 {g16:7.2f} µs | "
                       f"gemv W4 {g4:7.2f} µs = {row['floor_frac']:.1%} of the int4 floor | rel err {err:.1e} | {row['cfg']}", flush=True)

@@ -2,17 +2,18 @@
 x[M, K] @ W[N, K]^T`` streamed from the packed codes, with the fusions of ``triton_gemv.py`` (RMSNorm
 of x, silu(gate)·up over a packed [gate | up] weight, in-place residual add, bias).
 
-Each program owns ``BLOCK_N`` output columns and walks K in runs of 128 codes: one ``[BLOCK_N, 16]``
-int32 load per run, then for each of the 8 nibbles a shift and mask gives 16 consecutive codes per
-column, multiplied with the matching 16-element slice of x. The group's scale and offset are applied
-once per group, not per weight:
+Each program owns ``BLOCK_N`` output columns and walks K in runs of 128 codes, 16 int32 words per
+run and column; for each of the 8 nibbles a shift and mask gives 16 consecutive codes per column,
+multiplied with the matching 16-element slice of x. The group's scale and offset are applied once
+per group, not per weight:
 
     Σ_k (q_k·s + z)·x_k  =  s·Σ_k q_k·x_k  +  z·Σ_k x_k
 
-- one row (``USE_DOT`` off): codes become float32 exactly with the exponent trick
-  ``bitcast(q | 0x4B000000) − 2^23`` (integer OR and one add: no slow int→float conversion), then
-  float32 multiply-adds on the CUDA cores;
-- several rows (``USE_DOT``, 16-row tiles, and every row count in batch-invariant mode): codes become
+- up to ``ROW_KERNEL_ROWS`` rows (``_w4_row_kernel``, one program per row, ``RB`` runs per K step):
+  codes become float32 exactly with the exponent trick ``bitcast(q | 0x4B000000) − 2^23`` (integer
+  OR and one add: no slow int→float conversion), then float32 multiply-adds on the CUDA cores;
+- more rows (``_w4_kernel``, 16-row tiles, one run per K step; every row count in batch-invariant
+  mode): codes become
   ``c + q`` in the model dtype by the same trick in 16 bits (bf16: ``0x4300 | q`` = 128 + q, fp16:
   ``0x6400 | q`` = 1024 + q, both exact) and go to the tensor cores as is; the constant comes back out
   through the group's offset, ``z − c·s``. A row's result does not depend on the other rows of its
@@ -210,7 +211,10 @@ def _w4_row_kernel(
                HAS_BIAS, GATED, HAS_RES)
 
 
-ROW_KERNEL_ROWS = 16  # up to this many rows: one program per row (else 16-row tensor-core tiles)
+# Up to this many rows: one program per row (each re-expands the codes: time grows ~linearly with
+# rows); above, 16-row tensor-core tiles (~flat up to 16 rows). H200, 8B shapes (gpu_w4_gemv.py,
+# 2026-12-02): 4 rows per-row 28-130 µs vs tiles 67-209 µs; 16 rows per-row 99-500 µs vs tiles 70-217.
+ROW_KERNEL_ROWS = 6
 _MAGIC = {torch.bfloat16: 128.0, torch.float16: 1024.0}  # what _codes_dot adds to each code
 
 
