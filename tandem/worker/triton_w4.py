@@ -54,13 +54,22 @@ def _codes_dot(wd, i: tl.constexpr, dt: tl.constexpr):
 
 
 @triton.jit
+def _group_term(part, s_rows, z_rows, g, n_mask, xsum, MAGIC: tl.constexpr):
+    """A finished group's share of the output: scale · Σ (MAGIC + q)·x + (offset − MAGIC · scale) · Σ x."""
+    sc = tl.load(s_rows + g, mask=n_mask, other=0.0).to(tl.float32)
+    zo = tl.load(z_rows + g, mask=n_mask, other=0.0).to(tl.float32) - MAGIC * sc
+    return part * sc[None, :] + xsum[:, None] * zo[None, :]
+
+
+@triton.jit
 def _w4_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, eps,
     M, N, stride_xm, stride_wn, stride_sn, stride_rm, stride_om, up_off,
     K: tl.constexpr, RUNS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
-    USE_DOT: tl.constexpr, MAGIC: tl.constexpr, PDL: tl.constexpr,
+    MAGIC: tl.constexpr, PDL: tl.constexpr,
 ):
+    """``BLOCK_M``-row tensor-core tiles, one run of 128 codes per K step."""
     pid = tl.program_id(0)
     mblocks = tl.cdiv(M, BLOCK_M)  # row blocks fastest: a column block's programs share its weight via L2
     row0 = (pid % mblocks) * BLOCK_M
@@ -76,8 +85,6 @@ def _w4_kernel(
     u_rows = w_rows + up_off * stride_wn  # GATED: the "up" half of a packed [gate | up] weight
     s_rows = s_ptr + n.to(tl.int64) * stride_sn
     z_rows = z_ptr + n.to(tl.int64) * stride_sn
-    su_rows = s_rows + up_off * stride_sn
-    zu_rows = z_rows + up_off * stride_sn
     if PDL:  # see pdl.py: x, the residual and the output only after this
         pdl_prologue()
 
@@ -85,12 +92,8 @@ def _w4_kernel(
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     ssq = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
     xs = tl.zeros([BLOCK_M, 16], dtype=tl.float32)  # Σ x over the current group
-    if USE_DOT:
-        part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # Σ (MAGIC + q)·x over the current group
-        part_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    else:
-        part = tl.zeros([BLOCK_N, 16], dtype=tl.float32)  # element-wise q·x, reduced at the group's end
-        part_u = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+    part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # Σ (MAGIC + q)·x over the current group
+    part_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for b in range(RUNS):
         wd = tl.load(w_rows + b * 16 + j[None, :], mask=n_mask[:, None], other=0)
         if GATED:
@@ -104,36 +107,19 @@ def _w4_kernel(
                 ssq += xf * xf
                 nw = tl.load(nw_ptr + k, mask=km, other=0.0).to(tl.float32)
                 xv = (xf * nw[None, :]).to(dt)
-            xf = xv.to(tl.float32)
-            xs += xf
-            if USE_DOT:
-                part += tl.dot(xv, tl.trans(_codes_dot(wd, i, dt)))
-                if GATED:
-                    part_u += tl.dot(xv, tl.trans(_codes_dot(wu, i, dt)))
-            else:
-                part += _codes_f32(wd, i) * xf
-                if GATED:
-                    part_u += _codes_f32(wu, i) * xf
+            xs += xv.to(tl.float32)
+            part += tl.dot(xv, tl.trans(_codes_dot(wd, i, dt)))
+            if GATED:
+                part_u += tl.dot(xv, tl.trans(_codes_dot(wu, i, dt)))
             if ((i + 1) * 16) % GROUP == 0:  # the group ends: apply its scale and offset
                 g = (b * 128 + i * 16) // GROUP
-                sc = tl.load(s_rows + g, mask=n_mask, other=0.0).to(tl.float32)
-                zo = tl.load(z_rows + g, mask=n_mask, other=0.0).to(tl.float32) - MAGIC * sc
                 xsum = tl.sum(xs, 1)
-                if USE_DOT:
-                    acc += part * sc[None, :] + xsum[:, None] * zo[None, :]
-                    part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-                else:
-                    acc += (tl.sum(part, 1) * sc)[None, :] + xsum[:, None] * zo[None, :]
-                    part = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+                acc += _group_term(part, s_rows, z_rows, g, n_mask, xsum, MAGIC)
+                part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
                 if GATED:
-                    sc = tl.load(su_rows + g, mask=n_mask, other=0.0).to(tl.float32)
-                    zo = tl.load(zu_rows + g, mask=n_mask, other=0.0).to(tl.float32) - MAGIC * sc
-                    if USE_DOT:
-                        acc_u += part_u * sc[None, :] + xsum[:, None] * zo[None, :]
-                        part_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-                    else:
-                        acc_u += (tl.sum(part_u, 1) * sc)[None, :] + xsum[:, None] * zo[None, :]
-                        part_u = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+                    acc_u += _group_term(part_u, s_rows + up_off * stride_sn, z_rows + up_off * stride_sn, g,
+                                         n_mask, xsum, MAGIC)
+                    part_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
                 xs = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
     store_rows(acc, acc_u, tl.sum(ssq, 1), m, n, m_mask, n_mask, b_ptr, res_ptr, out_ptr, stride_rm, stride_om,
                up_off, eps, dt, K, NORM, HAS_BIAS, GATED, HAS_RES)
@@ -253,4 +239,4 @@ def w4_gemv(x: torch.Tensor, w: W4Weight, bias: torch.Tensor | None, norm_weight
         return
     block_n = max(block_n, 16)
     _w4_kernel[(triton.cdiv(nout, block_n) * triton.cdiv(mrows, 16),)](
-        *args, BLOCK_M=16, BLOCK_N=block_n, USE_DOT=True, MAGIC=_MAGIC.get(w.dtype, 0.0), **common)
+        *args, BLOCK_M=16, BLOCK_N=block_n, MAGIC=_MAGIC.get(w.dtype, 0.0), **common)
