@@ -312,8 +312,11 @@ def set_spec(llm: Any, k: int | None, alpha: float | None) -> None:
     if k is None:
         eng.spec = None
         return
+    # drafting every step (goodput policy off): η compares what drafting k tokens costs with the cost
+    # model; with the policy on, an unfavourable target (8B int4, v > 1) would not draft at all
     eng.spec = SpeculativeConfig(method="draft_model", model=eng._suite_draft, num_speculative_tokens=k,
-                                 rejection_sample_method="synthetic", synthetic_acceptance_rate=alpha)
+                                 rejection_sample_method="synthetic", synthetic_acceptance_rate=alpha,
+                                 disable_by_acceptance=False)
 
 
 def engine_decode(llm: Any, batch: int, prompt_len: int, gen: int, seed: int = 0) -> dict[str, float]:
