@@ -1,0 +1,91 @@
+"""The scripted CPU lone decode (``worker/lone_decode.py``) computes the eager forward's bits: the same
+logits and the same KV written, over consecutive and scattered blocks, with 1 and 2 threads; and it
+is used only where it fits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tiny_models import write_tiny_hf_checkpoint
+
+
+def _llm(tmp_path, family="llama", quantization="int4", **over):
+    from tandem import LLM
+
+    # SmolLM2's attention shape (9 heads over 3 KV heads of 64)
+    path = write_tiny_hf_checkpoint(tmp_path, family, std=0.2, num_hidden_layers=2, hidden_size=576,
+                                    num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                                    intermediate_size=256, max_position_embeddings=512, **over)
+    return LLM(str(path), device="cpu", dtype="float32", kv_cache_memory_bytes=16 << 20, block_size=4,
+               quantization=quantization)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("scattered", [False, True])
+def test_scripted_decode_equals_eager_bitwise(tmp_path, threads, scattered):
+    from tandem.worker.batch import SeqChunk
+    from tandem.worker.lone_decode import LoneDecoder
+
+    llm = _llm(tmp_path)
+    runner = llm.engine.runner
+    blocks = [40 - b for b in range(40)] if scattered else list(range(3, 43))  # 40, 39, ... : a gather
+    prompt = [(7 * j) % 90 + 6 for j in range(37)]
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        runner.forward_logits([SeqChunk(prompt, 0, blocks)], [len(prompt) - 1])
+        k_caches = [kv[0] for kv in runner.kv_caches]
+        for r, tok in enumerate([11, 23, 35, 47, 59, 8]):
+            pos = len(prompt) + r
+            step = [SeqChunk([tok], pos, blocks)]
+            runner._lone = False  # eager
+            ref = runner.forward_logits(step, [0]).clone()
+            ref_k = [k.clone() for k in k_caches]
+            for k in k_caches:  # the scripted step must write this token's KV itself
+                slot = blocks[pos // 4] * 4 + pos % 4
+                k[slot] = float("nan")
+            runner._lone = None
+            got = runner.forward_logits(step, [0])
+            assert isinstance(runner._lone, LoneDecoder)
+            assert torch.equal(got, ref), r
+            assert all(torch.equal(a, b) for a, b in zip(k_caches, ref_k)), r
+            assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_greedy_generate_is_unchanged(tmp_path):
+    from tandem import SamplingParams
+
+    llm = _llm(tmp_path)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [5 + j, 9, 17, 3 * j + 1]} for j in range(3)]
+    got = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+    assert llm.engine.runner._lone  # batch-1 decodes went through the script
+    llm.engine.runner._lone = False
+    ref = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+    assert got == ref
+
+
+@pytest.mark.parametrize("family,quantization", [("llama", "none"), ("llama", "int8"), ("gemma3", "int4"),
+                                                 ("qwen3", "int4")])
+def test_only_plain_int4_llama_layers_are_scripted(tmp_path, family, quantization):
+    from tandem.worker.batch import SeqChunk
+
+    llm = _llm(tmp_path, family, quantization)
+    runner = llm.engine.runner
+    runner.forward_logits([SeqChunk([5, 6, 7], 0, [0, 1])], [2])
+    runner.forward_logits([SeqChunk([8], 3, [0, 1])], [0])
+    assert runner._lone is False
+
+
+def test_refuses_a_cpu_fuser(tmp_path, monkeypatch):
+    from tandem.worker.batch import SeqChunk
+
+    llm = _llm(tmp_path)
+    runner = llm.engine.runner
+    runner.forward_logits([SeqChunk([5, 6, 7], 0, [0, 1])], [2])
+    monkeypatch.setattr(torch._C, "_jit_can_fuse_on_cpu", lambda: True)
+    with pytest.raises(RuntimeError, match="fuser"):
+        runner.forward_logits([SeqChunk([8], 3, [0, 1])], [0])
