@@ -35,22 +35,36 @@ def _set_threads(n: int) -> int:  # torch.set_num_threads is not a TorchScript b
     return prev
 
 
-def decode_layers(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, slot: torch.Tensor,
-                  ctx_slots: Optional[torch.Tensor], ctx_start: int, ctx_stop: int,
+def _attend_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_heads: int, scale: float) -> torch.Tensor:
+    """attention.py::_grouped_attention for one query row [1, h, d] over k, v [ctx, kvh, d]."""
+    h, d = q.shape[1], q.shape[2]
+    scores = torch.bmm(q.reshape(kv_heads, h // kv_heads, d), k.permute(1, 2, 0)).mul_(scale)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    return torch.bmm(probs, v.transpose(0, 1)).view(1, h, d)
+
+
+def decode_layers(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, slot_start: int,
+                  slots: Optional[torch.Tensor], ctx_slots: Optional[torch.Tensor], ctx_start: int, ctx_stop: int,
                   norms: list[torch.Tensor], packed: list[torch.Tensor], scale_zeros: list[torch.Tensor],
                   groups: list[int], k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                   eps: float, heads: int, kv_heads: int, head_dim: int, inter: int, scale: float,
                   one_thread_attention: bool) -> torch.Tensor:
-    """All layers for one token: x [1, H] float32 (the embedding) → the stream before the final norm.
+    """All layers for the ``t`` new tokens of one request (a decode, t = 1, or a verify / short chunk,
+    t ≤ 8): x [t, H] float32 (the embeddings) → the stream before the final norm.
 
     Per layer ``i``: ``norms[2i]`` / ``norms[2i + 1]`` (input / post-attention), and four int4pack
-    linears at ``4i + 0..3`` (qkv, o, gate_up, down). The context is the cache rows
-    ``ctx_start:ctx_stop`` (consecutive slots) or, when ``ctx_slots`` is given, those rows gathered."""
+    linears at ``4i + 0..3`` (qkv, o, gate_up, down). The new tokens' K/V go to cache rows
+    ``slot_start ..`` (consecutive: a copy into a view, the bytes ``index_copy_`` writes) or, when
+    ``slots`` is given, to those rows. The context (new tokens included) is the cache
+    rows ``ctx_start:ctx_stop`` (consecutive slots) or, when ``ctx_slots`` is given, those rows
+    gathered. Row r of a t-row step attends over the context a decode at its position sees, as the
+    eager lone-verify path does (``attention.py::_Plan``)."""
     aten = torch.ops.aten
     hidden = [x.shape[1]]
+    t = x.shape[0]
     q_size = heads * head_dim
     qk_size = (heads + kv_heads) * head_dim
-    g = heads // kv_heads
+    n = ctx_stop - ctx_start
     for i in range(len(k_caches)):
         j = 4 * i
         k_cache, v_cache = k_caches[i], v_caches[i]
@@ -58,25 +72,32 @@ def decode_layers(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, 
         h = torch.rms_norm(x, hidden, norms[2 * i], eps).to(torch.bfloat16)
         qkv = aten._weight_int4pack_mm_for_cpu(h, packed[j], groups[j], scale_zeros[j]).to(x.dtype)
         # rope on q and k as one tensor (attention.py::_rope_qk, Rotary.rotate)
-        qk = qkv[:, :qk_size].reshape(1, heads + kv_heads, head_dim)
+        qk = qkv[:, :qk_size].reshape(t, heads + kv_heads, head_dim)
         qk = qk * cos + torch.roll(qk, head_dim // 2, dims=-1) * sin_signed
-        v = qkv[:, qk_size:].reshape(1, kv_heads, head_dim)
+        v = qkv[:, qk_size:].reshape(t, kv_heads, head_dim)
         q, k = qk[:, :heads], qk[:, heads:]
-        k_cache.index_copy_(0, slot, k)
-        v_cache.index_copy_(0, slot, v)
+        if slots is None:
+            k_cache[slot_start:slot_start + t].copy_(k)
+            v_cache[slot_start:slot_start + t].copy_(v)
+        else:
+            k_cache.index_copy_(0, slots, k)
+            v_cache.index_copy_(0, slots, v)
         threads = _set_threads(1) if one_thread_attention else 1
         if ctx_slots is None:
             kc, vc = k_cache[ctx_start:ctx_stop], v_cache[ctx_start:ctx_stop]
         else:
             kc, vc = k_cache.index_select(0, ctx_slots), v_cache.index_select(0, ctx_slots)
-        # attention.py::_grouped_attention for a lone query
-        scores = torch.bmm(q.reshape(kv_heads, g, head_dim), kc.permute(1, 2, 0)).mul_(scale)
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
-        o = torch.bmm(probs, vc.transpose(0, 1)).view(1, heads, head_dim)
+        if t == 1:
+            o = _attend_row(q, kc, vc, kv_heads, scale)
+        else:
+            o = torch.empty_like(q)
+            for r in range(t):
+                c = n - t + 1 + r
+                o[r:r + 1] = _attend_row(q[r:r + 1], kc[:c], vc[:c], kv_heads, scale)
         if one_thread_attention:
             _set_threads(threads)
         # the residual adds take the kernel's bf16 output by type promotion (torch_kernels.py)
-        o = o.reshape(1, q_size).to(torch.bfloat16)
+        o = o.reshape(t, q_size).to(torch.bfloat16)
         x = x + aten._weight_int4pack_mm_for_cpu(o, packed[j + 1], groups[j + 1], scale_zeros[j + 1])
         h = torch.rms_norm(x, hidden, norms[2 * i + 1], eps).to(torch.bfloat16)
         gu = aten._weight_int4pack_mm_for_cpu(h, packed[j + 2], groups[j + 2], scale_zeros[j + 2])
@@ -103,6 +124,8 @@ def _plain_int4(m: object) -> bool:
 
 class LoneDecoder:
     """The scripted decode for one model, or ``LoneDecoder.build`` returns None when it does not fit."""
+
+    MAX_ROWS = 8  # attention.py's _BATCHED_MAX_QUERY: longer queries take the eager SDPA path
 
     def __init__(self, model: CausalLM, kv_caches: Sequence[KVCache], block_size: int) -> None:
         m, arch = model.model, model.arch
@@ -156,26 +179,32 @@ class LoneDecoder:
             return None
         return LoneDecoder(model, kv_caches, block_size)
 
-    def logits(self, token: int, position: int, block_ids: Sequence[int]) -> torch.Tensor:
-        """float32 logits [1, V] of ``token`` at ``position`` (its KV is written to its slot)."""
+    def logits(self, tokens: Sequence[int], start: int, block_ids: Sequence[int]) -> torch.Tensor:
+        """float32 logits [t, V] of ``tokens`` (t ≤ MAX_ROWS) at positions ``start ..`` (their KV is
+        written to their slots)."""
         if torch._C._jit_can_fuse_on_cpu():  # a fuser could reorder float ops: not the eager bits
             raise RuntimeError("LoneDecoder needs TorchScript's CPU fuser off")
-        bs = self.block_size
-        n = position + 1  # context length, this token included
+        bs, t = self.block_size, len(tokens)
+        n = start + t  # context length, the new tokens included
         nb = -(-n // bs)
         b0 = block_ids[0]
-        slot = torch.tensor([block_ids[position // bs] * bs + position % bs])
+        slot_start = block_ids[start // bs] * bs + start % bs
+        slots = None
+        if t > 1:
+            new = [block_ids[p // bs] * bs + p % bs for p in range(start, n)]
+            if new != list(range(slot_start, slot_start + t)):  # not one run of slots
+                slots = torch.tensor(new)
         ctx_slots = None
         if list(block_ids[:nb]) != list(range(b0, b0 + nb)):  # blocks not in order: gather (as eager)
             blocks = np.asarray(block_ids[:nb], dtype=np.int64)
             ctx_slots = torch.from_numpy((blocks[:, None] * bs + np.arange(bs)).reshape(-1)[:n])
-        x = F.embedding(torch.tensor([token]), self.embed)
+        # one token: its embedding row as a view (never written: the layers add out of place)
+        x = self.embed[tokens[0]:tokens[0] + 1] if t == 1 else F.embedding(torch.tensor(tokens), self.embed)
         threads = torch.get_num_threads()
         try:
-            x = self.fn(x, self.cos[position:position + 1], self.sin_signed[position:position + 1], slot,
-                        ctx_slots, b0 * bs, b0 * bs + n, self.norms, self.packed, self.scale_zeros, self.groups,
-                        self.k_caches, self.v_caches, self.eps, self.heads, self.kv_heads, self.head_dim,
-                        self.inter, self.scale, threads != 1)
+            x = self.fn(x, self.cos[start:n], self.sin_signed[start:n], slot_start, slots, ctx_slots, b0 * bs, b0 * bs + n,
+                        self.norms, self.packed, self.scale_zeros, self.groups, self.k_caches, self.v_caches,
+                        self.eps, self.heads, self.kv_heads, self.head_dim, self.inter, self.scale, threads != 1)
         finally:
             torch.set_num_threads(threads)
         return self.model.compute_logits(self.final_norm.forward(x))

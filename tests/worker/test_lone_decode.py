@@ -1,6 +1,6 @@
-"""The scripted CPU lone decode (``worker/lone_decode.py``) computes the eager forward's bits: the same
-logits and the same KV written, over consecutive and scattered blocks, with 1 and 2 threads; and it
-is used only where it fits."""
+"""The scripted CPU lone decode / verify (``worker/lone_decode.py``) computes the eager forward's bits:
+the same logits and the same KV written, for 1- to 8-row steps, over consecutive and scattered blocks,
+with 1 and 2 threads; greedy speculation still equals plain decoding; it is used only where it fits."""
 
 from __future__ import annotations
 
@@ -36,17 +36,19 @@ def test_scripted_decode_equals_eager_bitwise(tmp_path, threads, scattered):
     try:
         runner.forward_logits([SeqChunk(prompt, 0, blocks)], [len(prompt) - 1])
         k_caches = [kv[0] for kv in runner.kv_caches]
-        for r, tok in enumerate([11, 23, 35, 47, 59, 8]):
-            pos = len(prompt) + r
-            step = [SeqChunk([tok], pos, blocks)]
+        pos = len(prompt)
+        for r, t in enumerate([1, 1, 5, 1, 3, 8, 1, 2]):  # decodes, and verifies of t rows
+            tokens = [(11 * r + 5 * j) % 90 + 3 for j in range(t)]
+            step, rows = [SeqChunk(tokens, pos, blocks)], list(range(t))
             runner._lone = False  # eager
-            ref = runner.forward_logits(step, [0]).clone()
+            ref = runner.forward_logits(step, rows).clone()
             ref_k = [k.clone() for k in k_caches]
-            for k in k_caches:  # the scripted step must write this token's KV itself
-                slot = blocks[pos // 4] * 4 + pos % 4
-                k[slot] = float("nan")
+            for k in k_caches:  # the scripted step must write the new tokens' KV itself
+                for p in range(pos, pos + t):
+                    k[blocks[p // 4] * 4 + p % 4] = float("nan")
             runner._lone = None
-            got = runner.forward_logits(step, [0])
+            got = runner.forward_logits(step, rows)
+            pos += t
             assert isinstance(runner._lone, LoneDecoder)
             assert torch.equal(got, ref), r
             assert all(torch.equal(a, b) for a, b in zip(k_caches, ref_k)), r
@@ -89,3 +91,27 @@ def test_refuses_a_cpu_fuser(tmp_path, monkeypatch):
     monkeypatch.setattr(torch._C, "_jit_can_fuse_on_cpu", lambda: True)
     with pytest.raises(RuntimeError, match="fuser"):
         runner.forward_logits([SeqChunk([8], 3, [0, 1])], [0])
+
+
+def test_ngram_speculation_still_equals_plain_decoding(tmp_path, monkeypatch):
+    from tandem import LLM, SamplingParams
+    from tandem.worker.lone_decode import LoneDecoder
+
+    sizes: list[int] = []
+    orig = LoneDecoder.logits
+    monkeypatch.setattr(LoneDecoder, "logits", lambda self, tokens, *a: sizes.append(len(tokens)) or orig(self, tokens, *a))
+
+    path = write_tiny_hf_checkpoint(tmp_path, "llama", std=0.2, num_hidden_layers=2, hidden_size=576,
+                                    num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                                    intermediate_size=256, max_position_embeddings=512)
+    kw = dict(device="cpu", dtype="float32", kv_cache_memory_bytes=16 << 20, block_size=4, quantization="int4")
+    plain = LLM(str(path), **kw)
+    spec = LLM(str(path), speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                              "prompt_lookup_min": 1, "prompt_lookup_max": 3}, **kw)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompt = {"prompt_token_ids": [5, 9, 17, 5, 9, 17, 5, 9, 17, 5, 9]}  # repetitive: drafts get proposed
+    a = plain.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    b = spec.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    assert spec.engine.runner._lone and plain.engine.runner._lone
+    assert max(sizes) > 1  # verifies went through the script
+    assert a == b
