@@ -148,11 +148,7 @@ class LoneDecoder:
         self.scale = float(attn.scale)
         self.eps = float(arch.rms_norm_eps)
         self.inter = layers[0].mlp.intermediate
-        rot = attn.rotary
-        half = self.head_dim // 2
-        # Rotary.rotate's per-step tables, for every position at once (row p is what it builds for p)
-        self.cos = rot.cos[:, None, :]
-        self.sin_signed = torch.cat((-rot.sin[:, :half], rot.sin[:, half:]), dim=-1)[:, None, :]
+        self.cos, self.sin = attn.rotary.cos, attn.rotary.sin
         self.fn = _script()
 
     @staticmethod
@@ -200,9 +196,12 @@ class LoneDecoder:
             ctx_slots = torch.from_numpy((blocks[:, None] * bs + np.arange(bs)).reshape(-1)[:n])
         # one token: its embedding row as a view (never written: the layers add out of place)
         x = self.embed[tokens[0]:tokens[0] + 1] if t == 1 else F.embedding(torch.tensor(tokens), self.embed)
+        # Rotary.rotate's tables for these positions: cos, and sin with its first half negated
+        cos, sin, half = self.cos[start:n], self.sin[start:n], self.head_dim // 2
+        sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
         threads = torch.get_num_threads()
         try:
-            x = self.fn(x, self.cos[start:n], self.sin_signed[start:n], slot_start, slots, ctx_slots, b0 * bs, b0 * bs + n,
+            x = self.fn(x, cos[:, None, :], sin_signed[:, None, :], slot_start, slots, ctx_slots, b0 * bs, b0 * bs + n,
                         self.norms, self.packed, self.scale_zeros, self.groups, self.k_caches, self.v_caches,
                         self.eps, self.heads, self.kv_heads, self.head_dim, self.inter, self.scale, threads != 1)
         finally:
