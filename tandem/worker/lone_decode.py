@@ -16,6 +16,7 @@ new token and falls back to the eager forward for everything else (prefill, veri
 hidden states, batch-invariant mode).
 """
 
+import logging
 import warnings
 from collections.abc import Sequence
 from typing import Optional
@@ -26,6 +27,8 @@ import torch.nn.functional as F
 
 from tandem.models.decoder import CausalLM, KVCache
 from tandem.models.quant.int4pack import Int4PackLinear
+
+logger = logging.getLogger("tandem")
 
 
 @torch.jit.ignore
@@ -127,7 +130,7 @@ class LoneDecoder:
 
     MAX_ROWS = 8  # attention.py's _BATCHED_MAX_QUERY: longer queries take the eager SDPA path
 
-    def __init__(self, model: CausalLM, kv_caches: Sequence[KVCache], block_size: int) -> None:
+    def __init__(self, model: CausalLM, kv_caches: Sequence[KVCache], block_size: int, fn) -> None:  # type: ignore[no-untyped-def]
         m, arch = model.model, model.arch
         self.model = model
         self.block_size = block_size
@@ -149,7 +152,7 @@ class LoneDecoder:
         self.eps = float(arch.rms_norm_eps)
         self.inter = layers[0].mlp.intermediate
         self.cos, self.sin = attn.rotary.cos, attn.rotary.sin
-        self.fn = _script()
+        self.fn = fn
 
     @staticmethod
     def build(model: CausalLM, kv_caches: Sequence[KVCache], block_size: int) -> "LoneDecoder | None":
@@ -173,7 +176,12 @@ class LoneDecoder:
                 return None
         if m.norm.offset:
             return None
-        return LoneDecoder(model, kv_caches, block_size)
+        try:
+            fn = _script()
+        except Exception as e:  # noqa: BLE001 - TorchScript missing or broken in this torch: eager steps
+            logger.warning("CPU scripted decode unavailable (%s: %s); batch-1 steps run eager", type(e).__name__, e)
+            return None
+        return LoneDecoder(model, kv_caches, block_size, fn)
 
     def logits(self, tokens: Sequence[int], start: int, block_ids: Sequence[int]) -> torch.Tensor:
         """float32 logits [t, V] of ``tokens`` (t ≤ MAX_ROWS) at positions ``start ..`` (their KV is

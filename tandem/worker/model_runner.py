@@ -28,7 +28,7 @@ from tandem.worker.step_output import StepOutput
 
 class TorchRunner:
     def __init__(self, model: CausalLM, kv_caches: list[KVCache], block_size: int,
-                 device: torch.device, batch_invariant: bool = False) -> None:
+                 device: torch.device, batch_invariant: bool = False, script: bool = True) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -37,8 +37,9 @@ class TorchRunner:
         self.invariant = batch_invariant
         self.kernels = ROWWISE_KERNELS if batch_invariant else TORCH_KERNELS
         self.attention = TorchAttention(rowwise=batch_invariant)
-        # batch-1 decode / verify steps of a packed int4 model run as one TorchScript function (lone_decode.py)
-        self._lone: LoneDecoder | None | bool = None if (device.type == "cpu" and not batch_invariant) else False
+        # batch-1 decode / verify steps of a packed int4 model run as one TorchScript function
+        # (lone_decode.py; RunnerConfig.cpu_script). None: not built yet; False: not this model
+        self._lone: LoneDecoder | None | bool = None if (script and device.type == "cpu" and not batch_invariant) else False
 
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
                        token_ids: torch.Tensor | None = None) -> torch.Tensor:

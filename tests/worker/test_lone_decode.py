@@ -115,3 +115,19 @@ def test_ngram_speculation_still_equals_plain_decoding(tmp_path, monkeypatch):
     assert spec.engine.runner._lone and plain.engine.runner._lone
     assert max(sizes) > 1  # verifies went through the script
     assert a == b
+
+
+def test_runner_config_turns_it_off(tmp_path):
+    from tandem import SamplingParams
+
+    path = write_tiny_hf_checkpoint(tmp_path, "llama", std=0.2, num_hidden_layers=2)
+    kw = dict(device="cpu", dtype="float32", kv_cache_memory_bytes=8 << 20, quantization="int4")
+    from tandem import LLM
+
+    off = LLM(str(path), runner_config={"cpu_script": False}, **kw)
+    on = LLM(str(path), **kw)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompt = [{"prompt_token_ids": [5, 9, 17]}]
+    assert (off.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+            == on.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids)
+    assert off.engine.runner._lone is False and on.engine.runner._lone
