@@ -129,6 +129,12 @@ class LoneDecoder:
     """The scripted decode for one model, or ``LoneDecoder.build`` returns None when it does not fit."""
 
     MAX_ROWS = 8  # attention.py's _BATCHED_MAX_QUERY: longer queries take the eager SDPA path
+    # The eager path runs short-query attention on one intra-op thread (§17: a 2-thread softmax
+    # stalled under load). Here that switch (two set_num_threads per layer, each re-forming the
+    # OpenMP team) cost 0.3–0.8 ms per step and measured no better with a busy-loop process on the
+    # other core (docs/performance.md §19), so the attention keeps all threads; its bits do not
+    # depend on the thread count (tests/worker/test_lone_decode.py compares with the eager path).
+    ONE_THREAD_ATTENTION = False
 
     def __init__(self, model: CausalLM, kv_caches: Sequence[KVCache], block_size: int, fn) -> None:  # type: ignore[no-untyped-def]
         m, arch = model.model, model.arch
@@ -208,10 +214,11 @@ class LoneDecoder:
         cos, sin, half = self.cos[start:n], self.sin[start:n], self.head_dim // 2
         sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
         threads = torch.get_num_threads()
+        one_thread = self.ONE_THREAD_ATTENTION and threads != 1
         try:
             x = self.fn(x, cos[:, None, :], sin_signed[:, None, :], slot_start, slots, ctx_slots, b0 * bs, b0 * bs + n,
                         self.norms, self.packed, self.scale_zeros, self.groups, self.k_caches, self.v_caches,
-                        self.eps, self.heads, self.kv_heads, self.head_dim, self.inter, self.scale, threads != 1)
+                        self.eps, self.heads, self.kv_heads, self.head_dim, self.inter, self.scale, one_thread)
         finally:
             torch.set_num_threads(threads)
         return self.model.compute_logits(self.final_norm.forward(x))

@@ -21,16 +21,18 @@ def _llm(tmp_path, family="llama", quantization="int4", **over):
                quantization=quantization)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads,one_thread_attention", [(1, False), (2, False), (2, True)])
 @pytest.mark.parametrize("scattered", [False, True])
-def test_scripted_decode_equals_eager_bitwise(tmp_path, threads, scattered):
+def test_scripted_decode_equals_eager_bitwise(tmp_path, monkeypatch, threads, one_thread_attention, scattered):
     from tandem.worker.batch import SeqChunk
     from tandem.worker.lone_decode import LoneDecoder
 
+    monkeypatch.setattr(LoneDecoder, "ONE_THREAD_ATTENTION", one_thread_attention)
+
     llm = _llm(tmp_path)
     runner = llm.engine.runner
-    blocks = [40 - b for b in range(40)] if scattered else list(range(3, 43))  # 40, 39, ... : a gather
-    prompt = [(7 * j) % 90 + 6 for j in range(37)]
+    blocks = [90 - b for b in range(90)] if scattered else list(range(3, 93))  # 90, 89, ... : a gather
+    prompt = [(7 * j) % 90 + 6 for j in range(300)]  # long enough for 2-thread softmax / bmm splits
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
