@@ -129,12 +129,11 @@ class LoneDecoder:
     """The scripted decode for one model, or ``LoneDecoder.build`` returns None when it does not fit."""
 
     MAX_ROWS = 8  # attention.py's _BATCHED_MAX_QUERY: longer queries take the eager SDPA path
-    # The eager path runs short-query attention on one intra-op thread (§17: a 2-thread softmax
-    # stalled under load). Here that switch (two set_num_threads per layer, each re-forming the
-    # OpenMP team) cost 0.3–0.8 ms per step and measured no better with a busy-loop process on the
-    # other core (docs/performance.md §19), so the attention keeps all threads; its bits do not
-    # depend on the thread count (tests/worker/test_lone_decode.py compares with the eager path).
-    ONE_THREAD_ATTENTION = False
+    # Attention on one intra-op thread, as the eager lone query (§17: a 2-thread softmax stalled under
+    # load). The switch (two set_num_threads per layer) costs 0.3–0.8 ms per step on a quiet machine,
+    # but without it one A/B round under load fell to 7 tok/s while the switching tree kept 51
+    # (docs/performance.md §19). The bits do not depend on it (tests/worker/test_lone_decode.py).
+    ONE_THREAD_ATTENTION = True
 
     def __init__(self, model: CausalLM, kv_caches: Sequence[KVCache], block_size: int, fn) -> None:  # type: ignore[no-untyped-def]
         m, arch = model.model, model.arch
