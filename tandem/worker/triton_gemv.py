@@ -26,10 +26,7 @@ product: a verify row's logits equal the 1-row decode's bit for bit up to attent
 ``dot=True`` instead runs 16-row tensor-core tiles (slower than cuBLAS at every shape measured).
 CPU tensors work under ``TRITON_INTERPRET=1`` (tests).
 
-Int4 weights (``W4Weight``, GPU serving of 4-bit checkpoints, models/quant/cuda_w4.py): the same
-kernel streams two codes per byte plus a scale and an offset per group of K and dequantizes each tile
-in registers, ``w = code · scale + offset`` rounded to the model dtype, before the same products: the
-result is the 1-row product with the dequantized weight, at a quarter of the bf16 weight bytes.
+Int4 weights (``W4Weight``) take the same call and fusions and run ``triton_w4.py``'s kernel.
 """
 
 from __future__ import annotations
@@ -40,6 +37,8 @@ import triton.language as tl
 
 from tandem.models.quant.w4_weight import W4Weight
 from tandem.worker.pdl import launch_kwargs, pdl_enabled, pdl_prologue
+from tandem.worker.triton_epilogue import store_rows
+from tandem.worker.triton_w4 import w4_gemv
 
 MAX_ROWS = 16  # one program per row; ``dot=True`` takes any row count, in blocks of 16
 # Deferred reduction (element-wise partial sums, one cross-thread reduction after the K loop) pays for
@@ -49,31 +48,13 @@ MAX_ROWS = 16  # one program per row; ``dot=True`` takes any row count, in block
 
 
 @triton.jit
-def _w4_tile(w_rows, s_rows, z_rows, k0, n_mask, dt: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
-    """The [BLOCK_N, BLOCK_K] tile at K offset k0 of an int4 weight, dequantized and rounded to ``dt``
-    (zero outside N and K). Bytes hold codes k (low nibble) and k + 1 (high nibble) for even k."""
-    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-    byte = tl.load(w_rows + kb[None, :], mask=n_mask[:, None] & (kb < K // 2)[None, :], other=0)
-    lo = (byte & 15).to(tl.float32)
-    hi = (byte >> 4).to(tl.float32)
-    q = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K // GROUP, GROUP))  # natural K order
-    g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-    gm = n_mask[:, None] & (g < K // GROUP)[None, :]
-    sc = tl.load(s_rows + g[None, :], mask=gm, other=0.0).to(tl.float32)
-    zo = tl.load(z_rows + g[None, :], mask=gm, other=0.0).to(tl.float32)
-    w = q * sc[:, :, None] + zo[:, :, None]
-    return tl.reshape(w, (BLOCK_N, BLOCK_K)).to(dt)
-
-
-@triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, s_ptr, z_ptr, eps,
-    M, N, stride_xm, stride_wn, stride_rm, stride_om, stride_sn, up_off,
+    x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, eps,
+    M, N, stride_xm, stride_wn, stride_rm, stride_om, up_off,
     K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
     USE_DOT: tl.constexpr, DEFER: tl.constexpr,
-    PDL: tl.constexpr, W4: tl.constexpr, GROUP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if BLOCK_M == 1:  # one row per program, rows fastest: the M programs of a column block run
@@ -83,7 +64,7 @@ def _gemv_kernel(
         mblocks = tl.cdiv(M, BLOCK_M)
         row0 = (pid % mblocks) * BLOCK_M
         pid = pid // mblocks
-    dt = s_ptr.dtype.element_ty if W4 else w_ptr.dtype.element_ty
+    dt = w_ptr.dtype.element_ty
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
     m = row0 + tl.arange(0, BLOCK_M)
@@ -91,8 +72,6 @@ def _gemv_kernel(
     x_rows = x_ptr + m[:, None].to(tl.int64) * stride_xm
     w_rows = w_ptr + n[:, None].to(tl.int64) * stride_wn
     u_rows = w_rows + up_off * stride_wn  # GATED: the "up" half of a packed [gate | up] weight
-    s_rows = s_ptr + n[:, None].to(tl.int64) * stride_sn  # W4: scales / offsets of these columns
-    z_rows = z_ptr + n[:, None].to(tl.int64) * stride_sn
     if PDL:  # see pdl.py: x, the residual and the output only after this
         pdl_prologue()
 
@@ -114,10 +93,7 @@ def _gemv_kernel(
             nw = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
             xv = (xf * nw[None, :]).to(dt)
         wm = n_mask[:, None] & k_mask[None, :]
-        if W4:
-            w = _w4_tile(w_rows, s_rows, z_rows, k0, n_mask, dt, K, BLOCK_N, BLOCK_K, GROUP)
-        else:
-            w = tl.load(w_rows + k[None, :], mask=wm, other=0.0)
+        w = tl.load(w_rows + k[None, :], mask=wm, other=0.0)
         if USE_DOT:
             acc += tl.dot(xv, tl.trans(w))
         elif DEFER:  # BLOCK_M == 1: multiply-add on the CUDA cores
@@ -125,11 +101,7 @@ def _gemv_kernel(
         else:
             acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32), 1)[None, :]
         if GATED:
-            if W4:
-                wu = _w4_tile(u_rows, s_rows + up_off * stride_sn, z_rows + up_off * stride_sn, k0, n_mask, dt,
-                              K, BLOCK_N, BLOCK_K, GROUP)
-            else:
-                wu = tl.load(u_rows + k[None, :], mask=wm, other=0.0)
+            wu = tl.load(u_rows + k[None, :], mask=wm, other=0.0)
             if USE_DOT:
                 acc_u += tl.dot(xv, tl.trans(wu))
             elif DEFER:
@@ -141,27 +113,8 @@ def _gemv_kernel(
             acc = tl.sum(acc2, 1)[None, :]
             acc_u = tl.sum(acc2_u, 1)[None, :]
 
-    if NORM:
-        rstd = 1.0 / tl.sqrt(tl.sum(ss2, 1) / K + eps)
-        acc = acc * rstd[:, None]
-        acc_u = acc_u * rstd[:, None]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        if GATED:
-            acc_u += tl.load(b_ptr + up_off + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    y = acc.to(out_ptr.dtype.element_ty)  # dt, or float32 logits (``out_dtype``)
-    if GATED:  # silu(gate) * up, rounded as the unfused matmul + silu_mul would
-        g = y.to(tl.float32)
-        a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
-        y = (a * acc_u.to(dt).to(tl.float32)).to(dt)
-    om = m_mask[:, None] & n_mask[None, :]
-    if HAS_RES:
-        r_ptrs = res_ptr + m[:, None].to(tl.int64) * stride_rm + n[None, :]
-        r = tl.load(r_ptrs, mask=om, other=0.0).to(tl.float32)
-        y = (r + y.to(tl.float32)).to(dt)
-        tl.store(r_ptrs, y, mask=om)
-    else:
-        tl.store(out_ptr + m[:, None].to(tl.int64) * stride_om + n[None, :], y, mask=om)
+    store_rows(acc, acc_u, tl.sum(ss2, 1), m, n, m_mask, n_mask, b_ptr, res_ptr, out_ptr, stride_rm, stride_om,
+               up_off, eps, dt, K, NORM, HAS_BIAS, GATED, HAS_RES)
 
 
 def gemv_config(m: int, n: int, k: int, dot: bool = False) -> tuple[int, int, int]:
@@ -202,13 +155,11 @@ def gemv(
     out_dtype: torch.dtype | None = None,  # e.g. float32 logits: the accumulator stored unrounded
 ) -> torch.Tensor:  # [M, N] (gated: [M, I] = silu(x W_gate^T) * (x W_up^T))
     mrows, kin = x.shape
-    w4 = weight if isinstance(weight, W4Weight) else None
-    wt = w4.qweight if w4 is not None else weight  # what the kernel streams
-    assert isinstance(wt, torch.Tensor)
     nw_rows = weight.shape[0]
     nout = nw_rows // 2 if gated else nw_rows
-    if mrows > MAX_ROWS and not dot:
+    if mrows > MAX_ROWS and not dot and not isinstance(weight, W4Weight):
         raise ValueError(f"gemv handles at most {MAX_ROWS} rows (dot=True: any), got {mrows}")
+    wt = weight.qweight if isinstance(weight, W4Weight) else weight  # what the kernel streams
     if weight.shape[1] != kin or x.stride(1) != 1 or wt.stride(1) != 1 or (gated and nw_rows % 2):
         raise ValueError(f"gemv: x {tuple(x.shape)} does not fit weight {tuple(weight.shape)}")
     if residual is not None:
@@ -221,27 +172,25 @@ def gemv(
         out = torch.empty((mrows, nout), dtype=out_dtype or weight.dtype, device=wt.device)
     if mrows == 0:
         return out
+    if isinstance(weight, W4Weight):
+        w4_gemv(x, weight, bias, norm_weight, eps, gated, residual, out, config, invariant)
+        return out
     use_dot = dot and (mrows > 1 or invariant)
     block_n, block_k, warps = config or gemv_config(mrows, nw_rows, kin, use_dot)
     if gated and config is None:  # each program reads block_n gate rows and block_n up rows
         block_n = max(4, block_n // 2)
-    if w4 is not None:  # whole groups per K tile, at least two codes per program row
-        block_k = max(block_k, w4.group)
     pdl = pdl_enabled(x.device)
     block_m = 16 if use_dot else 1
     if use_dot:
         block_n = max(block_n, 16)
     grid = (triton.cdiv(nout, block_n) * (triton.cdiv(mrows, block_m) if use_dot else mrows),)
-    scale = w4.scale if w4 is not None else out  # (unused pointers when not W4)
     _gemv_kernel[grid](
         x, wt, bias if bias is not None else out,
-        norm_weight if norm_weight is not None else out, out, out, scale,
-        w4.offset if w4 is not None else out, eps,
-        mrows, nout, x.stride(0), wt.stride(0), out.stride(0), out.stride(0), scale.stride(0), nout if gated else 0,
+        norm_weight if norm_weight is not None else out, out, out, eps,
+        mrows, nout, x.stride(0), wt.stride(0), out.stride(0), out.stride(0), nout if gated else 0,
         K=kin, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         HAS_BIAS=bias is not None, NORM=norm_weight is not None, GATED=gated,
         HAS_RES=residual is not None, USE_DOT=use_dot, DEFER=not use_dot and _defer(block_n, defer), PDL=pdl,
-        W4=w4 is not None, GROUP=w4.group if w4 is not None else 1, num_warps=warps,
-        **launch_kwargs(pdl),
+        num_warps=warps, **launch_kwargs(pdl),
     )
     return out

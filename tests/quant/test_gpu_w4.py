@@ -17,33 +17,48 @@ CUDA = torch.device("cuda")
 PROMPT = [5, 9, 17, 33, 40, 41, 7, 8, 99, 12, 60, 61]
 
 
-@pytest.mark.parametrize("rows", [1, 2, 4, 6, 16])
-def test_w4_gemv_equals_dequantized_weight_bitwise(rows):
+@pytest.mark.parametrize("rows", [1, 2, 4, 6, 16, 40])
+def test_w4_gemv_matches_the_float_weight(rows):
+    """The int4 kernel against the float32 product with the weight its codes describe, every fusion;
+    in batch-invariant mode each row equals that row alone."""
     from tandem.models.quant.w4_weight import W4Weight
     from tandem.models.quant.weights import quantize_float
     from tandem.worker.triton_gemv import gemv
 
     g = torch.Generator(device=CUDA).manual_seed(0)
-    n, k = 1536, 1024
-    w = W4Weight.pack(quantize_float(torch.randn(n, k, device=CUDA, generator=g) / 32, 4, 128, False, "t"),
+    n, k = 1536, 576  # K = 576: four runs of 128 codes and a padded one
+    w = W4Weight.pack(quantize_float(torch.randn(n, k, device=CUDA, generator=g) / 32, 4, 64, False, "t"),
                       torch.bfloat16, CUDA)
-    w2 = W4Weight.pack(quantize_float(torch.randn(2 * n, k, device=CUDA, generator=g) / 32, 4, 128, False, "t"),
+    w2 = W4Weight.pack(quantize_float(torch.randn(2 * n, k, device=CUDA, generator=g) / 32, 4, 64, False, "t"),
                        torch.bfloat16, CUDA)
-    wf, wf2 = w.dequantize(), w2.dequantize()
+
+    def exact(p: W4Weight) -> torch.Tensor:  # codes · scale + offset in float32, never rounded
+        kk = p.k // p.group
+        return (p.codes().float().view(-1, kk, p.group) * p.scale[:, :kk, None].float()
+                + p.offset[:, :kk, None].float()).view(-1, p.k)
+
+    wf, wf2 = exact(w), exact(w2)
     x = torch.randn(rows, k, device=CUDA, generator=g).to(torch.bfloat16)
     b = torch.randn(n, device=CUDA, generator=g).to(torch.bfloat16)
     nw = (torch.rand(k, device=CUDA, generator=g) + 0.5).to(torch.bfloat16)
-    assert torch.equal(gemv(x, w, b), gemv(x, wf, b))
-    assert torch.equal(gemv(x, w, norm_weight=nw, eps=1e-5), gemv(x, wf, norm_weight=nw, eps=1e-5))
-    assert torch.equal(gemv(x, w2, norm_weight=nw, eps=1e-5, gated=True),
-                       gemv(x, wf2, norm_weight=nw, eps=1e-5, gated=True))
-    r1 = torch.randn(rows, n, device=CUDA, generator=g).to(torch.bfloat16)
-    r2 = r1.clone()
-    gemv(x, w, residual=r1)
-    gemv(x, wf, residual=r2)
-    assert torch.equal(r1, r2)
-    if rows > 1:  # each row exactly as a 1-row product
-        assert torch.equal(gemv(x, w)[rows - 1], gemv(x[rows - 1:], w)[0])
+
+    def close(got, want, what):
+        err = float((got.float() - want).norm() / want.norm())
+        assert err < 6e-3, (what, err)  # bf16 output rounding: ~2^-9 relative
+
+    xf = x.float()
+    close(gemv(x, w, b), xf @ wf.T + b.float(), "bias")
+    h = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)) * nw.float()
+    close(gemv(x, w, norm_weight=nw, eps=1e-5), h @ wf.T, "norm")
+    want = torch.nn.functional.silu(h @ wf2[:n].T) * (h @ wf2[n:].T)
+    close(gemv(x, w2, norm_weight=nw, eps=1e-5, gated=True), want, "gated")
+    r = torch.randn(rows, n, device=CUDA, generator=g).to(torch.bfloat16)
+    want = r.float() + xf @ wf.T
+    gemv(x, w, residual=r)
+    close(r, want, "residual")
+    whole = gemv(x, w, invariant=True)
+    for i in range(rows):
+        assert torch.equal(whole[i], gemv(x[i:i + 1], w, invariant=True)[0]), i
 
 
 def _logits(path, quantization):
@@ -70,17 +85,19 @@ def _w4_modules(model) -> int:
 
 
 @pytest.mark.parametrize("method,kw,packed", [
-    ("gptq", dict(sym=False), True),
-    ("gptq", dict(sym=True, act_order=True, v1=False), False),  # act-order: dequantized on CUDA
-    ("awq", dict(), True),
-    ("compressed-tensors", dict(group=128), True),
-    ("gptq", dict(bits=8, sym=True), False),  # 8-bit: dequantized on CUDA
+    ("gptq", dict(sym=False), 8),  # 2 layers x (qkv, o, gate_up, down)
+    # act-order: down_proj (K = 256, two groups) is permuted and dequantized on CUDA; K = 128 layers
+    # have one group, so no permutation
+    ("gptq", dict(sym=True, act_order=True, v1=False), 6),
+    ("awq", dict(), 8),
+    ("compressed-tensors", dict(group=128), 8),
+    ("gptq", dict(bits=8, sym=True), 0),  # 8-bit: dequantized on CUDA
 ])
 def test_checkpoints_served_packed_when_named(tmp_path, method, kw, packed):
     qdir, rdir, _ = write_quantized(tmp_path, method, **kw)
     ref, _ = _logits(rdir, None)
     got, model = _logits(qdir, method)
-    assert (_w4_modules(model) > 0) == packed
+    assert _w4_modules(model) == packed
     err = float((got - ref).norm() / ref.norm())
     assert err < 3e-2, err
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
@@ -106,7 +123,7 @@ def test_greedy_speculation_on_an_int4_target_equals_no_speculation(tmp_path):
 
 @pytest.mark.parametrize("rows", [1, 16, 20, 64, 300])
 def test_w4_linear_every_row_count(rows):
-    """Per-row kernel (≤ 16), 16-row tensor-core tiles (≤ 256), dequantize + cuBLAS above."""
+    """One row on CUDA cores, 16-row tensor-core tiles up to 256 rows, dequantize + cuBLAS above."""
     from tandem.models.quant.cuda_w4 import W4Linear
     from tandem.models.quant.weights import quantize_float
 

@@ -22,20 +22,36 @@ def qweight(n=32, k=256, group=128, bits=4, perm=None, seed=0) -> QuantizedWeigh
                            source="test", perm=perm)
 
 
-@pytest.mark.parametrize("group,bits", [(128, 4), (32, 4), (256, 4), (64, 3), (96, 4)])
-def test_pack_unpacks_to_the_same_matrix(group, bits):
-    k = 384 if group == 96 else 512
+@pytest.mark.parametrize("group,bits,k", [(128, 4, 512), (32, 4, 512), (256, 4, 512), (64, 3, 512), (96, 4, 384),
+                                         (32, 4, 96), (64, 4, 576)])
+def test_pack_unpacks_to_the_same_matrix(group, bits, k):
     qw = qweight(k=k, group=group, bits=bits)
     w = W4Weight.pack(qw, torch.float32, CPU)
-    assert w.shape == qw.shape and w.qweight.dtype == torch.uint8 and w.qweight.shape == (32, k // 2)
-    assert w.group == {96: 32}.get(group, group)  # a group that is no power of two is replicated down
+    kp = -(-k // 128) * 128  # K padded to runs of 128 codes
+    assert w.shape == qw.shape and w.qweight.dtype == torch.int32 and w.qweight.shape == (32, kp // 8)
+    assert w.group == {96: 32, 256: 128}.get(group, group)  # replicated down to a power of two <= 128
+    assert torch.equal(w.codes(), qw.codes)
     assert torch.equal(w.dequantize(), qw.dequantize())
-    # bf16: scale and offset rounded once, the product rounded once (what the kernel computes)
+    # bf16: scale and offset rounded once, the product rounded once
     b = W4Weight.pack(qw, torch.bfloat16, CPU)
-    want = (qw.codes.float().view(32, k // w.group, w.group) * b.scale.float()[:, :, None]
-            + b.offset.float()[:, :, None]).view(32, k).to(torch.bfloat16)
+    want = (qw.codes.float().view(32, k // w.group, w.group) * b.scale.float()[:, :k // w.group, None]
+            + b.offset.float()[:, :k // w.group, None]).view(32, k).to(torch.bfloat16)
     assert torch.equal(b.dequantize(), want)
-    assert b.nbytes() == 32 * k // 2 + 2 * 2 * 32 * (k // w.group)
+    assert b.nbytes() == 32 * kp // 2 + 2 * 2 * 32 * (kp // w.group)
+    # the padding is zero weights: codes, scales and offsets
+    assert not b.scale[:, k // w.group:].any() and not b.offset[:, k // w.group:].any()
+
+
+def test_layout_is_runs_of_sixteen_codes_per_nibble():
+    """Nibble i of word j in a run of 128 codes holds code 16 i + j (the kernel's contract)."""
+    codes = torch.arange(128, dtype=torch.uint8).remainder(16).view(1, 128)
+    codes = (codes + torch.arange(128).div(16, rounding_mode="floor").view(1, 128)).remainder(16).to(torch.uint8)
+    qw = QuantizedWeight(codes=codes, scale=torch.ones(1, 1), offset=torch.zeros(1, 1), group=128, bits=4,
+                         source="t")
+    words = W4Weight.pack(qw, torch.float32, CPU).qweight[0].tolist()
+    for j in range(16):
+        for i in range(8):
+            assert (words[j] >> (4 * i)) & 15 == int(codes[0, 16 * i + j]), (i, j)
 
 
 def test_what_fits():
@@ -43,6 +59,7 @@ def test_what_fits():
     assert w4_group(qweight(bits=8)) is None  # 8-bit codes: dequantized on the GPU
     assert w4_group(qweight(perm=torch.randperm(256))) is None  # act-order: groups are not contiguous
     assert w4_group(qweight(k=24, group=24)) is None  # no power-of-two group ≥ 16 divides it
+    assert w4_group(qweight(k=512, group=256)) == 128
     with pytest.raises(ValueError, match="does not fit W4"):
         W4Weight.pack(qweight(bits=8), torch.bfloat16, CPU)
 

@@ -1,13 +1,10 @@
 """CUDA kernel module for 4-bit weights: ``W4Linear`` (layout: ``w4_weight.py``).
 
-Few rows (decode, verify: ≤ ``triton_gemv.MAX_ROWS``): the skinny Triton matmul streams the packed
-weight once and dequantizes each tile in registers (``triton_gemv._w4_tile``); the fused decoder
-kernels (``worker/cuda_kernels.py``) call it with the RMSNorm, silu·mul and residual add fused in,
-exactly as for float weights. Mid-sized batches (≤ ``DOT_ROWS``): the same kernel on tensor cores,
-16-row blocks each streaming the packed weight (from L2 after the first). More rows (prefill):
-dequantize to the model dtype, then one cuBLAS GEMM — the same matrix, so a row's result differs from
-the skinny path's only by the reduction order, as with float weights. The thresholds are first
-guesses, to be set from ``benchmarks/gpu_w4_gemv.py`` on the H200.
+Up to ``DOT_ROWS`` rows (decode, verify, mid-sized batches): the int4 Triton matmul
+(``worker/triton_w4.py``) streams the packed weight and applies scales per group; the fused decoder
+kernels (``worker/cuda_kernels.py``) call it through ``triton_gemv.gemv`` with the RMSNorm, silu·mul
+and residual add fused in, exactly as for float weights. More rows (prefill): dequantize to the model
+dtype, then one cuBLAS GEMM. ``benchmarks/gpu_w4_gemv.py`` measures both against the int4 floor.
 
 Served on CUDA only when ``quantization`` is named explicitly (``engine/model_loader.py``): until
 the H200 measurement says it pays, a quantized checkpoint on CUDA loads dequantized by default.
@@ -22,9 +19,8 @@ from torch import nn
 from tandem.models.quant.w4_weight import W4Weight, w4_group
 from tandem.models.quant.weights import QuantizedWeight
 
-# Rows up to which the one-program-per-row kernel runs (its MAX_ROWS), then the 16-row tensor-core
-# tiles up to DOT_ROWS; above, dequantize + GEMM.
-SKINNY_ROWS = 16
+# Rows up to which the int4 kernel runs (one row: CUDA cores; more: 16-row tensor-core tiles, each
+# streaming the packed weight, from L2 after the first); above, dequantize + GEMM.
 DOT_ROWS = 256
 
 
@@ -43,6 +39,7 @@ class W4Linear(nn.Module):
         w = W4Weight.pack(qw, dtype, device)
         self.out_features, self.in_features = w.shape
         self.group = w.group
+        self.k = w.k
         self.source = qw.source
         self.register_buffer("qweight", w.qweight)
         self.register_buffer("scale", w.scale)
@@ -52,7 +49,7 @@ class W4Linear(nn.Module):
 
     @property
     def w4(self) -> W4Weight:
-        return W4Weight(self.qweight, self.scale, self.offset, self.group)
+        return W4Weight(self.qweight, self.scale, self.offset, self.group, self.k)
 
     def dequantized(self) -> torch.Tensor:
         return self.w4.dequantize()
@@ -63,7 +60,7 @@ class W4Linear(nn.Module):
         if h.shape[0] <= DOT_ROWS:
             from tandem.worker.triton_gemv import gemv
 
-            out = gemv(h.contiguous(), self.w4, self.bias, dot=h.shape[0] > SKINNY_ROWS)
+            out = gemv(h.contiguous(), self.w4, self.bias)
         else:
             out = F.linear(h, self.dequantized(), self.bias)
         return out.to(x.dtype).reshape(*shape[:-1], self.out_features)
