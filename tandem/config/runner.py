@@ -1,4 +1,4 @@
-"""RunnerConfig: how the model runner executes a step. Every knob is a no-op on CPU.
+"""RunnerConfig: how the model runner executes a step. Every knob but ``cpu_script`` is a no-op on CPU.
 
 These were ``TANDEM_*`` environment variables; they are configuration now (``LLM(runner_config=...)``
 or the CLI), and the variables remain only as documented debug overrides parsed in one place
@@ -31,10 +31,13 @@ class RunnerConfig:
     kv_splits: int | None = None  # force the split-KV count of the attention kernel (None: chosen per step)
     pdl: bool = True  # programmatic dependent launch on Hopper+
     skinny_defer: bool | None = None  # deferred reduction in the skinny matmul (None: per shape)
+    # CPU torch runner: batch-1 decode / verify steps of a packed int4 model as one TorchScript
+    # function (worker/lone_decode.py; the eager step's ops and bits, without its Python)
+    cpu_script: bool = True
 
     def __post_init__(self) -> None:
         check_choice("backend", self.backend, RUNNER_BACKENDS)
-        for key in ("cuda_graphs", "fused", "pdl"):
+        for key in ("cuda_graphs", "fused", "pdl", "cpu_script"):
             check_bool(key, getattr(self, key))
         check_bool("skinny_defer", self.skinny_defer, optional=True)
         check_int("skinny_rows", self.skinny_rows, minimum=0, optional=True)

@@ -80,7 +80,7 @@ _HELP: dict[str, str] = {
                               f"(default: {DEFAULT_TOKEN_BUDGET})",
     "async_scheduling": "queue the next decode step before reading this one's tokens "
                         "(default: on with CUDA, off on CPU)",
-    # RunnerConfig (debugging and A/B benchmarks; every one is a no-op on CPU)
+    # RunnerConfig (debugging and A/B benchmarks; all but cpu_script are no-ops on CPU)
     "backend": "model runner: " + " | ".join(RUNNER_BACKENDS)
                + " (auto: the CUDA runner on CUDA devices, torch elsewhere)",
     "cuda_graphs": "replay captured CUDA graphs for small steps (--enforce-eager turns them off)",
@@ -92,13 +92,16 @@ _HELP: dict[str, str] = {
     "kv_splits": "force the attention kernel's split-KV count (default: chosen per step)",
     "pdl": "programmatic dependent launch on Hopper and newer",
     "skinny_defer": "deferred reduction in the skinny matmuls (default: chosen per shape)",
+    "cpu_script": "CPU: run batch-1 decode / verify steps of packed int4 models as one TorchScript "
+                  "function (same ops and bits as eager)",
 }
 _GROUPS = {
     ModelConfig: ("model", None),
     CacheConfig: ("KV cache", None),
     SchedulerConfig: ("scheduler", None),
-    RunnerConfig: ("model runner", "How a step runs on CUDA: for debugging and A/B benchmarks; "
-                                   "no-ops on CPU. TANDEM_* variables override them (tandem/config/env.py)."),
+    RunnerConfig: ("model runner", "How a step runs: for debugging and A/B benchmarks; all but "
+                                   "--cpu-script are no-ops on CPU. TANDEM_* variables override them "
+                                   "(tandem/config/env.py)."),
 }
 _EXTRA_KWARGS = ("runner_config", "enforce_eager", "speculative_config", "log_stats")
 

@@ -22,12 +22,13 @@ from tandem.models.torch_kernels import ROWWISE_KERNELS, TORCH_KERNELS
 from tandem.worker.attention import TorchAttention
 from tandem.worker.batch import SeqChunk
 from tandem.worker.input_packer import layout, pack, step_tensors
+from tandem.worker.lone_decode import LoneDecoder
 from tandem.worker.step_output import StepOutput
 
 
 class TorchRunner:
     def __init__(self, model: CausalLM, kv_caches: list[KVCache], block_size: int,
-                 device: torch.device, batch_invariant: bool = False) -> None:
+                 device: torch.device, batch_invariant: bool = False, script: bool = True) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -36,6 +37,9 @@ class TorchRunner:
         self.invariant = batch_invariant
         self.kernels = ROWWISE_KERNELS if batch_invariant else TORCH_KERNELS
         self.attention = TorchAttention(rowwise=batch_invariant)
+        # batch-1 decode / verify steps of a packed int4 model run as one TorchScript function
+        # (lone_decode.py; RunnerConfig.cpu_script). None: not built yet; False: not this model
+        self._lone: LoneDecoder | None | bool = None if (script and device.type == "cpu" and not batch_invariant) else False
 
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
                        token_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -57,6 +61,13 @@ class TorchRunner:
                 raise ValueError("token_ids needs one token per single-token chunk")
             # a host read: fine on this path, where nothing runs ahead of the host
             chunks = [SeqChunk([t], c.start, c.block_ids) for c, t in zip(chunks, token_ids.tolist())]
+        if (len(chunks) == 1 and not aux_layers and 0 < len(chunks[0].token_ids) <= LoneDecoder.MAX_ROWS
+                and list(rows) == list(range(len(chunks[0].token_ids)))):  # a batch-1 decode or verify
+            if self._lone is None:
+                self._lone = LoneDecoder.build(self.model, self.kv_caches, self.block_size) or False
+            if self._lone:
+                c = chunks[0]
+                return StepOutput(self._lone.logits(c.token_ids, c.start, c.block_ids), [])
         vocab = self.model.arch.vocab_size
         if not chunks:
             return StepOutput(torch.empty((0, vocab), dtype=torch.float32, device=self.device), [])

@@ -66,4 +66,5 @@ def make_runner(model: CausalLM, kv_caches: list[KVCache], block_size: int, devi
                               lookahead=lookahead, feature_layers=feature_layers, batch_invariant=batch_invariant)
     from tandem.worker.model_runner import TorchRunner
 
-    return TorchRunner(model, kv_caches, block_size, device, batch_invariant=batch_invariant)
+    return TorchRunner(model, kv_caches, block_size, device, batch_invariant=batch_invariant,
+                       script=cfg.cpu_script)

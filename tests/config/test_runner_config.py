@@ -18,6 +18,7 @@ from tandem.errors import ConfigError
     ({"TANDEM_CUDA_GRAPHS": "off"}, {"cuda_graphs": False}),
     ({"TANDEM_FUSED": "0", "TANDEM_PDL": "no"}, {"fused": False, "pdl": False}),
     ({"TANDEM_GEMV_DEFER": "1"}, {"skinny_defer": True}),
+    ({"TANDEM_CPU_SCRIPT": "0"}, {"cpu_script": False}),
     ({"TANDEM_GEMV_ROWS": "16", "TANDEM_GEMV_MULTIROW": "dot"}, {"skinny_rows": 16, "skinny_multirow": "dot"}),
     ({"TANDEM_GEMV": "0", "TANDEM_GEMV_ROWS": "16"}, {"skinny_rows": 0}),  # cuBLAS only wins
     ({"TANDEM_MAX_GRAPH_BATCH": "64", "TANDEM_KV_SPLITS": "2"}, {"max_graph_batch": 64, "kv_splits": 2}),
@@ -44,7 +45,8 @@ def test_overrides_win_and_are_validated():
 
 
 @pytest.mark.parametrize("field, value", [("backend", "tpu"), ("cuda_graphs", 1), ("skinny_rows", -1),
-                                          ("max_graph_batch", 0), ("kv_splits", 0), ("skinny_defer", "yes")])
+                                          ("max_graph_batch", 0), ("kv_splits", 0), ("skinny_defer", "yes"),
+                                          ("cpu_script", "no")])
 def test_bad_runner_config_names_the_key(field, value):
     with pytest.raises(ConfigError) as e:
         RunnerConfig(**{field: value})
