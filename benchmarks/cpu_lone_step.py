@@ -5,8 +5,10 @@ The built-in SmolLM2-135M Q4_1 GGUF (packed int4, defaults); a prompt of ``--ctx
 prefilled once, then a step of 1 (decode) and of k + 1 rows (verify) at that position is run with
 ``TorchRunner``'s scripted path off and on, alternately (the KV rewritten is the same each time), and
 the median per path is printed with the load average. Also checks the two paths' logits are equal.
+A third column times the scripted step for argmax-only rows (greedy), where the screened LM head
+(``models/quant/screened_head.py``) replaces the float32 one, and checks its argmax is the same.
 
-Usage: python benchmarks/cpu_lone_step.py [--ctx 200] [--rows 1,2,5] [--reps 25] [--threads 2]
+Usage: python benchmarks/cpu_lone_step.py [--ctx 200] [--rows 1,2,4,5] [--reps 25] [--threads 2]
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ctx", type=int, default=200)
-    ap.add_argument("--rows", default="1,2,5")
+    ap.add_argument("--rows", default="1,2,4,5")
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -50,12 +52,17 @@ def main() -> None:
                 got[name] = runner.forward_logits(step, rows)
                 times.setdefault((t, name), []).append(time.perf_counter() - t0)
             assert torch.equal(got["eager"], got["scripted"]), f"{t} rows: logits differ"
+            t0 = time.perf_counter()
+            argmax = runner.forward_logits(step, rows, argmax_only=True)
+            times.setdefault((t, "screened"), []).append(time.perf_counter() - t0)
+            assert torch.equal(argmax.argmax(-1), got["scripted"].argmax(-1)), f"{t} rows: argmax differs"
     print(f"# SmolLM2 GGUF, context {ctx}, {args.threads} threads, median of {args.reps}; "
           f"load average {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print("| rows | eager ms | scripted ms | eager / scripted |\n|---|---|---|---|")
+    print("| rows | eager ms | scripted ms | eager / scripted | scripted, argmax rows (screened head) ms |")
+    print("|---|---|---|---|---|")
     for t in sizes:
-        e, s = (statistics.median(times[(t, n)]) for n in ("eager", "scripted"))
-        print(f"| {t} | {1e3 * e:.2f} | {1e3 * s:.2f} | {e / s:.2f}× |")
+        e, s, a = (statistics.median(times[(t, n)]) for n in ("eager", "scripted", "screened"))
+        print(f"| {t} | {1e3 * e:.2f} | {1e3 * s:.2f} | {e / s:.2f}× | {1e3 * a:.2f} |")
 
 
 if __name__ == "__main__":

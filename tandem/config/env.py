@@ -16,6 +16,7 @@ benchmarks only, and each maps onto a configuration field. Read when called (nev
 | ``TANDEM_KV_SPLITS=N`` | ``RunnerConfig.kv_splits = N`` |
 | ``TANDEM_PDL=0`` | ``RunnerConfig.pdl = False`` |
 | ``TANDEM_CPU_SCRIPT=0`` | ``RunnerConfig.cpu_script = False`` (CPU: eager batch-1 steps) |
+| ``TANDEM_SCREENED_HEAD=0`` | ``RunnerConfig.screened_head = False`` (CPU: the float LM head for every row) |
 | ``TANDEM_CACHE_DIR`` | where built-in models and datasets are cached (default ``~/.cache/tandem/models``) |
 | ``TANDEM_API_KEY`` | ``tandem serve --api-key`` default |
 | ``OPENAI_API_KEY`` | ``tandem bench serve`` sends it as the bearer token |
@@ -61,7 +62,8 @@ def runner_overrides(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     if _flag(e, "TANDEM_GPU_RUNNER") is False:
         out["backend"] = "torch"
     for var, key in (("TANDEM_CUDA_GRAPHS", "cuda_graphs"), ("TANDEM_FUSED", "fused"), ("TANDEM_PDL", "pdl"),
-                     ("TANDEM_GEMV_DEFER", "skinny_defer"), ("TANDEM_CPU_SCRIPT", "cpu_script")):
+                     ("TANDEM_GEMV_DEFER", "skinny_defer"), ("TANDEM_CPU_SCRIPT", "cpu_script"),
+                     ("TANDEM_SCREENED_HEAD", "screened_head")):
         v = _flag(e, var)
         if v is not None:
             out[key] = v

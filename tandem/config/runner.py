@@ -1,4 +1,5 @@
-"""RunnerConfig: how the model runner executes a step. Every knob but ``cpu_script`` is a no-op on CPU.
+"""RunnerConfig: how the model runner executes a step. Every knob but ``cpu_script`` and
+``screened_head`` is a no-op on CPU.
 
 These were ``TANDEM_*`` environment variables; they are configuration now (``LLM(runner_config=...)``
 or the CLI), and the variables remain only as documented debug overrides parsed in one place
@@ -34,10 +35,13 @@ class RunnerConfig:
     # CPU torch runner: batch-1 decode / verify steps of a packed int4 model as one TorchScript
     # function (worker/lone_decode.py; the eager step's ops and bits, without its Python)
     cpu_script: bool = True
+    # CPU: argmax-only rows (greedy, no logits processing, no logprobs) take the LM head's argmax
+    # through the checkpoint's quantized head, confirmed exactly (models/quant/screened_head.py)
+    screened_head: bool = True
 
     def __post_init__(self) -> None:
         check_choice("backend", self.backend, RUNNER_BACKENDS)
-        for key in ("cuda_graphs", "fused", "pdl", "cpu_script"):
+        for key in ("cuda_graphs", "fused", "pdl", "cpu_script", "screened_head"):
             check_bool(key, getattr(self, key))
         check_bool("skinny_defer", self.skinny_defer, optional=True)
         check_int("skinny_rows", self.skinny_rows, minimum=0, optional=True)

@@ -80,7 +80,7 @@ _HELP: dict[str, str] = {
                               f"(default: {DEFAULT_TOKEN_BUDGET})",
     "async_scheduling": "queue the next decode step before reading this one's tokens "
                         "(default: on with CUDA, off on CPU)",
-    # RunnerConfig (debugging and A/B benchmarks; all but cpu_script are no-ops on CPU)
+    # RunnerConfig (debugging and A/B benchmarks; all but cpu_script and screened_head are no-ops on CPU)
     "backend": "model runner: " + " | ".join(RUNNER_BACKENDS)
                + " (auto: the CUDA runner on CUDA devices, torch elsewhere)",
     "cuda_graphs": "replay captured CUDA graphs for small steps (--enforce-eager turns them off)",
@@ -94,6 +94,8 @@ _HELP: dict[str, str] = {
     "skinny_defer": "deferred reduction in the skinny matmuls (default: chosen per shape)",
     "cpu_script": "CPU: run batch-1 decode / verify steps of packed int4 models as one TorchScript "
                   "function (same ops and bits as eager)",
+    "screened_head": "CPU: greedy rows take the LM head's argmax through the checkpoint's quantized head "
+                     "(e.g. the GGUF's Q8_0), confirmed exactly (same tokens as the float head, faster)",
 }
 _GROUPS = {
     ModelConfig: ("model", None),

@@ -87,9 +87,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
     generator.manual_seed(model_cfg.seed)
     quant = resolve_quantization(model_cfg.quantization, ckpt, device)
     model = build_model(arch, ckpt.weights(packed=quant is not None), dtype, device, max_model_len, quant,
-                        named=model_cfg.quantization is not None)
-    if model_cfg.lm_head_dtype != "auto":
-        model.set_lm_head_dtype(model_cfg.lm_head_dtype)
+                        named=model_cfg.quantization is not None, lm_head_dtype=model_cfg.lm_head_dtype,
+                        screen_head=runner_cfg.screened_head)
     # After the weights: the load's temporaries are gone before the tokenizer's ~50 MB arrive (peak RSS).
     tokenizer = None if model_cfg.skip_tokenizer_init else ckpt.load_tokenizer()  # None: token-id prompts only
     eos = set(arch.eos_token_ids)

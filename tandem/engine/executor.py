@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from tandem.engine.async_decode import InflightStep
+from tandem.engine.async_decode import InflightStep, device_greedy
 from tandem.outputs import ModelRunnerOutput, PromptLogprobs, SampleLogprobs
 from tandem.sample.grammar_mask import apply_grammar_bitmask
 from tandem.sample.logits import probs_from_logits, process_logits
@@ -38,6 +38,19 @@ from tandem.scheduler import ScheduledRequest, SchedulerOutput
 from tandem.structured.step_masks import step_bitmask
 from tandem.worker.batch import SeqChunk
 from tandem.worker.runner import ModelRunner
+
+
+def argmax_only(sched: SchedulerOutput) -> bool:
+    """Every row the step samples is a plain argmax (greedy, no logits processing or grammar mask, no
+    logprobs) and no prompt logprobs are asked: the runner may return rows that are only good for
+    their argmax (``CausalLM.compute_logits``: the CPU's screened LM head)."""
+    for s in sched.scheduled:
+        r = s.request
+        if r.params.prompt_logprobs is not None:
+            return False
+        if s.samples and not all(device_greedy(r, r.num_output_tokens + j) for j in range(len(s.spec_token_ids) + 1)):
+            return False
+    return True
 
 
 def _prompt_positions(s: ScheduledRequest) -> range:
@@ -65,14 +78,15 @@ class Executor:
         self.feature_layers, self.feature_sink = tuple(layers), sink
 
     def _forward(self, sched: SchedulerOutput, chunks: list[SeqChunk], rows: Sequence[int],
-                 token_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """The target forward: logits of ``rows``; with features attached, also hands the features
-        of every query row to the sink."""
+                 token_ids: torch.Tensor | None = None, argmax: bool = False) -> torch.Tensor:
+        """The target forward: logits of ``rows`` (``argmax``: only their argmax is read); with
+        features attached, also hands the features of every query row to the sink."""
         if not self.feature_layers or self.feature_sink is None:
             if token_ids is None:
-                return self.runner.forward_logits(chunks, rows)
-            return self.runner.forward_logits(chunks, rows, token_ids=token_ids)
-        step = self.runner.forward(chunks, rows, token_ids=token_ids, aux_layers=self.feature_layers)
+                return self.runner.forward_logits(chunks, rows, argmax_only=argmax)
+            return self.runner.forward_logits(chunks, rows, token_ids=token_ids, argmax_only=argmax)
+        step = self.runner.forward(chunks, rows, token_ids=token_ids, aux_layers=self.feature_layers,
+                                   argmax_only=argmax)
         aux = step.aux_hidden
         self.feature_sink(sched, aux[0] if len(aux) == 1 else torch.cat(aux, dim=-1))
         return step.logits
@@ -94,7 +108,8 @@ class Executor:
                 n = len(s.spec_token_ids) + 1
                 rows.extend(range(t + s.num_new_tokens - n, t + s.num_new_tokens))
             t += s.num_new_tokens
-        logits = self._forward(sched, chunks, rows)  # [len(rows), V] float32
+        # [len(rows), V] float32
+        logits = self._forward(sched, chunks, rows, argmax=self.synthetic_acceptance_rate is None and argmax_only(sched))
 
         n = len(sched.scheduled)
         prompt_lps: list[PromptLogprobs | None] = [None] * n
@@ -197,11 +212,11 @@ class Executor:
         if feed is None:
             chunks = [SeqChunk(r.token_ids[s.start:s.start + 1], s.start, r.block_ids)
                       for s, r in zip(sched.scheduled, reqs)]
-            logits = self._forward(sched, chunks, range(len(chunks)))
+            logits = self._forward(sched, chunks, range(len(chunks)), argmax=True)
             return InflightStep.launch(sched, logits)
         if any(s.start != len(r.token_ids) or s.num_new_tokens != 1 for s, r in zip(sched.scheduled, reqs)):
             raise RuntimeError("a step fed on the device must decode one placeholder per request")
         chunks = [SeqChunk((0,), s.start, r.block_ids) for s, r in zip(sched.scheduled, reqs)]  # ids fed below
-        logits = self._forward(sched, chunks, range(len(chunks)), token_ids=feed.device_ids(reqs))
+        logits = self._forward(sched, chunks, range(len(chunks)), token_ids=feed.device_ids(reqs), argmax=True)
         return InflightStep.launch(sched, logits)
 

@@ -26,6 +26,7 @@ from tandem.loader.arch import ModelArch
 from tandem.models.forward_context import ForwardContext, KVCache, ResidualStream
 from tandem.models.layers import GatedMLP, Linear, PackedLinear, RMSNorm, Rotary, linear
 from tandem.models.quant.attach import QuantizedLinears
+from tandem.models.quant.screened_head import ScreenedHead
 from tandem.models.quant.weights import QuantizedWeight
 
 __all__ = ["Attention", "CausalLM", "DecoderLayer", "DecoderModel", "KVCache"]
@@ -147,21 +148,40 @@ class CausalLM(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:  # [V, H] (the embedding when tied)
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    lm_head_lowp: torch.Tensor | None = None  # set_lm_head_dtype's copy (CPU), not in the state dict
+    lm_head_lowp: torch.Tensor | None = None  # configure_lm_head's fp16 copy (CPU), not in the state dict
+    screened_head: ScreenedHead | None = None  # configure_lm_head's argmax path (CPU), not in the state dict
+    _head_source: QuantizedWeight | None = None  # the checkpoint's quantized head, until configure_lm_head
 
-    def set_lm_head_dtype(self, name: str) -> None:
-        """``ModelConfig.lm_head_dtype``: "float16" keeps an fp16 copy of the LM head weight (the tied
-        embedding stays float for its row lookups) for ``compute_logits`` (CPU only; docs/quantization.md)."""
+    @property
+    def _head_name(self) -> str:
+        return "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
+
+    def configure_lm_head(self, dtype: str = "auto", screen: bool = True) -> None:
+        """``ModelConfig.lm_head_dtype`` and ``RunnerConfig.screened_head``, once the weights are loaded.
+
+        "float16" keeps an fp16 copy of the head weight (the tied embedding stays float for its row
+        lookups) for ``compute_logits`` (CPU only; docs/quantization.md). "auto" keeps the model-dtype
+        head; with ``screen``, a CPU float32 model whose checkpoint shipped the head quantized (the
+        built-in GGUF's Q8_0 ``token_embd``) also gets a ``ScreenedHead`` for argmax-only rows: the
+        same argmax, several times faster (models/quant/screened_head.py)."""
+        source, self._head_source = self._head_source, None
         w = self.lm_head_weight
-        if w.device.type != "cpu":
-            raise ConfigError("lm_head_dtype", f"{name!r} is a CPU option (the model is on {w.device.type})",
-                              allowed=["auto"])
-        if name == "float16":
+        if dtype not in ("auto", "float16"):
+            raise ConfigError("lm_head_dtype", f"unknown value {dtype!r}", allowed=["auto", "float16"])
+        if dtype == "float16":
+            if w.device.type != "cpu":
+                raise ConfigError("lm_head_dtype", f"{dtype!r} is a CPU option (the model is on {w.device.type})",
+                                  allowed=["auto"])
             self.lm_head_lowp = w.detach().to(torch.float16).contiguous()
-        elif name != "auto":
-            raise ConfigError("lm_head_dtype", f"unknown value {name!r}", allowed=["auto", "float16"])
+        elif screen and source is not None and not self.arch.final_logit_softcapping:
+            self.screened_head = ScreenedHead.build(source, w.detach())
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] → [N, V] float32
+    def compute_logits(self, hidden: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
+        """[N, H] → [N, V] float32 logits. ``argmax_only``: the caller reads nothing but each row's
+        argmax (greedy rows with no logits processing or logprobs), which may then come from the
+        screened head, whose other entries are not logits."""
+        if argmax_only and self.screened_head is not None and self.lm_head_lowp is None:
+            return self.screened_head.argmax_logits(hidden)
         if self.lm_head_lowp is not None:
             # F.linear in fp16 is row-invariant on CPU (a verify row's logits are a decode's, bitwise)
             logits = F.linear(hidden.to(torch.float16), self.lm_head_lowp).float()
@@ -197,6 +217,8 @@ class CausalLM(nn.Module):
             if isinstance(tensor, QuantizedWeight):
                 if quant.add(self, name, tensor):
                     continue  # held for a packed kernel module
+                if pack_quantized and name == self._head_name:
+                    self._head_source = tensor  # for configure_lm_head's screened head (then dropped)
             parts = name.split(".")
             if len(parts) >= 3 and parts[-2] in self._PACKED:
                 shard, pname = parts[-2], parts[-1]

@@ -121,7 +121,7 @@ class GpuModelRunner:
 
     # ---- public ------------------------------------------------------------------------------
     def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
-                aux_layers: tuple[int, ...] = ()) -> StepOutput:
+                aux_layers: tuple[int, ...] = (), argmax_only: bool = False) -> StepOutput:
         """``forward_logits`` plus the features of every query row. ``aux_layers`` must be the
         runner's ``feature_layers`` (fixed at construction: the graphs compute them)."""
         if tuple(aux_layers) != self.feature_layers:
@@ -131,12 +131,13 @@ class GpuModelRunner:
         return StepOutput(logits, [] if self._features is None else [self._features])
 
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
-                       token_ids: torch.Tensor | None = None) -> torch.Tensor:
+                       token_ids: torch.Tensor | None = None, argmax_only: bool = False) -> torch.Tensor:
         """Logits [len(rows), V] float32 for flat (unpadded) query rows ``rows`` of the chunks.
 
         Bucketed steps may return a view of a graph's static output: valid until this runner's
         next forward. ``token_ids`` (device, one per single-token chunk) overwrite the chunks'
         placeholder ids on the device after the input copy: no host read of sampled tokens.
+        ``argmax_only`` changes nothing here (the screened head is a CPU path): full logits.
         """
         n = len(chunks)
         if n == 0:

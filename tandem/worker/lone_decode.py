@@ -188,9 +188,10 @@ class LoneDecoder:
             return None
         return LoneDecoder(model, kv_caches, block_size, fn)
 
-    def logits(self, tokens: Sequence[int], start: int, block_ids: Sequence[int]) -> torch.Tensor:
+    def logits(self, tokens: Sequence[int], start: int, block_ids: Sequence[int],
+               argmax_only: bool = False) -> torch.Tensor:
         """float32 logits [t, V] of ``tokens`` (t ≤ MAX_ROWS) at positions ``start ..`` (their KV is
-        written to their slots)."""
+        written to their slots); ``argmax_only``: as ``CausalLM.compute_logits``."""
         if torch._C._jit_can_fuse_on_cpu():  # a fuser could reorder float ops: not the eager bits
             raise RuntimeError("LoneDecoder needs TorchScript's CPU fuser off")
         bs, t = self.block_size, len(tokens)
@@ -220,4 +221,4 @@ class LoneDecoder:
                         self.eps, self.heads, self.kv_heads, self.head_dim, self.inter, self.scale, one_thread)
         finally:
             torch.set_num_threads(threads)
-        return self.model.compute_logits(self.final_norm.forward(x))
+        return self.model.compute_logits(self.final_norm.forward(x), argmax_only)

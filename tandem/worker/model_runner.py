@@ -42,12 +42,12 @@ class TorchRunner:
         self._lone: LoneDecoder | None | bool = None if (script and device.type == "cpu" and not batch_invariant) else False
 
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
-                       token_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.forward(chunks, rows, token_ids).logits
+                       token_ids: torch.Tensor | None = None, argmax_only: bool = False) -> torch.Tensor:
+        return self.forward(chunks, rows, token_ids, argmax_only=argmax_only).logits
 
     @torch.inference_mode()
     def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
-                aux_layers: tuple[int, ...] = ()) -> StepOutput:
+                aux_layers: tuple[int, ...] = (), argmax_only: bool = False) -> StepOutput:
         """Run the chunks; return logits [len(rows), V] for flat query rows ``rows``, and for *every*
         query row the hidden states entering each layer of ``aux_layers`` (the EAGLE-3 hook; id
         ``num_layers`` means the final post-norm hidden state, what EAGLE-1 heads read).
@@ -67,7 +67,7 @@ class TorchRunner:
                 self._lone = LoneDecoder.build(self.model, self.kv_caches, self.block_size) or False
             if self._lone:
                 c = chunks[0]
-                return StepOutput(self._lone.logits(c.token_ids, c.start, c.block_ids), [])
+                return StepOutput(self._lone.logits(c.token_ids, c.start, c.block_ids, argmax_only), [])
         vocab = self.model.arch.vocab_size
         if not chunks:
             return StepOutput(torch.empty((0, vocab), dtype=torch.float32, device=self.device), [])
@@ -86,7 +86,7 @@ class TorchRunner:
         if self.invariant and hidden.shape[0] > 1:
             logits = torch.cat([self.model.compute_logits(hidden[i:i + 1]) for i in range(hidden.shape[0])])
         else:
-            logits = self.model.compute_logits(hidden)
+            logits = self.model.compute_logits(hidden, argmax_only)
         return StepOutput(logits, aux)
 
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:

@@ -28,17 +28,19 @@ class ModelRunner(Protocol):
     device: torch.device
 
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
-                       token_ids: torch.Tensor | None = None) -> torch.Tensor:
+                       token_ids: torch.Tensor | None = None, argmax_only: bool = False) -> torch.Tensor:
         """Float32 logits [len(rows), V] for flat query rows ``rows`` of the chunks.
 
         ``token_ids`` ([len(chunks)] int64 on the device), for chunks of one token each: run these
         tokens instead of the chunks' own placeholders (tokens sampled on the device, never read on
-        the host). The result may be a view valid until this runner's next forward.
+        the host). ``argmax_only``: the caller reads only each row's argmax, so the rows may come from
+        a faster head whose other entries are not logits (``CausalLM.compute_logits``). The result may
+        be a view valid until this runner's next forward.
         """
         ...
 
     def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
-                aux_layers: tuple[int, ...] = ()) -> StepOutput:
+                aux_layers: tuple[int, ...] = (), argmax_only: bool = False) -> StepOutput:
         """``forward_logits`` plus, for every query row, the hidden states entering each layer of
         ``aux_layers`` (id ``num_layers``: the final post-norm hidden state) — what EAGLE heads read."""
         ...

@@ -51,11 +51,11 @@ def test_soak_1000_mixed_requests(tmp_path):
     assert eng.num_blocks == 48 and eng.scheduler.prefix_cache.enabled
     forward = eng.runner.forward_logits
 
-    def checked_forward(chunks, rows):  # target KV is only ever written into blocks held alone
+    def checked_forward(chunks, rows, **kw):  # target KV is only ever written into blocks held alone
         for c in chunks:
             for b in {c.block_ids[p // eng.block_size] for p in range(c.start, c.start + len(c.token_ids))}:
                 assert pool.ref_counts[b] == 1 and pool.block_hash(b) is None
-        return forward(chunks, rows)
+        return forward(chunks, rows, **kw)
 
     eng.runner.forward_logits = checked_forward
     rng = random.Random(1)

@@ -349,12 +349,12 @@ def check_target_writes(engine) -> None:
     runner, pool, bs = engine.runner, engine.pool, engine.block_size
     inner = runner.forward_logits
 
-    def checked(chunks, rows):
+    def checked(chunks, rows, **kw):
         for c in chunks:
             for p in range(c.start, c.start + len(c.token_ids)):
                 b = c.block_ids[p // bs]
                 assert pool.ref_counts[b] == 1 and pool.block_hash(b) is None, f"shared write to block {b}"
-        return inner(chunks, rows)
+        return inner(chunks, rows, **kw)
 
     runner.forward_logits = checked
 

@@ -71,4 +71,5 @@ def test_greedy_output_identical_with_and_without_speculation(model_dir, quantiz
 def test_without_the_mode_float_rows_differ(model_dir):
     """The control: the default float path's multi-row matmuls do not round like 1-row products."""
     llm = make_llm(model_dir, quantization="none", kv_cache_memory_bytes=32 << 20)
-    assert _step_rows_vs_lone_decodes(llm) != (True, True)
+    if _step_rows_vs_lone_decodes(llm) == (True, True):  # seen on a Xeon (AVX-512) box, 2026-12-02
+        pytest.skip("this CPU's BLAS rounds these multi-row matmuls like 1-row products: no control here")

@@ -23,6 +23,7 @@ from torch import nn
 from tandem.models.quant.weights import QuantizedWeight
 
 KERNEL_GROUPS = (256, 128, 64, 32)
+PACK_ROWS = 4096  # rows packed at a time (a multiple of the kernel's 64-row blocks: the same bytes as at once)
 _aten = torch.ops.aten
 
 
@@ -32,6 +33,32 @@ def kernel_group(qw: QuantizedWeight) -> int | None:
     if n % 16:
         return None
     return next((g for g in KERNEL_GROUPS if qw.group % g == 0 and k % g == 0), None)
+
+
+def plane_affine(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The kernel's float32 scale and zero per plane group, [N, K·planes / G] each (before they are
+    rounded to bf16), and the per-group shift ``c`` of the hi plane's codes (None for one plane)."""
+    s, o = qw.scale, qw.offset
+    if qw.bits <= 4:
+        return s, o + 8 * s, None
+    # hi plane: codes hi + c, scale 16·s, zero 0 -> 16·s·hi + 16·s·(c − 8); lo plane: scale s,
+    # zero o + (136 − 16·c)·s. c (per group, keeping hi + c ≤ 15) brings the lo zero within
+    # ±8·s, where bf16 rounds it like a 4-bit format's (Q8_0, Q5_0: exactly 8·s / −8·s).
+    hi_max = (1 << (qw.bits - 4)) - 1
+    ratio = torch.where(s != 0, o / torch.where(s != 0, s, torch.ones_like(s)), torch.zeros_like(s))
+    c = ((ratio + 136) / 16).round().clamp(0, 15 - hi_max)
+    return torch.cat([16 * s, s], dim=1), torch.cat([torch.zeros_like(o), o + (136 - 16 * c) * s], dim=1), c
+
+
+def kernel_planes(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """What the kernel is given for ``qw`` (already at its kernel group, ``qw.with_group``): 4-bit codes
+    [N, K·planes] (uint8, 0..15), float32 scale and zero [N, K·planes / G] (``plane_affine``; rounded
+    to bf16 when stored), and the number of planes (1 for ≤ 4 bits; 2 for 5–8 bits, the input fed twice)."""
+    scale, zero, c = plane_affine(qw)
+    if c is None:
+        return qw.codes, scale, zero, 1
+    hi = (qw.codes >> 4) + c.to(torch.uint8).repeat_interleave(qw.group, 1)
+    return torch.cat([hi, qw.codes & 15], dim=1), scale, zero, 2
 
 
 class Int4PackLinear(nn.Module):
@@ -46,28 +73,17 @@ class Int4PackLinear(nn.Module):
             raise ValueError(f"{qw.source} {qw.shape} (group {qw.group}) does not fit int4pack")
         qw = qw.with_group(group)
         n, k = qw.shape
-        s, o = qw.scale, qw.offset
-        if qw.bits <= 4:
-            codes, scale, zero = qw.codes, s, o + 8 * s
-            self.planes = 1
-        else:
-            # hi plane: codes hi + c, scale 16·s, zero 0 -> 16·s·hi + 16·s·(c − 8); lo plane: scale s,
-            # zero o + (136 − 16·c)·s. c (per group, keeping hi + c ≤ 15) brings the lo zero within
-            # ±8·s, where bf16 rounds it like a 4-bit format's (Q8_0, Q5_0: exactly 8·s / −8·s).
-            hi_max = (1 << (qw.bits - 4)) - 1
-            ratio = torch.where(s != 0, o / torch.where(s != 0, s, torch.ones_like(s)), torch.zeros_like(s))
-            c = ((ratio + 136) / 16).round().clamp(0, 15 - hi_max)
-            hi = (qw.codes >> 4) + c.to(torch.uint8).repeat_interleave(group, 1)
-            codes = torch.cat([hi, qw.codes & 15], dim=1)
-            scale = torch.cat([16 * s, s], dim=1)
-            zero = torch.cat([torch.zeros_like(o), o + (136 - 16 * c) * s], dim=1)
-            self.planes = 2
+        packed, scale_zeros = [], []
+        for r0 in range(0, n, PACK_ROWS):  # in row blocks: the int32 codes of a 49152-row head are 226 MB
+            part = qw if n <= PACK_ROWS else qw.map_rows(lambda t, r=r0: t[r:r + PACK_ROWS])
+            codes, scale, zero, self.planes = kernel_planes(part)
+            packed.append(_aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 2))
+            scale_zeros.append(torch.stack([scale, zero], -1).to(torch.bfloat16))
         self.in_features, self.out_features, self.group = k, n, group
         self.source = qw.source
-        self.register_buffer("packed", _aten._convert_weight_to_int4pack_for_cpu(
-            codes.to(torch.int32).contiguous(), 2))
-        self.register_buffer("scale_zeros", torch.stack([scale, zero], -1).transpose(0, 1)
-                             .contiguous().to(torch.bfloat16))  # [K·planes / G, N, 2]
+        self.register_buffer("packed", torch.cat(packed) if len(packed) > 1 else packed[0])
+        # [K·planes / G, N, 2]
+        self.register_buffer("scale_zeros", torch.cat(scale_zeros).transpose(0, 1).contiguous())
         self.register_buffer("perm", qw.perm)
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
         self.lowp = bias is None  # forward_lowp is the whole product (torch_kernels.py)

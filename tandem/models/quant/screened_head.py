@@ -1,0 +1,146 @@
+"""Greedy LM-head argmax from the checkpoint's quantized head, confirmed exactly (CPU).
+
+A batch-1 decode step of the built-in SmolLM2 spends most of its time in the float32 LM head: a
+49152 × 576 matrix, 113 MB read per token (docs/performance.md §21). The GGUF ships that matrix as
+Q8_0 (the tied ``token_embd``), 28 MB in the int4pack kernel's two-plane form. For a row that only
+needs its argmax (greedy, nothing applied to the logits, no logprobs: ``Executor`` decides), the
+:class:`ScreenedHead` *screens* with the packed head and *confirms* exactly:
+
+1. ``ỹ = int4pack(x)``: approximate logits (bf16 activations and output, bf16 scales; ~2.8 ms
+   instead of ~15 ms on the 2-core CPU of §21);
+2. a rigorous bound ``|ỹ_i − y_i| ≤ ε_i`` on the difference from the exact logit ``y_i = w_i · x``
+   of the float32 weight (below);
+3. every token that could be the maximum, ``ỹ_i + ε_i ≥ max_j (ỹ_j − ε_j) − δ``, is recomputed exactly
+   (float64 products and sum, rounded to float32: the correctly rounded logit) — typically 1–3 of
+   49152 tokens; all the others are set to ``-inf``.
+
+The returned row's argmax is the argmax of the exact logits: a non-candidate's exact logit is below
+the bound of the best lower bound by more than ``δ`` (a few float32 ulps), so it can neither exceed
+nor tie a candidate's. The values of non-candidates are not logits: callers ask only for argmax rows.
+
+**The bound** (per vocabulary row ``i``, per hidden row ``x``; ``x̃ = bf16(x)``, ``w̃`` the weight
+the kernel forms, ``ŵ = (code − 8)·s + z`` in exact arithmetic from the bf16 ``s``, ``z`` it reads):
+
+    |ỹ − y| ≤ |ỹ − acc|                     output rounded fp32 → bf16        ≤ 2^-7·|ỹ_i|
+            + |acc − w̃·x̃|                   fp32 accumulation of K·P terms    ≤ γ_{KP}·A_i·‖x̃‖
+            + |w̃·(x̃ − x)|                   activations rounded to bf16       ≤ B_i·‖x − x̃‖
+            + |(w̃ − w)·x|                   bf16 scales, dequantize rounding  ≤ E_i·‖x‖
+
+with ``E_i = ‖|Σ_p ŵ_p − w| + Σ_p r_p‖``, ``r = 2u(|ŵ| + |z| + 8|s|)`` covering the kernel's
+dequantize rounding (one FMA on AVX-512, two on AVX2), ``B_i = ‖w_i‖ + E_i``,
+``A_i = Σ_p ‖|ŵ_p| + r_p‖`` (Cauchy–Schwarz throughout; ``P`` planes, ``u = 2^-24``). It assumes what
+``aten._weight_int4pack_mm_for_cpu`` does on x86 (float32 dequantization and FMA accumulation, bf16
+output): :meth:`ScreenedHead.build` checks it on random rows against float64 and declines (the
+float head stays in use) if any product breaks it; ``tests/quant/test_screened_head.py`` checks it
+on adversarial rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import torch
+
+from tandem.models.quant.int4pack import Int4PackLinear, kernel_group, plane_affine
+from tandem.models.quant.weights import QuantizedWeight
+
+logger = logging.getLogger("tandem")
+
+U32 = 2.0 ** -24  # float32 unit roundoff
+OUT_ROUND = 2.0 ** -7  # |ỹ − acc| / |ỹ|: bf16 rounding (2^-9) with room for a truncating conversion
+SLACK = 1.0 + 2.0 ** -16  # covers the float32 arithmetic of the bound itself
+CHECK_ROWS = 4  # random hidden rows the build checks the bound on ...
+CHECK_VOCAB = 4096  # ... over this many vocabulary rows (a float64 product of the whole head is 226 MB)
+
+
+class ScreenedHead:
+    """The argmax of ``x @ weight^T`` per row, screened through a packed copy of the head."""
+
+    def __init__(self, packed: Int4PackLinear, weight: torch.Tensor, bound: torch.Tensor) -> None:
+        self.packed = packed
+        self.weight = weight  # float32 [V, H]: the exact head (the model's own parameter, not a copy)
+        self.bound = bound  # float32 [3, V]: E, B, γ·A (see the module docstring)
+
+    @staticmethod
+    def build(qw: QuantizedWeight, weight: torch.Tensor) -> ScreenedHead | None:
+        """A screened head for ``weight`` (float32, CPU: the dequantized ``qw``), or None when the
+        packed kernel cannot hold ``qw`` or fails the bound on random rows."""
+        if (weight.device.type != "cpu" or weight.dtype != torch.float32 or tuple(weight.shape) != qw.shape
+                or qw.perm is not None or kernel_group(qw) is None):
+            return None
+        qw = qw.with_group(kernel_group(qw))  # type: ignore[arg-type]
+        packed = Int4PackLinear(qw, None)
+        head = ScreenedHead(packed, weight, _bound(qw, weight, packed))
+        if not head.check(torch.Generator().manual_seed(0)):
+            logger.warning("LM head screening disabled: the int4pack kernel broke its error bound here")
+            return None
+        return head
+
+    def nbytes(self) -> int:
+        return self.packed.nbytes() + self.bound.numel() * self.bound.element_size()
+
+    def approximate(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ỹ, ε) [N, V] float32 for hidden [N, H] float32: |ỹ − x·w| ≤ ε elementwise."""
+        approx = self.packed.forward_lowp(hidden).float()
+        x = hidden.double()
+        xt = hidden.to(torch.bfloat16).double()
+        norms = torch.stack([x.norm(dim=1), (x - xt).norm(dim=1), xt.norm(dim=1)], dim=1)  # [N, 3]
+        eps = (norms.float() * SLACK) @ self.bound  # E·‖x‖ + B·‖x − x̃‖ + γA·‖x̃‖
+        eps.add_(approx.abs(), alpha=OUT_ROUND).mul_(SLACK)
+        return approx, eps
+
+    def argmax_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, V] float32 whose row argmax is the argmax of the exact logits: candidates hold their
+        correctly rounded logit, every other token ``-inf``."""
+        if not bool(torch.isfinite(hidden).all()):
+            return hidden @ self.weight.t()  # nothing to bound: the plain float head
+        approx, eps = self.approximate(hidden)
+        best_low = (approx - eps).amax(dim=1, keepdim=True)
+        margin = best_low.abs().mul(2.0 ** -18).add_(2.0 ** -60)  # δ: room for float32 rounding, see above
+        rows, cols = torch.nonzero(approx + eps >= best_low - margin, as_tuple=True)
+        exact = (self.weight.index_select(0, cols).double() * hidden.double().index_select(0, rows)).sum(1)
+        out = torch.full(approx.shape, float("-inf"), dtype=torch.float32)
+        out[rows, cols] = exact.float()
+        return out
+
+    def check(self, gen: torch.Generator) -> bool:
+        """The bound holds for random rows (hidden-state-sized norms) against float64 products."""
+        h = self.weight.shape[1]
+        x = torch.randn(CHECK_ROWS, h, generator=gen) * (torch.rand(CHECK_ROWS, 1, generator=gen) * 4 + 0.5)
+        approx, eps = self.approximate(x)
+        rows = slice(0, CHECK_VOCAB)
+        exact = x.double() @ self.weight[rows].double().t()
+        return bool(((approx[:, rows].double() - exact).abs() <= eps[:, rows].double()).all())
+
+
+def _bound(qw: QuantizedWeight, weight: torch.Tensor, packed: Int4PackLinear) -> torch.Tensor:
+    """[3, V] float32 (E, B, γ·A), rounded up, from per-group quantities only (no pass over the codes):
+    every code of a plane is within 8 of the kernel's centre 8, so one bound ``δ_g`` covers every
+    element of a group g and ``‖e_i‖ ≤ sqrt(G · Σ_g δ_g²)``. Per plane p of a group (``S``, ``Z``: the
+    bf16 scale and zero the kernel reads; ``s_p``, ``z_p``: their float32 values before rounding):
+
+        δ_g = Σ_p [8·|S − s_p| + |Z − z_p|            bf16 scales and zeros
+                   + 2u·(16·|S| + 2·|Z|)]             the kernel's dequantize rounding
+              + u·(|(136 − 16c)·s| + |z_lo|)·2         float32 rounding of the planes' zero (plane_affine)
+              + 2.02·u·(c_max·|s| + |o|)              float32 rounding of the dequantized weight"""
+    n, k = qw.shape
+    g, planes = qw.group, packed.planes
+    d = torch.float64
+    s, o = qw.scale.to(d), qw.offset.to(d)
+    scale, zero, shift = (t.to(d) if t is not None else None for t in plane_affine(qw))
+    sz = packed.scale_zeros.to(d)  # [K·P / G, N, 2]: exactly what the kernel reads
+    big_s, big_z = sz[..., 0].t(), sz[..., 1].t()  # [N, K·P / G]
+    ngroups = k // g
+    per_plane = 8 * (big_s - scale).abs() + (big_z - zero).abs() + 2 * U32 * (16 * big_s.abs() + 2 * big_z.abs())
+    delta = per_plane.view(n, planes, ngroups).sum(1)
+    zlo = zero.view(n, planes, ngroups)[:, -1]
+    mult = (136 - 16 * shift).abs() * s.abs() if shift is not None else 8 * s.abs()
+    delta += 2 * U32 * (mult + zlo.abs())
+    delta += 2.02 * U32 * (((1 << qw.bits) - 1) * s.abs() + o.abs())
+    out = torch.empty(3, n, dtype=d)
+    out[0] = (g * delta.square().sum(1)).sqrt()
+    out[1] = weight.to(d).norm(dim=1) + out[0]
+    mag = 8 * big_s.abs() + big_z.abs() + 2 * U32 * (16 * big_s.abs() + 2 * big_z.abs())
+    out[2] = (g * mag.square().view(n, planes, ngroups).sum(2)).sqrt().sum(1)
+    terms = k * planes
+    out[2] *= terms * U32 / (1 - terms * U32)  # γ_{K·P}
+    return (out * SLACK).float()
