@@ -29,6 +29,7 @@ from tandem.config.runner import with_debug_overrides
 from tandem.config.speculative import EAGLE_METHODS, validate_against_target
 from tandem.engine.detokenizer import NO_TEXT, fast_decoder
 from tandem.engine.model_loader import build_model
+from tandem.loader.memory import return_free_memory
 from tandem.engine.stats import EngineStats
 from tandem.errors import ConfigError
 from tandem.kv.block_pool import BlockPool
@@ -86,11 +87,13 @@ def build_engine(config: EngineConfig) -> EngineParts:
     generator = torch.Generator(device=device)
     generator.manual_seed(model_cfg.seed)
     quant = resolve_quantization(model_cfg.quantization, ckpt, device)
-    model = build_model(arch, ckpt.weights(packed=quant is not None), dtype, device, max_model_len, quant,
-                        named=model_cfg.quantization is not None, lm_head_dtype=model_cfg.lm_head_dtype,
-                        screen_head=runner_cfg.screened_head)
-    # After the weights: the load's temporaries are gone before the tokenizer's ~50 MB arrive (peak RSS).
+    # Before the weights: loading the tokenizer passes through ~50 MB that it gives back (peak RSS: the
+    # built-in GGUF's 557 MB after the weights, 513 MB before them; docs/quantization.md).
     tokenizer = None if model_cfg.skip_tokenizer_init else ckpt.load_tokenizer()  # None: token-id prompts only
+    if device.type == "cpu":
+        return_free_memory()
+    model = build_model(arch, ckpt.weights(packed=quant is not None), dtype, device, max_model_len, quant,
+                        named=model_cfg.quantization is not None, lm_head_dtype=model_cfg.lm_head_dtype)
     eos = set(arch.eos_token_ids)
     if getattr(tokenizer, "eos_token_id", None) is not None:
         eos.add(int(tokenizer.eos_token_id))
@@ -174,6 +177,12 @@ def build_engine(config: EngineConfig) -> EngineParts:
     sizes = [b for b in (1, 2, 4, 8) if b <= sched_cfg.max_num_seqs]
     for r in runners:
         r.warm_up(sizes, range(1, k + 2))
+    if (runner_cfg.screened_head and device.type == "cpu" and quant is not None
+            and not model_cfg.batch_invariant and model.screen_lm_head()):
+        # Last, at the settled RSS: the screened head's build temporaries do not raise the load's peak.
+        # Only with packed layers (the quantized CPU default); `quantization="none"` stays the plain
+        # float path whose tokens are compared with HF's.
+        return_free_memory()
     scheduler = Scheduler(pool, block_size, sched_cfg.token_budget(k), sched_cfg.max_num_seqs, max_model_len,
                           lookahead=lookahead, enable_prefix_caching=cache.enable_prefix_caching)
     return EngineParts(

@@ -27,13 +27,12 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 def build_model(arch: ModelArch, weights: Iterator[tuple[str, torch.Tensor | QuantizedWeight]], dtype: torch.dtype,
                 device: torch.device, max_positions: int, quantization: str | None = None,
-                named: bool = False, lm_head_dtype: str = "auto", screen_head: bool = False) -> CausalLM:
+                named: bool = False, lm_head_dtype: str = "auto") -> CausalLM:
     """``quantization`` (resolved, ``loader/checkpoint.resolve_quantization``): quantized checkpoint
     weights arrive as QuantizedWeight and are packed on the CPU, and on CUDA when the user ``named``
     the quantization (W4, ``models/quant/cuda_w4.py``: opt-in until measured on the GPU); otherwise
     they are dequantized to ``dtype``. ``int8`` / ``int4`` quantize the float linears after loading.
-    ``lm_head_dtype`` / ``screen_head``: ``CausalLM.configure_lm_head`` (ModelConfig.lm_head_dtype,
-    RunnerConfig.screened_head)."""
+    ``lm_head_dtype``: ``CausalLM.configure_lm_head`` (ModelConfig.lm_head_dtype)."""
     with _default_dtype(dtype), torch.device(device):
         model = CausalLM(arch, max_positions)
     # On CUDA, dummy weights are drawn on the device in the model dtype (no host round trip).
@@ -43,7 +42,7 @@ def build_model(arch: ModelArch, weights: Iterator[tuple[str, torch.Tensor | Qua
                             for name, t in weights), pack_quantized=torch.device(device).type == "cpu" or named)
     if quantization in ON_THE_FLY:
         quantize_linears(model, quantization)
-    model.configure_lm_head(lm_head_dtype, screen=screen_head)
+    model.configure_lm_head(lm_head_dtype)
     if torch.device(device).type == "cpu":
         return_free_memory()  # the load's temporaries (SmolLM2 GGUF: ~300 MB of RSS)
     return model.eval()

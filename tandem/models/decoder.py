@@ -149,22 +149,12 @@ class CausalLM(nn.Module):
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     lm_head_lowp: torch.Tensor | None = None  # configure_lm_head's fp16 copy (CPU), not in the state dict
-    screened_head: ScreenedHead | None = None  # configure_lm_head's argmax path (CPU), not in the state dict
-    _head_source: QuantizedWeight | None = None  # the checkpoint's quantized head, until configure_lm_head
+    screened_head: ScreenedHead | None = None  # screen_lm_head's argmax path (CPU), not in the state dict
 
-    @property
-    def _head_name(self) -> str:
-        return "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
-
-    def configure_lm_head(self, dtype: str = "auto", screen: bool = True) -> None:
-        """``ModelConfig.lm_head_dtype`` and ``RunnerConfig.screened_head``, once the weights are loaded.
-
-        "float16" keeps an fp16 copy of the head weight (the tied embedding stays float for its row
-        lookups) for ``compute_logits`` (CPU only; docs/quantization.md). "auto" keeps the model-dtype
-        head; with ``screen``, a CPU float32 model whose checkpoint shipped the head quantized (the
-        built-in GGUF's Q8_0 ``token_embd``) also gets a ``ScreenedHead`` for argmax-only rows: the
-        same argmax, several times faster (models/quant/screened_head.py)."""
-        source, self._head_source = self._head_source, None
+    def configure_lm_head(self, dtype: str = "auto") -> None:
+        """``ModelConfig.lm_head_dtype``, once the weights are loaded: "float16" keeps an fp16 copy of
+        the head weight (the tied embedding stays float for its row lookups) for ``compute_logits``
+        (CPU only; docs/quantization.md); "auto" keeps the model-dtype head."""
         w = self.lm_head_weight
         if dtype not in ("auto", "float16"):
             raise ConfigError("lm_head_dtype", f"unknown value {dtype!r}", allowed=["auto", "float16"])
@@ -173,8 +163,14 @@ class CausalLM(nn.Module):
                 raise ConfigError("lm_head_dtype", f"{dtype!r} is a CPU option (the model is on {w.device.type})",
                                   allowed=["auto"])
             self.lm_head_lowp = w.detach().to(torch.float16).contiguous()
-        elif screen and source is not None and not self.arch.final_logit_softcapping:
-            self.screened_head = ScreenedHead.build(source, w.detach())
+            self.screened_head = None
+
+    def screen_lm_head(self) -> bool:
+        """Give argmax-only rows a ``ScreenedHead`` (models/quant/screened_head.py) over the float32
+        head weight, on the CPU: the same argmax, several times faster. Returns whether it applies."""
+        if self.lm_head_lowp is None and not self.arch.final_logit_softcapping:
+            self.screened_head = ScreenedHead.build(self.lm_head_weight.detach())
+        return self.screened_head is not None
 
     def compute_logits(self, hidden: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
         """[N, H] → [N, V] float32 logits. ``argmax_only``: the caller reads nothing but each row's
@@ -217,8 +213,6 @@ class CausalLM(nn.Module):
             if isinstance(tensor, QuantizedWeight):
                 if quant.add(self, name, tensor):
                     continue  # held for a packed kernel module
-                if pack_quantized and name == self._head_name:
-                    self._head_source = tensor  # for configure_lm_head's screened head (then dropped)
             parts = name.split(".")
             if len(parts) >= 3 and parts[-2] in self._PACKED:
                 shard, pname = parts[-2], parts[-1]

@@ -16,13 +16,14 @@ from tandem import SamplingParams
 from tandem.config import RunnerConfig
 from tandem.engine.executor import argmax_only
 from tandem.models.quant.screened_head import ScreenedHead
-from tandem.models.quant.weights import QuantizedWeight
+from tandem.models.quant.weights import QuantizedWeight, quantize_float
 
 
 def q8_0(n: int, k: int, seed: int) -> QuantizedWeight:
     """A Q8_0-shaped weight as the GGUF loader gives it: codes q + 128, fp16 scales d, offset −128·d."""
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(1, 256, (n, k), generator=g, dtype=torch.int32).to(torch.uint8)
+    codes[:, ::32] = 255  # q = 127 in every block, as Q8_0's d = max|w| / 127 makes it
     d = (torch.rand(n, k // 32, generator=g) * 0.02 + 1e-3).half().float()
     return QuantizedWeight(codes, d, -128 * d, 32, 8, "Q8_0")
 
@@ -50,7 +51,7 @@ def hidden_rows(k: int, seed: int) -> torch.Tensor:
 def test_bound_holds_and_argmax_is_exact(make):
     qw = make(1024, 256, 0)
     w = qw.dequantize()
-    head = ScreenedHead.build(qw, w)
+    head = ScreenedHead.build(w)
     assert head is not None
     x = hidden_rows(256, 1)
     approx, eps = head.approximate(x)
@@ -75,7 +76,7 @@ def test_near_ties_below_bf16_resolution_are_resolved_exactly():
     scale[100] = scale[40]
     qw = QuantizedWeight(codes, scale, -128 * scale, 32, 8, "Q8_0")
     w = qw.dequantize()
-    head = ScreenedHead.build(qw, w)
+    head = ScreenedHead.build(w)
     g = torch.Generator().manual_seed(4)
     for sign in (1.0, -1.0):
         x = (w[40] / w[40].norm() * 40 + torch.randn(128, generator=g) * 0.1)[None]  # rows 40, 100 on top
@@ -88,7 +89,7 @@ def test_near_ties_below_bf16_resolution_are_resolved_exactly():
 
 def test_rows_do_not_depend_on_the_batch():
     qw = q8_0(768, 256, 5)
-    head = ScreenedHead.build(qw, qw.dequantize())
+    head = ScreenedHead.build(qw.dequantize())
     x = hidden_rows(256, 6)
     together = head.argmax_logits(x)
     alone = torch.cat([head.argmax_logits(x[i:i + 1]) for i in range(x.shape[0])])
@@ -98,7 +99,7 @@ def test_rows_do_not_depend_on_the_batch():
 def test_non_finite_hidden_falls_back_to_the_float_head():
     qw = q8_0(256, 128, 7)
     w = qw.dequantize()
-    head = ScreenedHead.build(qw, w)
+    head = ScreenedHead.build(w)
     x = torch.randn(2, 128)
     x[1, 3] = float("nan")
     out = head.argmax_logits(x)
@@ -106,10 +107,24 @@ def test_non_finite_hidden_falls_back_to_the_float_head():
 
 
 def test_build_declines_what_the_kernel_cannot_hold():
-    qw = q8_0(100, 128, 8)  # rows not a multiple of 16
-    assert ScreenedHead.build(qw, qw.dequantize()) is None
-    qw = q8_0(256, 128, 8)
-    assert ScreenedHead.build(qw, qw.dequantize().double()) is None  # not a float32 head
+    assert ScreenedHead.build(q8_0(100, 128, 8).dequantize()) is None  # rows not a multiple of 16
+    assert ScreenedHead.build(torch.randn(256, 100)) is None  # K not a multiple of 32
+    assert ScreenedHead.build(q8_0(256, 128, 8).dequantize().double()) is None  # not a float32 head
+
+
+def test_a_q8_0_head_is_reproduced_exactly_and_a_float_head_is_bounded():
+    """The 8-bit requantization gives back a Q8_0 head's own codes (no rounding left to bound); a
+    plain float head gets its rounding into the bound, and its argmax is still exact."""
+    qw = q8_0(512, 256, 9)
+    again = quantize_float(qw.dequantize(), 8, 32, True, "x")
+    assert torch.equal(again.codes, qw.codes) and torch.equal(again.scale, qw.scale)
+    w = torch.randn(512, 256) * 0.05
+    fhead = ScreenedHead.build(w)
+    x = hidden_rows(256, 10)
+    exact = x.double() @ w.double().t()
+    approx, eps = fhead.approximate(x)
+    assert ((approx.double() - exact).abs() <= eps.double()).all()
+    assert torch.equal(fhead.argmax_logits(x).argmax(1), exact.float().argmax(1))
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +141,8 @@ def test_engine_tokens_match_the_float_head(q8_gguf):
     off = make_llm(q8_gguf, skip_tokenizer_init=True, runner_config=RunnerConfig(screened_head=False))
     model = on.engine.executor.runner.model
     assert model.screened_head is not None and off.engine.executor.runner.model.screened_head is None
+    exact = make_llm(q8_gguf, skip_tokenizer_init=True, quantization="none")  # the plain float path
+    assert exact.engine.executor.runner.model.screened_head is None
     prompts = [{"prompt_token_ids": p} for p in random_prompts(6, 512, seed=2)]
     for batch in (prompts[:1], prompts):
         assert tokens_of(on.generate(batch, greedy(32), use_tqdm=False)) == \

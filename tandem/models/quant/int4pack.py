@@ -17,13 +17,15 @@ and activations are rounded to bf16. Both are measured in docs/quantization.md. 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from tandem.models.quant.weights import QuantizedWeight
 
 KERNEL_GROUPS = (256, 128, 64, 32)
-PACK_ROWS = 4096  # rows packed at a time (a multiple of the kernel's 64-row blocks: the same bytes as at once)
+PACK_ROWS = 256  # rows packed at a time (a multiple of the kernel's 64-row blocks: the same bytes as at once)
 _aten = torch.ops.aten
 
 
@@ -66,24 +68,34 @@ class Int4PackLinear(nn.Module):
 
     kernel = "int4pack"
 
-    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None) -> None:
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None,
+                 blocks: Callable[[int, int], QuantizedWeight] | None = None) -> None:
+        """``blocks(r0, r1)``: the rows ``r0:r1`` of ``qw``, made on demand (default: slices of ``qw``),
+        so a caller can pack a large matrix without holding all of its codes."""
         super().__init__()
         group = kernel_group(qw)
         if group is None:
             raise ValueError(f"{qw.source} {qw.shape} (group {qw.group}) does not fit int4pack")
         qw = qw.with_group(group)
         n, k = qw.shape
-        packed, scale_zeros = [], []
+        self.planes = 1 if qw.bits <= 4 else 2
+        kp = k * self.planes
+        # Outputs first, then the blocks' temporaries (the heap reuses them block after block).
+        packed = torch.empty((n, kp // 2), dtype=torch.uint8)  # the CPU layout: [N, K·planes / 2] bytes
+        scale_zeros = torch.empty((kp // group, n, 2), dtype=torch.bfloat16)
         for r0 in range(0, n, PACK_ROWS):  # in row blocks: the int32 codes of a 49152-row head are 226 MB
-            part = qw if n <= PACK_ROWS else qw.map_rows(lambda t, r=r0: t[r:r + PACK_ROWS])
-            codes, scale, zero, self.planes = kernel_planes(part)
-            packed.append(_aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 2))
-            scale_zeros.append(torch.stack([scale, zero], -1).to(torch.bfloat16))
+            if blocks is not None:
+                part = blocks(r0, min(n, r0 + PACK_ROWS)).with_group(group)
+            else:
+                part = qw if n <= PACK_ROWS else qw.map_rows(lambda t, r=r0: t[r:r + PACK_ROWS])
+            codes, scale, zero, _ = kernel_planes(part)
+            rows = slice(r0, r0 + len(codes))
+            packed[rows] = _aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 2)
+            scale_zeros[:, rows] = torch.stack([scale, zero], -1).transpose(0, 1)
         self.in_features, self.out_features, self.group = k, n, group
         self.source = qw.source
-        self.register_buffer("packed", torch.cat(packed) if len(packed) > 1 else packed[0])
-        # [K·planes / G, N, 2]
-        self.register_buffer("scale_zeros", torch.cat(scale_zeros).transpose(0, 1).contiguous())
+        self.register_buffer("packed", packed)
+        self.register_buffer("scale_zeros", scale_zeros)  # [K·planes / G, N, 2], bf16
         self.register_buffer("perm", qw.perm)
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
         self.lowp = bias is None  # forward_lowp is the whole product (torch_kernels.py)

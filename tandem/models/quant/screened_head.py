@@ -1,13 +1,14 @@
 """Greedy LM-head argmax from the checkpoint's quantized head, confirmed exactly (CPU).
 
 A batch-1 decode step of the built-in SmolLM2 spends most of its time in the float32 LM head: a
-49152 × 576 matrix, 113 MB read per token (docs/performance.md §21). The GGUF ships that matrix as
-Q8_0 (the tied ``token_embd``), 28 MB in the int4pack kernel's two-plane form. For a row that only
-needs its argmax (greedy, nothing applied to the logits, no logprobs: ``Executor`` decides), the
-:class:`ScreenedHead` *screens* with the packed head and *confirms* exactly:
+49152 × 576 matrix, 113 MB read per token (docs/performance.md §21). Quantized to 8 bits in groups of
+32 (the GGUF ships it as Q8_0, the tied ``token_embd``, which this reproduces exactly) it is 28 MB in
+the int4pack kernel's two-plane form. For a row that only needs its argmax (greedy, nothing applied to
+the logits, no logprobs: ``Executor`` decides), the :class:`ScreenedHead` *screens* with the packed
+copy and *confirms* exactly:
 
 1. ``ỹ = int4pack(x)``: approximate logits (bf16 activations and output, bf16 scales; ~2.8 ms
-   instead of ~15 ms on the 2-core CPU of §21);
+   instead of ~14 ms on the 2-core CPU of §21);
 2. a rigorous bound ``|ỹ_i − y_i| ≤ ε_i`` on the difference from the exact logit ``y_i = w_i · x``
    of the float32 weight (below);
 3. every token that could be the maximum, ``ỹ_i + ε_i ≥ max_j (ỹ_j − ε_j) − δ``, is recomputed exactly
@@ -26,13 +27,13 @@ the kernel forms, ``ŵ = (code − 8)·s + z`` in exact arithmetic from the bf16
             + |w̃·(x̃ − x)|                   activations rounded to bf16       ≤ B_i·‖x − x̃‖
             + |(w̃ − w)·x|                   bf16 scales, dequantize rounding  ≤ E_i·‖x‖
 
-with ``E_i = ‖|Σ_p ŵ_p − w| + Σ_p r_p‖``, ``r = 2u(|ŵ| + |z| + 8|s|)`` covering the kernel's
-dequantize rounding (one FMA on AVX-512, two on AVX2), ``B_i = ‖w_i‖ + E_i``,
-``A_i = Σ_p ‖|ŵ_p| + r_p‖`` (Cauchy–Schwarz throughout; ``P`` planes, ``u = 2^-24``). It assumes what
-``aten._weight_int4pack_mm_for_cpu`` does on x86 (float32 dequantization and FMA accumulation, bf16
-output): :meth:`ScreenedHead.build` checks it on random rows against float64 and declines (the
-float head stays in use) if any product breaks it; ``tests/quant/test_screened_head.py`` checks it
-on adversarial rows.
+with ``E_i``, ``A_i`` per-group bounds (``_bound``: every element's weight error, the kernel's
+dequantize rounding — one FMA on AVX-512, two on AVX2 — and the 8-bit rounding measured against the
+float32 weight), ``B_i = ‖w_i‖ + E_i`` (Cauchy–Schwarz throughout; ``P`` planes, ``u = 2^-24``). It
+assumes what ``aten._weight_int4pack_mm_for_cpu`` does on x86 (float32 dequantization and FMA
+accumulation, bf16 output): :meth:`ScreenedHead.build` checks it on random rows against float64 and
+declines (the float head stays in use) if any product breaks it; ``tests/quant/test_screened_head.py``
+checks it on adversarial rows.
 """
 
 from __future__ import annotations
@@ -40,16 +41,19 @@ from __future__ import annotations
 import logging
 import torch
 
-from tandem.models.quant.int4pack import Int4PackLinear, kernel_group, plane_affine
-from tandem.models.quant.weights import QuantizedWeight
+from tandem.loader.memory import return_free_memory
+from tandem.models.quant.int4pack import Int4PackLinear, plane_affine
+from tandem.models.quant.weights import QuantizedWeight, quantize_float
 
 logger = logging.getLogger("tandem")
 
+GROUP = 32  # 8-bit codes per scale: Q8_0's block, so a GGUF's Q8_0 head is reproduced exactly
 U32 = 2.0 ** -24  # float32 unit roundoff
 OUT_ROUND = 2.0 ** -7  # |ỹ − acc| / |ỹ|: bf16 rounding (2^-9) with room for a truncating conversion
 SLACK = 1.0 + 2.0 ** -16  # covers the float32 arithmetic of the bound itself
+TRIM_BLOCKS = 16  # packed row blocks between two returns of freed heap memory
 CHECK_ROWS = 4  # random hidden rows the build checks the bound on ...
-CHECK_VOCAB = 4096  # ... over this many vocabulary rows (a float64 product of the whole head is 226 MB)
+CHECK_VOCAB = 1024  # ... over this many vocabulary rows (a float64 product of the whole head is 226 MB)
 
 
 class ScreenedHead:
@@ -61,15 +65,32 @@ class ScreenedHead:
         self.bound = bound  # float32 [3, V]: E, B, γ·A (see the module docstring)
 
     @staticmethod
-    def build(qw: QuantizedWeight, weight: torch.Tensor) -> ScreenedHead | None:
-        """A screened head for ``weight`` (float32, CPU: the dequantized ``qw``), or None when the
-        packed kernel cannot hold ``qw`` or fails the bound on random rows."""
-        if (weight.device.type != "cpu" or weight.dtype != torch.float32 or tuple(weight.shape) != qw.shape
-                or qw.perm is not None or kernel_group(qw) is None):
+    def build(weight: torch.Tensor) -> ScreenedHead | None:
+        """A screened head for ``weight`` (float32 [V, H] on the CPU), or None when the packed kernel
+        cannot take its shape or fails the bound on random rows. Quantizes and packs it in row blocks
+        (never a second full copy of the head in memory)."""
+        n, k = weight.shape
+        if weight.device.type != "cpu" or weight.dtype != torch.float32 or n % 16 or k % GROUP:
             return None
-        qw = qw.with_group(kernel_group(qw))  # type: ignore[arg-type]
-        packed = Int4PackLinear(qw, None)
-        head = ScreenedHead(packed, weight, _bound(qw, weight, packed))
+        bound = torch.empty(3, n, dtype=torch.float64)
+
+        def block(r0: int, r1: int) -> QuantizedWeight:
+            qw = quantize_float(weight[r0:r1], 8, GROUP, True, "lm_head")
+            exact = qw.codes.view(r1 - r0, -1, GROUP).double() * qw.scale.double()[..., None] + \
+                qw.offset.double()[..., None]  # code·s + o, as the bound's planes are derived
+            residual = (weight[r0:r1].double().view(r1 - r0, -1, GROUP) - exact).abs().amax(-1)
+            bound[:, r0:r1] = _bound_rows(qw, weight[r0:r1], residual)
+            if r0 // (r1 - r0) % TRIM_BLOCKS == TRIM_BLOCKS - 1:
+                return_free_memory()  # the blocks' temporaries would otherwise raise the peak RSS
+            return qw
+
+        meta = QuantizedWeight(torch.zeros((), dtype=torch.uint8).expand(n, k),
+                               torch.zeros(()).expand(n, k // GROUP), torch.zeros(()).expand(n, k // GROUP),
+                               GROUP, 8, "lm_head")  # shapes only: the blocks are made as they are packed
+        packed = Int4PackLinear(meta, None, blocks=block)
+        terms = k * packed.planes
+        bound[2] *= terms * U32 / (1 - terms * U32)  # γ_{K·P}
+        head = ScreenedHead(packed, weight, (bound * SLACK).float())
         if not head.check(torch.Generator().manual_seed(0)):
             logger.warning("LM head screening disabled: the int4pack kernel broke its error bound here")
             return None
@@ -112,35 +133,36 @@ class ScreenedHead:
         return bool(((approx[:, rows].double() - exact).abs() <= eps[:, rows].double()).all())
 
 
-def _bound(qw: QuantizedWeight, weight: torch.Tensor, packed: Int4PackLinear) -> torch.Tensor:
-    """[3, V] float32 (E, B, γ·A), rounded up, from per-group quantities only (no pass over the codes):
-    every code of a plane is within 8 of the kernel's centre 8, so one bound ``δ_g`` covers every
-    element of a group g and ``‖e_i‖ ≤ sqrt(G · Σ_g δ_g²)``. Per plane p of a group (``S``, ``Z``: the
-    bf16 scale and zero the kernel reads; ``s_p``, ``z_p``: their float32 values before rounding):
+def _bound_rows(qw: QuantizedWeight, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """(E, B, A) [3, rows] float64 for a block of vocabulary rows, before γ and rounding up. Per-group
+    quantities only (no pass over the codes): every code of a plane is within 8 of the kernel's centre
+    8, so one bound ``δ_g`` covers every element of a group g and ``‖e_i‖ ≤ sqrt(G · Σ_g δ_g²)``. Per
+    plane p of a group (``S``, ``Z``: the bf16 scale and zero the kernel reads; ``s_p``, ``z_p``: their
+    float32 values before rounding, ``plane_affine``):
 
         δ_g = Σ_p [8·|S − s_p| + |Z − z_p|            bf16 scales and zeros
                    + 2u·(16·|S| + 2·|Z|)]             the kernel's dequantize rounding
-              + u·(|(136 − 16c)·s| + |z_lo|)·2         float32 rounding of the planes' zero (plane_affine)
-              + 2.02·u·(c_max·|s| + |o|)              float32 rounding of the dequantized weight"""
+              + u·(|(136 − 16c)·s| + |z_lo|)·2         float32 rounding of the planes' zero
+              + max_j |w_j − (code_j·s + o)|          the 8-bit rounding (``residual``, float64)"""
     n, k = qw.shape
-    g, planes = qw.group, packed.planes
+    g = qw.group
     d = torch.float64
-    s, o = qw.scale.to(d), qw.offset.to(d)
-    scale, zero, shift = (t.to(d) if t is not None else None for t in plane_affine(qw))
-    sz = packed.scale_zeros.to(d)  # [K·P / G, N, 2]: exactly what the kernel reads
-    big_s, big_z = sz[..., 0].t(), sz[..., 1].t()  # [N, K·P / G]
+    s = qw.scale.to(d)
+    scale, zero, shift = plane_affine(qw)
+    planes = 1 if shift is None else 2
+    big_s, big_z = scale.to(torch.bfloat16).to(d), zero.to(torch.bfloat16).to(d)  # what the kernel reads
+    scale, zero = scale.to(d), zero.to(d)
+    shift = shift.to(d) if shift is not None else None
     ngroups = k // g
-    per_plane = 8 * (big_s - scale).abs() + (big_z - zero).abs() + 2 * U32 * (16 * big_s.abs() + 2 * big_z.abs())
-    delta = per_plane.view(n, planes, ngroups).sum(1)
+    rounding = 2 * U32 * (16 * big_s.abs() + 2 * big_z.abs())
+    delta = (8 * (big_s - scale).abs() + (big_z - zero).abs() + rounding).view(n, planes, ngroups).sum(1)
     zlo = zero.view(n, planes, ngroups)[:, -1]
     mult = (136 - 16 * shift).abs() * s.abs() if shift is not None else 8 * s.abs()
     delta += 2 * U32 * (mult + zlo.abs())
-    delta += 2.02 * U32 * (((1 << qw.bits) - 1) * s.abs() + o.abs())
+    delta += residual
     out = torch.empty(3, n, dtype=d)
     out[0] = (g * delta.square().sum(1)).sqrt()
-    out[1] = weight.to(d).norm(dim=1) + out[0]
-    mag = 8 * big_s.abs() + big_z.abs() + 2 * U32 * (16 * big_s.abs() + 2 * big_z.abs())
+    out[1] = weight.norm(dim=1).to(d) * (1 + 2.0 ** -10) + out[0]  # float32 norm: relative error ≤ K·u
+    mag = 8 * big_s.abs() + big_z.abs() + rounding
     out[2] = (g * mag.square().view(n, planes, ngroups).sum(2)).sqrt().sum(1)
-    terms = k * planes
-    out[2] *= terms * U32 / (1 - terms * U32)  # γ_{K·P}
-    return (out * SLACK).float()
+    return out
