@@ -8,6 +8,9 @@ load included), all on the same GGUF file, the same prompts and the same thread 
                            path before issue #17);
 - ``tandem packed``        the default: Q4_1 layer linears kept packed, int4pack kernel (bf16 activations);
 - ``tandem packed+ngram``  the same with n-gram speculation (k = ``--k``, lookup 1..4);
+- ``packed-floathead``     (not run by default) the default with ``screened_head`` off: the float32 LM
+                           head for every row (the step before the screened head; its tokens must be
+                           ``tandem packed``'s);
 - ``fp32+ngram``           (not run by default) n-gram on the float32 path, for the losslessness check;
 - ``llama.cpp``            llama-cpp-python on the same file, if ``import llama_cpp`` works; otherwise the
                            column is skipped with a note (it builds from source in ~15 minutes on a
@@ -39,7 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MODEL = "smollm2-135m-instruct"
-ENGINES = ("fp32", "packed", "packed+ngram", "llama.cpp", "fp32+ngram")
+ENGINES = ("fp32", "packed", "packed+ngram", "llama.cpp", "fp32+ngram", "packed-floathead", "packed-floathead+ngram")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,6 +78,8 @@ def run_tandem(engine: str, args: argparse.Namespace) -> dict[str, Any]:
     kw: dict[str, Any] = {"device": "cpu"}
     if engine.startswith("fp32"):
         kw["quantization"] = "none"
+    if engine.startswith("packed-floathead"):
+        kw["runner_config"] = {"screened_head": False}
     if engine.endswith("+ngram"):
         kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": args.k,
                                     "prompt_lookup_min": 1, "prompt_lookup_max": 4}
