@@ -14,6 +14,8 @@ whether the two trees' greedy outputs are identical token for token.
 
 Usage: python benchmarks/cpu_ab_decode.py --a /work/wt-base --b . [--num-prompts 3] [--max-tokens 128]
        [--rounds 2] [--threads 2] [--k 4] [--modes plain,ngram] [--extra-b '{"lm_head_dtype": "float16"}']
+       (a ``speculative_config`` in ``--extra-a`` / ``--extra-b`` is merged into that tree's n-gram config,
+       e.g. ``--a . --b . --extra-b '{"speculative_config": {"num_speculative_tokens": 3}}'``)
 """
 
 from __future__ import annotations
@@ -58,12 +60,13 @@ def worker(args: argparse.Namespace) -> None:
     from tandem.bench.datasets import load_humaneval_prompts
 
     extra = json.loads(args.extra)
+    spec_extra = extra.pop("speculative_config", {})  # merged into the n-gram mode's config
     engines = {}
     for mode in args.modes.split(","):
         kw: dict[str, Any] = {"device": "cpu", **extra}
         if mode == "ngram":
             kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": args.k,
-                                        "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+                                        "prompt_lookup_min": 1, "prompt_lookup_max": 4, **spec_extra}
         engines[mode] = LLM(MODEL, **kw)
         engines[mode].generate(["Hello"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     prompts = load_humaneval_prompts()[:args.num_prompts]
