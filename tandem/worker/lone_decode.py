@@ -11,9 +11,9 @@ CPU fuser is off by default (``torch._C._jit_can_fuse_on_cpu()``): nothing is fu
 
 :class:`LoneDecoder` takes a model only when every layer is the plain Llama shape on the packed int4
 kernel (int4pack, one plane, no act-order, no bias, no q/k norm, no sandwich norms or sliding window,
-silu, float32 activations and KV cache); ``TorchRunner`` uses it for a step of one request with one
-new token and falls back to the eager forward for everything else (prefill, verify, batches, aux
-hidden states, batch-invariant mode).
+silu, float32 activations and KV cache); ``TorchRunner`` uses it for a step of one request with 1–8
+new tokens whose logits are all wanted (a decode or a verify; EAGLE's aux hidden states included) and
+falls back to the eager forward for everything else (prefill, batches, batch-invariant mode).
 """
 
 import logging
@@ -51,7 +51,7 @@ def decode_layers(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, 
                   norms: list[torch.Tensor], packed: list[torch.Tensor], scale_zeros: list[torch.Tensor],
                   groups: list[int], k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                   eps: float, heads: int, kv_heads: int, head_dim: int, inter: int, scale: float,
-                  one_thread_attention: bool) -> torch.Tensor:
+                  one_thread_attention: bool, aux_layers: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """All layers for the ``t`` new tokens of one request (a decode, t = 1, or a verify / short chunk,
     t ≤ 8): x [t, H] float32 (the embeddings) → the stream before the final norm.
 
@@ -61,14 +61,18 @@ def decode_layers(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, 
     ``slots`` is given, to those rows. The context (new tokens included) is the cache
     rows ``ctx_start:ctx_stop`` (consecutive slots) or, when ``ctx_slots`` is given, those rows
     gathered. Row r of a t-row step attends over the context a decode at its position sees, as the
-    eager lone-verify path does (``attention.py::_Plan``)."""
+    eager lone-verify path does (``attention.py::_Plan``). Also returns the stream entering each
+    layer of ``aux_layers`` (ascending), as ``CausalLM.forward`` does (the EAGLE features)."""
     aten = torch.ops.aten
     hidden = [x.shape[1]]
     t = x.shape[0]
     q_size = heads * head_dim
     qk_size = (heads + kv_heads) * head_dim
     n = ctx_stop - ctx_start
+    aux: list[torch.Tensor] = []
     for i in range(len(k_caches)):
+        if i in aux_layers:
+            aux.append(x)
         j = 4 * i
         k_cache, v_cache = k_caches[i], v_caches[i]
         # qkv = int4pack(rms_norm(x)), cast back to the activation dtype (Int4PackLinear.forward)
@@ -106,7 +110,7 @@ def decode_layers(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, 
         gu = aten._weight_int4pack_mm_for_cpu(h, packed[j + 2], groups[j + 2], scale_zeros[j + 2])
         a = (F.silu(gu[:, :inter].float()) * gu[:, inter:]).to(torch.bfloat16)
         x = x + aten._weight_int4pack_mm_for_cpu(a, packed[j + 3], groups[j + 3], scale_zeros[j + 3])
-    return x
+    return x, aux
 
 
 _scripted = None
@@ -189,9 +193,11 @@ class LoneDecoder:
         return LoneDecoder(model, kv_caches, block_size, fn)
 
     def logits(self, tokens: Sequence[int], start: int, block_ids: Sequence[int],
-               argmax_only: bool = False) -> torch.Tensor:
+               argmax_only: bool = False, aux_layers: Sequence[int] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """float32 logits [t, V] of ``tokens`` (t ≤ MAX_ROWS) at positions ``start ..`` (their KV is
-        written to their slots); ``argmax_only``: as ``CausalLM.compute_logits``."""
+        written to their slots), and the hidden states of ``aux_layers`` as ``TorchRunner.forward``
+        returns them (id ``num_layers``: the final post-norm state); ``argmax_only``: as
+        ``CausalLM.compute_logits``."""
         if torch._C._jit_can_fuse_on_cpu():  # a fuser could reorder float ops: not the eager bits
             raise RuntimeError("LoneDecoder needs TorchScript's CPU fuser off")
         bs, t = self.block_size, len(tokens)
@@ -210,15 +216,21 @@ class LoneDecoder:
             ctx_slots = torch.from_numpy((blocks[:, None] * bs + np.arange(bs)).reshape(-1)[:n])
         # one token: its embedding row as a view (never written: the layers add out of place)
         x = self.embed[tokens[0]:tokens[0] + 1] if t == 1 else F.embedding(torch.tensor(tokens), self.embed)
+        if t == 1 and 0 in aux_layers:
+            x = x.clone()  # handed out as layer 0's features: not a view of the embedding
         # Rotary.rotate's tables for these positions: cos, and sin with its first half negated
         cos, sin, half = self.cos[start:n], self.sin[start:n], self.head_dim // 2
         sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
         threads = torch.get_num_threads()
         one_thread = self.ONE_THREAD_ATTENTION and threads != 1
         try:
-            x = self.fn(x, cos[:, None, :], sin_signed[:, None, :], slot_start, slots, ctx_slots, b0 * bs, b0 * bs + n,
-                        self.norms, self.packed, self.scale_zeros, self.groups, self.k_caches, self.v_caches,
-                        self.eps, self.heads, self.kv_heads, self.head_dim, self.inter, self.scale, one_thread)
+            x, aux = self.fn(x, cos[:, None, :], sin_signed[:, None, :], slot_start, slots, ctx_slots, b0 * bs,
+                             b0 * bs + n, self.norms, self.packed, self.scale_zeros, self.groups, self.k_caches,
+                             self.v_caches, self.eps, self.heads, self.kv_heads, self.head_dim, self.inter, self.scale,
+                             one_thread, sorted(a for a in aux_layers if a < len(self.k_caches)))
         finally:
             torch.set_num_threads(threads)
-        return self.model.compute_logits(self.final_norm.forward(x), argmax_only)
+        hidden = self.final_norm.forward(x)
+        if len(self.k_caches) in aux_layers:
+            aux.append(hidden)
+        return self.model.compute_logits(hidden, argmax_only), aux

@@ -61,13 +61,13 @@ class TorchRunner:
                 raise ValueError("token_ids needs one token per single-token chunk")
             # a host read: fine on this path, where nothing runs ahead of the host
             chunks = [SeqChunk([t], c.start, c.block_ids) for c, t in zip(chunks, token_ids.tolist())]
-        if (len(chunks) == 1 and not aux_layers and 0 < len(chunks[0].token_ids) <= LoneDecoder.MAX_ROWS
+        if (len(chunks) == 1 and 0 < len(chunks[0].token_ids) <= LoneDecoder.MAX_ROWS
                 and list(rows) == list(range(len(chunks[0].token_ids)))):  # a batch-1 decode or verify
             if self._lone is None:
                 self._lone = LoneDecoder.build(self.model, self.kv_caches, self.block_size) or False
             if self._lone:
                 c = chunks[0]
-                return StepOutput(self._lone.logits(c.token_ids, c.start, c.block_ids, argmax_only), [])
+                return StepOutput(*self._lone.logits(c.token_ids, c.start, c.block_ids, argmax_only, aux_layers))
         vocab = self.model.arch.vocab_size
         if not chunks:
             return StepOutput(torch.empty((0, vocab), dtype=torch.float32, device=self.device), [])

@@ -133,3 +133,28 @@ def test_runner_config_turns_it_off(tmp_path):
     assert (off.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
             == on.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids)
     assert off.engine.runner._lone is False and on.engine.runner._lone
+
+
+def test_scripted_step_returns_the_eager_aux_hidden_states(tmp_path):
+    """EAGLE's features (the stream entering chosen layers, and the final post-norm state) come from
+    the scripted step too, bitwise the eager ones, in the eager order — so an EAGLE engine's plain
+    decode steps are not pushed off the scripted path."""
+    from tandem.worker.batch import SeqChunk
+    from tandem.worker.lone_decode import LoneDecoder
+
+    runner = _llm(tmp_path).engine.runner
+    blocks = list(range(3, 93))
+    prompt = [(5 * j) % 90 + 6 for j in range(40)]
+    runner.forward_logits([SeqChunk(prompt, 0, blocks)], [len(prompt) - 1])
+    pos = len(prompt)
+    for t, layers in ((1, (0, 1, 2)), (4, (1, 2)), (1, (2,)), (3, (0,))):
+        step, rows = [SeqChunk([(7 * j + t) % 90 + 3 for j in range(t)], pos, blocks)], list(range(t))
+        runner._lone = False
+        ref = runner.forward(step, rows, aux_layers=layers)
+        runner._lone = None
+        got = runner.forward(step, rows, aux_layers=layers)
+        pos += t
+        assert isinstance(runner._lone, LoneDecoder)
+        assert torch.equal(got.logits, ref.logits)
+        assert len(got.aux_hidden) == len(ref.aux_hidden) == len(layers)
+        assert all(torch.equal(a, b) for a, b in zip(got.aux_hidden, ref.aux_hidden)), (t, layers)
