@@ -39,6 +39,10 @@ CONFIGS: dict[str, tuple[dict[str, Any] | None, bool]] = {
     "ngram_policy": ({"method": "ngram", "num_speculative_tokens": 4, "disable_by_acceptance": True}, True),
     "suffix": ({"method": "suffix", "disable_by_acceptance": False}, True),
     "suffix_policy": ({"method": "suffix", "disable_by_acceptance": True}, True),
+    "eagle3_policy": ({"method": "eagle3", "model": "smollm2-135m-instruct-eagle3", "num_speculative_tokens": 3,
+                       "disable_by_acceptance": True}, True),
+    "eagle3": ({"method": "eagle3", "model": "smollm2-135m-instruct-eagle3", "num_speculative_tokens": 3,
+                "disable_by_acceptance": False}, True),
 }
 PHASES = ("propose", "schedule", "execute", "launch", "read", "process", "observe", "cycle")
 

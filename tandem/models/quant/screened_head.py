@@ -39,6 +39,7 @@ checks it on adversarial rows.
 from __future__ import annotations
 
 import logging
+
 import torch
 
 from tandem.loader.memory import return_free_memory
