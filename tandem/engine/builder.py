@@ -29,7 +29,6 @@ from tandem.config.runner import with_debug_overrides
 from tandem.config.speculative import EAGLE_METHODS, validate_against_target
 from tandem.engine.detokenizer import NO_TEXT, fast_decoder
 from tandem.engine.model_loader import build_model
-from tandem.loader.memory import return_free_memory
 from tandem.engine.stats import EngineStats
 from tandem.errors import ConfigError
 from tandem.kv.block_pool import BlockPool
@@ -37,6 +36,7 @@ from tandem.kv.kv_cache import allocate_kv_cache, bytes_per_block, kv_budget_byt
 from tandem.loader.arch import ModelArch
 from tandem.loader.checkpoint import open_checkpoint, resolve_quantization
 from tandem.loader.eagle import load_eagle_head, read_eagle_config
+from tandem.loader.memory import return_free_memory
 from tandem.models.decoder import CausalLM
 from tandem.scheduler import Scheduler
 from tandem.spec_decode.proposers import EngineProposer, build_proposer
@@ -87,8 +87,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
     generator = torch.Generator(device=device)
     generator.manual_seed(model_cfg.seed)
     quant = resolve_quantization(model_cfg.quantization, ckpt, device)
-    # Before the weights: loading the tokenizer passes through ~50 MB that it gives back (peak RSS: the
-    # built-in GGUF's 557 MB after the weights, 513 MB before them; docs/quantization.md).
+    # Before the weights: loading the tokenizer passes through ~50 MB that it gives back, returned here
+    # before the weights arrive (peak RSS, docs/performance.md §21).
     tokenizer = None if model_cfg.skip_tokenizer_init else ckpt.load_tokenizer()  # None: token-id prompts only
     if device.type == "cpu":
         return_free_memory()

@@ -163,7 +163,6 @@ class CausalLM(nn.Module):
                 raise ConfigError("lm_head_dtype", f"{dtype!r} is a CPU option (the model is on {w.device.type})",
                                   allowed=["auto"])
             self.lm_head_lowp = w.detach().to(torch.float16).contiguous()
-            self.screened_head = None
 
     def screen_lm_head(self) -> bool:
         """Give argmax-only rows a ``ScreenedHead`` (models/quant/screened_head.py) over the float32
