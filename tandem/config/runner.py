@@ -36,7 +36,7 @@ class RunnerConfig:
     # function (worker/lone_decode.py; the eager step's ops and bits, without its Python)
     cpu_script: bool = True
     # CPU: argmax-only rows (greedy, no logits processing, no logprobs) take the LM head's argmax
-    # through the checkpoint's quantized head, confirmed exactly (models/quant/screened_head.py)
+    # through an 8-bit packed copy of the head, confirmed exactly (models/quant/screened_head.py)
     screened_head: bool = True
 
     def __post_init__(self) -> None:

@@ -94,8 +94,8 @@ _HELP: dict[str, str] = {
     "skinny_defer": "deferred reduction in the skinny matmuls (default: chosen per shape)",
     "cpu_script": "CPU: run batch-1 decode / verify steps of packed int4 models as one TorchScript "
                   "function (same ops and bits as eager)",
-    "screened_head": "CPU: greedy rows take the LM head's argmax through the checkpoint's quantized head "
-                     "(e.g. the GGUF's Q8_0), confirmed exactly (same tokens as the float head, faster)",
+    "screened_head": "CPU, packed layers: greedy rows take the LM head's argmax through an 8-bit packed copy "
+                     "of the head, confirmed exactly (same tokens as the float head, faster)",
 }
 _GROUPS = {
     ModelConfig: ("model", None),

@@ -1,4 +1,4 @@
-"""Greedy LM-head argmax from the checkpoint's quantized head, confirmed exactly (CPU).
+"""Greedy LM-head argmax from an 8-bit packed copy of the head, confirmed exactly (CPU).
 
 A batch-1 decode step of the built-in SmolLM2 spends most of its time in the float32 LM head: a
 49152 × 576 matrix, 113 MB read per token (docs/performance.md §21). Quantized to 8 bits in groups of
@@ -96,9 +96,6 @@ class ScreenedHead:
             logger.warning("LM head screening disabled: the int4pack kernel broke its error bound here")
             return None
         return head
-
-    def nbytes(self) -> int:
-        return self.packed.nbytes() + self.bound.numel() * self.bound.element_size()
 
     def approximate(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(ỹ, ε) [N, V] float32 for hidden [N, H] float32: |ỹ − x·w| ≤ ε elementwise."""
