@@ -16,6 +16,11 @@ Data flow per request (head position ``p`` = target feature at ``p`` + token ``p
    (so features never pile up) but sample nothing.
 3. Where features start after the head's counter (a prefix-cache hit: the target skipped the
    cached prefix), the head starts there too, reading the KV the cached blocks hold.
+4. While nobody drafts (the policy is off, ``disable_by_batch_size``, asynchronous plain steps) the
+   features of every step still arrive. ``backlogged`` tells the speculator when a request holds more
+   than ``BACKLOG_ROWS`` positions the head has not seen; it then has the head catch up (a
+   ``propose_requests`` with no drafts), so the features kept stay bounded in memory and the head's KV
+   stays current.
 
 Drafting is greedy (argmax, as vLLM's EAGLE): the rejection sampler treats drafts as one-hot q, so
 sampled outputs stay the target's distribution.
@@ -48,6 +53,9 @@ class _Features:
 
 class EagleProposer:
     drafts_on_host_for_free = False  # every draft costs a head forward
+    # Feature rows a request may hold before the head must catch up on them: one head forward per
+    # this many plain steps (an EAGLE-3 row of an 8B target is 24 KiB: 1.5 MiB per request).
+    BACKLOG_ROWS = 64
 
     def __init__(self, runner: AnyHeadRunner) -> None:
         self.runner = runner
@@ -73,6 +81,16 @@ class EagleProposer:
 
     def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None:
         self._features.pop(request_id, None)
+
+    def backlogged(self, reqs: Sequence[Request]) -> bool:
+        """Whether a request of ``reqs`` in its decode phase holds more than ``BACKLOG_ROWS`` feature
+        rows (a prompt's rows wait for its first proposal)."""
+        feats = self._features
+        for r in reqs:
+            f = feats.get(r.request_id)
+            if f is not None and f.rows.shape[0] > self.BACKLOG_ROWS and r.is_decoding:
+                return True
+        return False
 
     # ---- drafting -------------------------------------------------------------------------------
     def propose_requests(self, reqs: Sequence[Request], ks: Sequence[int]) -> DraftProposal:

@@ -14,7 +14,9 @@ three points:
    request with structured output gets its drafts cut at the first token its grammar refuses.
 2. ``will_draft(requests)``: whether any of these requests may draft in its next step. Drafts are
    proposed from read tokens, so the engine schedules a decode step before the previous step's tokens
-   are read (asynchronous decode) only when none will.
+   are read (asynchronous decode) only when none will. A proposer that keeps per-step state while
+   nobody drafts (EAGLE's features) may say it is ``backlogged``: then the answer is yes, and
+   ``drafts_for`` has it catch up (a proposal of no drafts) even on a step where nobody drafts.
 3. ``observe(StepRecord)``, after every step: per request that got tokens, its drafted / accepted
    counts (the counters) and its new tokens (``policy.on_step_tokens``: pending proposals scored,
    a budget of lazy shadows); the requests that finished (``forget``: the proposer gets their
@@ -122,9 +124,11 @@ class Speculator:
         rooms = [self._room(r) for r in reqs]
         policy = self.policy
         if policy is None and self._capped(len(requests)):
+            self._catch_up(reqs)
             return {r.request_id: Draft(()) for r in reqs}
         if policy is not None and policy.off(len(requests)):  # no proposal costs while nobody may draft
             policy.stats.record_choices([0] * len(reqs), self.k)
+            self._catch_up(reqs)
             return {r.request_id: Draft(()) for r in reqs}
         if policy is None:
             proposal, ks = self.proposer.propose_requests(reqs, rooms), rooms
@@ -157,6 +161,8 @@ class Speculator:
     def will_draft(self, requests: Sequence[Request]) -> bool:
         """Whether any request may draft in its next step (its tokens, placeholders included, so far).
         Without the policy a proposer may find drafts for anyone: true below ``disable_by_batch_size``."""
+        if self._backlogged(requests):
+            return True
         if self.policy is None:
             return not self._capped(len(requests))
         return self.policy.wants_any(len(requests), lambda: [Candidate(r.request_id, self._room(r)) for r in requests])
@@ -196,6 +202,15 @@ class Speculator:
         self.proposer.forget(request_id, request.output_token_ids if request is not None else ())
         if self.policy is not None:
             self.policy.forget(request_id)
+
+    def _backlogged(self, reqs: Sequence[Request]) -> bool:
+        backlogged = getattr(self.proposer, "backlogged", None)
+        return backlogged is not None and backlogged(reqs)
+
+    def _catch_up(self, reqs: Sequence[Request]) -> None:
+        """On a step where nobody drafts: a backlogged proposer catches up (no drafts asked)."""
+        if self._backlogged(reqs):
+            self.proposer.propose_requests(reqs, [0] * len(reqs))
 
     def _capped(self, batch: int) -> bool:
         """``disable_by_batch_size`` without the policy (the policy applies it itself)."""

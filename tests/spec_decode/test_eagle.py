@@ -233,3 +233,32 @@ def test_dummy_target_opens_its_head_as_dummy(tmp_path, target, heads):
     assert len(out[0].outputs[0].token_ids) == 8 and llm.engine.stats.spec.num_draft_tokens > 0
     with pytest.raises(ModelLoadError, match="no \\*.safetensors"):
         make_llm(target, speculative_config={"method": "eagle3", "model": str(cfg_only), "num_speculative_tokens": 3})
+
+
+@pytest.mark.parametrize("policy", [True, False])
+def test_features_stay_bounded_while_nobody_drafts(target, heads, prompts, reference, policy):
+    """With drafting off for the batch (``disable_by_batch_size``; the policy's ``off`` or the plain
+    cap), the head still catches up every ``BACKLOG_ROWS`` steps: the features kept per request stay
+    bounded (not the whole sequence), and output is the target's."""
+    from tandem.spec_decode.eagle import EagleProposer
+
+    cfg = {"method": "eagle3", "model": str(heads["eagle3"]), "num_speculative_tokens": 3,
+           "disable_by_batch_size": 2, "disable_by_acceptance": policy}
+    llm = make_llm(target, speculative_config=cfg)
+    proposer = llm.engine.speculator.proposer
+    assert isinstance(proposer, EagleProposer)
+    most = []
+    record = proposer.record_features
+
+    def spy(sched, features):
+        record(sched, features)
+        most.append(max(f.rows.shape[0] for f in proposer._features.values()))
+
+    llm.engine.executor.feature_sink = spy
+    long = greedy(190)  # prompts of up to 50 tokens: within the tiny target's 256 positions
+    ref = tokens_of(make_llm(target).generate(prompts[:4], long, use_tqdm=False))
+    assert tokens_of(llm.generate(prompts[:4], long, use_tqdm=False)) == ref
+    assert llm.engine.stats.spec.num_draft_tokens == 0
+    decode = most[len(most) // 4:]  # past the prompts (each prompt's rows wait for its first proposal)
+    assert decode and max(decode) <= EagleProposer.BACKLOG_ROWS + 1
+    assert llm.engine.pool.all_free()
