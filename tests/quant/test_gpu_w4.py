@@ -17,10 +17,12 @@ CUDA = torch.device("cuda")
 PROMPT = [5, 9, 17, 33, 40, 41, 7, 8, 99, 12, 60, 61]
 
 
+@pytest.mark.parametrize("config", [None, (128, 1, 4, 3, 1), (64, 2, 8, 3, 3)])
 @pytest.mark.parametrize("rows", [1, 2, 4, 6, 16, 40])
-def test_w4_gemv_matches_the_float_weight(rows):
-    """The int4 kernel against the float32 product with the weight its codes describe, every fusion;
-    in batch-invariant mode each row equals that row alone."""
+def test_w4_gemv_matches_the_float_weight(rows, config):
+    """The int4 kernel against the float32 product with the weight its codes describe, every fusion,
+    with and without split-K (the default config here splits K in 4); each row equals that row alone,
+    bit for bit (batch-invariant mode relies on it)."""
     from tandem.models.quant.w4_weight import W4Weight
     from tandem.models.quant.weights import quantize_float
     from tandem.worker.triton_gemv import gemv
@@ -47,18 +49,20 @@ def test_w4_gemv_matches_the_float_weight(rows):
         assert err < 6e-3, (what, err)  # bf16 output rounding: ~2^-9 relative
 
     xf = x.float()
-    close(gemv(x, w, b), xf @ wf.T + b.float(), "bias")
+    close(gemv(x, w, b, config=config), xf @ wf.T + b.float(), "bias")
     h = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)) * nw.float()
-    close(gemv(x, w, norm_weight=nw, eps=1e-5), h @ wf.T, "norm")
+    close(gemv(x, w, norm_weight=nw, eps=1e-5, config=config), h @ wf.T, "norm")
     want = torch.nn.functional.silu(h @ wf2[:n].T) * (h @ wf2[n:].T)
-    close(gemv(x, w2, norm_weight=nw, eps=1e-5, gated=True), want, "gated")
+    close(gemv(x, w2, norm_weight=nw, eps=1e-5, gated=True, config=config), want, "gated")
     r = torch.randn(rows, n, device=CUDA, generator=g).to(torch.bfloat16)
     want = r.float() + xf @ wf.T
-    gemv(x, w, residual=r)
+    gemv(x, w, residual=r, config=config)
     close(r, want, "residual")
-    whole = gemv(x, w, invariant=True)
+    whole = gemv(x, w, invariant=True, config=config)
     for i in range(rows):
-        assert torch.equal(whole[i], gemv(x[i:i + 1], w, invariant=True)[0]), i
+        assert torch.equal(whole[i], gemv(x[i:i + 1], w, invariant=True, config=config)[0]), i
+    again = gemv(x, w, invariant=True, config=config)  # split-K sums in a fixed order: same bits
+    assert torch.equal(whole, again)
 
 
 def _logits(path, quantization):
@@ -123,7 +127,7 @@ def test_greedy_speculation_on_an_int4_target_equals_no_speculation(tmp_path):
 
 @pytest.mark.parametrize("rows", [1, 16, 20, 64, 300])
 def test_w4_linear_every_row_count(rows):
-    """One row on CUDA cores, 16-row tensor-core tiles up to 256 rows, dequantize + cuBLAS above."""
+    """The int4 kernel (16-row tiles) up to 256 rows, dequantize + cuBLAS above."""
     from tandem.models.quant.cuda_w4 import W4Linear
     from tandem.models.quant.weights import quantize_float
 

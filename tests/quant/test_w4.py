@@ -43,15 +43,21 @@ def test_pack_unpacks_to_the_same_matrix(group, bits, k):
 
 
 def test_layout_is_runs_of_sixteen_codes_per_nibble():
-    """Nibble i of word j in a run of 128 codes holds code 16 i + j (the kernel's contract)."""
+    """Word j of a run of 128 codes holds codes 16 i + j, code i in nibble NIBBLE[i]: even i in the
+    low half-word, odd i in the high one, so nibbles t and t + 4 hold codes 2t and 2t + 1 of the same
+    j (the kernel's contract: one shift and mask give two codes of one group)."""
+    from tandem.models.quant.w4_weight import NIBBLE
+
+    assert NIBBLE == (0, 4, 1, 5, 2, 6, 3, 7)
     codes = torch.arange(128, dtype=torch.uint8).remainder(16).view(1, 128)
     codes = (codes + torch.arange(128).div(16, rounding_mode="floor").view(1, 128)).remainder(16).to(torch.uint8)
     qw = QuantizedWeight(codes=codes, scale=torch.ones(1, 1), offset=torch.zeros(1, 1), group=128, bits=4,
                          source="t")
     words = W4Weight.pack(qw, torch.float32, CPU).qweight[0].tolist()
     for j in range(16):
-        for i in range(8):
-            assert (words[j] >> (4 * i)) & 15 == int(codes[0, 16 * i + j]), (i, j)
+        for t in range(4):
+            assert (words[j] >> (4 * t)) & 15 == int(codes[0, 16 * (2 * t) + j]), (t, j)
+            assert (words[j] >> (16 + 4 * t)) & 15 == int(codes[0, 16 * (2 * t + 1) + j]), (t, j)
 
 
 def test_what_fits():

@@ -126,7 +126,6 @@ _W4_SCRIPT = textwrap.dedent('''
     from tandem.models.quant.w4_weight import W4Weight
     from tandem.models.quant.weights import QuantizedWeight
     from tandem.worker.triton_gemv import gemv
-    from tandem.worker.triton_w4 import ROW_KERNEL_ROWS
 
     torch.manual_seed(0)
 
@@ -143,34 +142,40 @@ _W4_SCRIPT = textwrap.dedent('''
     def rel(a, b):
         return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
-    # N not a multiple of the column block; K = 160: one full run of 128 codes and a padded tail run
-    n, k = 40, 160
-    for m, cfg in ((1, (16, 2, 4, 2)), (1, None), (3, None), (17, (16, 1, 4, 1))):  # one row: CUDA cores; more: dot
-        for group in (16, 32):
-            w, wf = w4(n, k, group)
-            x = torch.randn(m, k)
-            b = torch.randn(n)
-            nw = torch.rand(k) + 0.5
-            assert rel(gemv(x, w, b, config=cfg), x @ wf.T + b) < 1e-5, (m, group)
-            got = gemv(x, w, norm_weight=nw, eps=1e-5, config=cfg)
-            h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * nw
-            assert rel(got, h @ wf.T) < 1e-5, ("norm", m, group)
-            w2, wf2 = w4(2 * n, k, group)
-            got = gemv(x, w2, norm_weight=nw, eps=1e-5, gated=True, config=cfg)
-            assert rel(got, F.silu(h @ wf2[:n].T) * (h @ wf2[n:].T)) < 1e-5, ("gated", m, group)
-            res = torch.randn(m, n)
-            r = res.clone()
-            gemv(x, w, residual=r, config=cfg)
-            assert rel(r, res + x @ wf.T) < 1e-5, ("residual", m, group)
-            if m > 1:  # each row exactly as that row alone: per-row programs, or alone in a 16-row tile
-                one = gemv(x[m - 1:], w, config=cfg, invariant=m > ROW_KERNEL_ROWS)[0]
-                assert torch.equal(gemv(x, w, config=cfg)[m - 1], one)
-    # fp16: codes enter the tensor-core path as 1024 + q, taken back out through the offsets
-    # (bf16's 128 + q is the same trick, checked on the GPU: the interpreter's dot misreads bitcast bf16)
-    w, wf = w4(n, k, 32, torch.float16)
-    for m in (1, 5, 17):
-        x = torch.randn(m, k).half()
-        assert rel(gemv(x, w), x.float() @ wf.T) < 2e-3, ("fp16", m)
+    # N not a multiple of the column block; K = 160: one full run of 128 codes and a padded tail run;
+    # tensor-core configs (BLOCK_N, runs per step, warps, stages, SPLIT): split-K with a short last
+    # split, row tiles of 16 (17 rows: two), every group size; 4-tuples: the one-row CUDA-core kernel
+    n = 40  # tiles of 8 rows (16 for the gated 80)
+    cases = (((1, (16, 2, 4, 2, 1)), (160, 16)), ((3, (32, 1, 4, 1, 2)), (416, 32)), ((17, (16, 2, 4, 1, 3)), (576, 64)),
+             ((2, None), (640, 128)), ((5, (16, 1, 4, 1, 2)), (384, 128)), ((1, (16, 1, 4, 1, 4)), (160, 32)),
+             ((1, None), (576, 64)), ((3, (16, 2, 4, 2)), (160, 16)), ((1, (8, 4, 4, 1)), (640, 128)))
+    for (m, cfg), (k, group) in cases:
+        w, wf = w4(n, k, group)
+        x = torch.randn(m, k)
+        b = torch.randn(n)
+        nw = torch.rand(k) + 0.5
+        assert rel(gemv(x, w, b, config=cfg), x @ wf.T + b) < 1e-5, (m, group)
+        got = gemv(x, w, norm_weight=nw, eps=1e-5, config=cfg)
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * nw
+        assert rel(got, h @ wf.T) < 1e-5, ("norm", m, group)
+        w2, wf2 = w4(2 * n, k, group)
+        got = gemv(x, w2, norm_weight=nw, eps=1e-5, gated=True, config=cfg)
+        assert rel(got, F.silu(h @ wf2[:n].T) * (h @ wf2[n:].T)) < 1e-5, ("gated", m, group)
+        res = torch.randn(m, n)
+        r = res.clone()
+        gemv(x, w, residual=r, config=cfg)
+        assert rel(r, res + x @ wf.T) < 1e-5, ("residual", m, group)
+        if m > 1:  # each row exactly as that row alone, given the kernel and config (invariant mode: the
+            # tensor-core kernel at every row count; by default one row runs the per-row kernel)
+            inv = cfg is None
+            assert torch.equal(gemv(x, w, config=cfg, invariant=inv)[m - 1], gemv(x[m - 1:], w, config=cfg, invariant=inv)[0])
+    # fp16: codes enter the tensor cores as 1 + q/16 built from the bits (bf16's twin is checked on
+    # the GPU: the interpreter's dot misreads bitcast bf16)
+    for group, k in ((32, 160), (64, 576), (128, 640), (16, 160)):
+        w, wf = w4(n, k, group, torch.float16)
+        for m in (1, 5, 17):
+            x = torch.randn(m, k).half()
+            assert rel(gemv(x, w), x.float() @ wf.T) < 2e-3, ("fp16", group, m)
     # the module: the int4 kernel up to 256 rows, dequantize + matmul above; bias; any leading shape
     from tandem.models.quant.cuda_w4 import W4Linear
     qw = QuantizedWeight(codes=torch.randint(0, 16, (n, 96), dtype=torch.uint8), scale=torch.rand(n, 3) * 0.02,

@@ -19,7 +19,7 @@ from torch import nn
 from tandem.models.quant.w4_weight import W4Weight, w4_group
 from tandem.models.quant.weights import QuantizedWeight
 
-# Rows up to which the int4 kernel runs (one row: CUDA cores; more: 16-row tensor-core tiles, each
+# Rows up to which the int4 kernels run (one row: CUDA cores; more: 16-row tensor-core tiles, each
 # streaming the packed weight, from L2 after the first); above, dequantize + GEMM.
 DOT_ROWS = 256
 

@@ -3,10 +3,17 @@
     W[n, k] = code[n, k] · scale[n, k // group] + offset[n, k // group]
 
 - ``qweight``: int32 ``[N, Kp / 8]``, K padded to ``Kp``, a multiple of 128 (padding codes are 0 with
-  a 0 scale and offset: zero weights). Each run of 128 codes is 16 words; nibble ``i`` (bits
-  ``4i .. 4i + 3``) of word ``j`` holds code ``128·b + 16·i + j``. So one shift and mask of a
-  ``[rows, 16]`` word tile yields 16 *consecutive* codes per row, each run of 16 inside one group:
-  the kernel needs no interleaving shuffle, and its x slice for nibble ``i`` is one contiguous load;
+  a 0 scale and offset: zero weights). Each run of 128 codes is 16 words; word ``j`` holds the codes
+  ``128·b + 16·i + j`` for i = 0..7, code ``i`` in nibble ``NIBBLE[i]`` (bits ``4p .. 4p + 3``): even
+  ``i`` in the low half-word (nibbles 0..3), odd ``i`` in the high one (nibbles 4..7), so nibbles
+  ``t`` and ``t + 4`` hold codes ``i = 2t`` and ``2t + 1``. One shift and one mask of a word then
+  give two 16-bit floats at once (``(w >> s) & 0x000F000F``-style, the codes of one group for any
+  group ≥ 32): the kernel's two-codes-per-operation unpack into tensor-core operands. Each run of 16
+  codes (fixed ``i``) lies inside one group. Rows are stored in tiles of ``T = tile_rows(N)`` (16
+  where N allows): ``qweight`` viewed as ``[N / T, Kp / 128, T, 16]`` holds word ``j`` of run ``b``
+  of row ``T·a + r`` at ``[a, b, r, j]``, so the kernel's read of a tile's next runs is one
+  contiguous block (1 KiB per run) instead of 64-byte pieces 2 KiB apart (HBM serves those far
+  slower);
 - ``scale`` / ``offset``: ``[N, Kp / group]`` in the model dtype; ``group`` is a power of two from 16
   to 128 dividing K (a format's larger group is replicated down to 128: exact);
 - no act-order permutation: GPTQ ``desc_act`` checkpoints dequantize to float on the GPU.
@@ -26,6 +33,16 @@ from tandem.models.quant.weights import QuantizedWeight
 
 W4_GROUPS = (128, 64, 32, 16)
 BLOCK = 128  # codes per 16-word run
+NIBBLE = (0, 4, 1, 5, 2, 6, 3, 7)  # NIBBLE[i]: the nibble of a word holding code 16 i + j of its run
+TILE_ROWS = 16  # rows per tile (fewer where N is not a multiple: see tile_rows)
+
+
+def tile_rows(n: int) -> int:
+    """Rows per tile for an N-row weight: the largest power of two up to ``TILE_ROWS`` dividing N."""
+    t = TILE_ROWS
+    while n % t:
+        t //= 2
+    return t
 
 
 def w4_group(qw: QuantizedWeight) -> int | None:
@@ -43,7 +60,7 @@ def _padded(k: int) -> int:
 
 @dataclass(frozen=True)
 class W4Weight:
-    qweight: torch.Tensor  # int32 [N, Kp / 8]
+    qweight: torch.Tensor  # int32 [N, Kp / 8] (rows tiled: see the module docstring)
     scale: torch.Tensor  # [N, Kp / group], model dtype
     offset: torch.Tensor  # [N, Kp / group], model dtype
     group: int
@@ -72,16 +89,18 @@ class W4Weight:
         codes = torch.zeros(n, kp, dtype=torch.int64, device=device)
         codes[:, :k] = qw.codes.to(device)
         runs = codes.view(n, kp // BLOCK, 8, 16)  # [n, b, i, j] = code 128 b + 16 i + j
-        shifts = 4 * torch.arange(8, device=device, dtype=torch.int64).view(1, 1, 8, 1)
+        shifts = 4 * torch.tensor(NIBBLE, device=device, dtype=torch.int64).view(1, 1, 8, 1)
         words = (runs << shifts).sum(2)  # [n, b, j], < 2^32
         words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+        t = tile_rows(n)  # [n, b, j] -> [n / t, b, t, j]: a tile's rows of one run are one contiguous block
+        words = words.view(n // t, t, kp // BLOCK, 16).transpose(1, 2)
 
         def groups(t: torch.Tensor) -> torch.Tensor:
             out = torch.zeros(n, kp // group, dtype=dtype, device=device)
             out[:, :k // group] = t.to(device=device, dtype=dtype)
             return out
 
-        return W4Weight(words.view(n, kp // 8).contiguous(), groups(qw.scale), groups(qw.offset), group, k)
+        return W4Weight(words.reshape(n, kp // 8).contiguous(), groups(qw.scale), groups(qw.offset), group, k)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.qweight, self.scale, self.offset))
@@ -89,8 +108,9 @@ class W4Weight:
     def codes(self) -> torch.Tensor:
         """uint8 ``[N, K]``: the codes in natural K order."""
         n, kp = self.qweight.shape[0], self.qweight.shape[1] * 8
-        words = self.qweight.view(n, kp // BLOCK, 1, 16)
-        shifts = 4 * torch.arange(8, device=self.device, dtype=torch.int32).view(1, 1, 8, 1)
+        t = tile_rows(n)
+        words = self.qweight.view(n // t, kp // BLOCK, t, 16).transpose(1, 2).reshape(n, kp // BLOCK, 1, 16)
+        shifts = 4 * torch.tensor(NIBBLE, device=self.device, dtype=torch.int32).view(1, 1, 8, 1)
         return ((words >> shifts) & 15).to(torch.uint8).view(n, kp)[:, :self.k]
 
     def dequantize(self) -> torch.Tensor:
