@@ -16,8 +16,9 @@ Data flow per request (head position ``p`` = target feature at ``p`` + token ``p
    (so features never pile up) but sample nothing.
 3. Where features start after the head's counter (a prefix-cache hit: the target skipped the
    cached prefix), the head starts there too, reading the KV the cached blocks hold.
-4. While nobody drafts (the policy is off, ``disable_by_batch_size``, asynchronous plain steps) the
-   features of every step still arrive. ``backlogged`` tells the speculator when a request holds more
+4. While nobody drafts (the policy grants no drafts or is off, ``disable_by_batch_size``,
+   asynchronous plain steps) the speculator runs no head forward, and the features of every step
+   still arrive. ``backlogged`` tells the speculator when a request holds more
    than ``BACKLOG_ROWS`` positions the head has not seen; it then has the head catch up (a
    ``propose_requests`` with no drafts), so the features kept stay bounded in memory and the head's KV
    stays current.
@@ -29,7 +30,6 @@ sampled outputs stay the target's distribution.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -41,14 +41,32 @@ from tandem.worker.batch import SeqChunk
 from tandem.worker.head_runner import AnyHeadRunner
 
 
-@dataclass
 class _Features:
-    start: int  # position of row 0
-    rows: torch.Tensor  # [m, F]
+    """One request's feature rows for positions ``start .. end``: the recorded pieces, joined only when
+    read (appending a step's rows is O(1), not a copy of everything kept)."""
+
+    def __init__(self, start: int, rows: torch.Tensor) -> None:
+        self.start = start
+        self._pieces = [rows]
+        self.num_rows = rows.shape[0]
 
     @property
     def end(self) -> int:
-        return self.start + self.rows.shape[0]
+        return self.start + self.num_rows
+
+    @property
+    def rows(self) -> torch.Tensor:  # [num_rows, F]
+        if len(self._pieces) > 1:
+            self._pieces = [torch.cat(self._pieces)]
+        return self._pieces[0]
+
+    def record(self, start: int, rows: torch.Tensor) -> None:
+        """Rows from position ``start`` (within ``start .. end``): what was kept from there on is replaced."""
+        if start < self.end:
+            self._pieces = [self.rows[: start - self.start]]
+            self.num_rows = start - self.start
+        self._pieces.append(rows)
+        self.num_rows += rows.shape[0]
 
 
 class EagleProposer:
@@ -75,9 +93,9 @@ class EagleProposer:
     def _record(self, rid: str, start: int, rows: torch.Tensor) -> None:
         old = self._features.get(rid)
         if old is not None and old.start <= start <= old.end:
-            rows = torch.cat((old.rows[: start - old.start], rows))
-            start = old.start
-        self._features[rid] = _Features(start, rows)
+            old.record(start, rows)
+        else:
+            self._features[rid] = _Features(start, rows)
 
     def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None:
         self._features.pop(request_id, None)
@@ -88,7 +106,7 @@ class EagleProposer:
         feats = self._features
         for r in reqs:
             f = feats.get(r.request_id)
-            if f is not None and f.rows.shape[0] > self.BACKLOG_ROWS and r.is_decoding:
+            if f is not None and f.num_rows > self.BACKLOG_ROWS and r.is_decoding:
                 return True
         return False
 

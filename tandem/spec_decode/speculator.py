@@ -10,7 +10,8 @@ three points:
    at most ``min(k, room)``, the room keeping the drafts and the bonus token within ``max_tokens`` and
    ``max_model_len``; the policy chooses within it. Host proposers (n-gram, suffix) are asked for the
    full k first and their drafts truncated to the policy's choice (the rest is scored in the shadow);
-   model-based proposers draft only what the policy grants. An empty draft is always allowed. A
+   model-based proposers draft only what the policy grants (a round where it grants nothing runs no
+   forward at all). An empty draft is always allowed. A
    request with structured output gets its drafts cut at the first token its grammar refuses.
 2. ``will_draft(requests)``: whether any of these requests may draft in its next step. Drafts are
    proposed from read tokens, so the engine schedules a decode step before the previous step's tokens
@@ -140,11 +141,15 @@ class Speculator:
                                                for r, room, toks in zip(reqs, rooms, proposal.token_ids)])
         else:  # drafting costs forwards: choose first, draft what was granted
             ks = policy.choose(len(requests), [Candidate(r.request_id, room) for r, room in zip(reqs, rooms)])
+            if not any(ks):  # no forward for nobody's drafts: the head catches up when backlogged
+                self._catch_up(reqs)
+                return {r.request_id: Draft(()) for r in reqs}
             t0 = time.perf_counter()
             proposal = self.proposer.propose_requests(reqs, ks)
             self._draft_seconds, self._draft_steps = time.perf_counter() - t0, max(ks, default=0)
-            for r, toks in zip(reqs, proposal.token_ids):
-                policy.proposed(r.request_id, len(r.token_ids), toks)
+            for r, toks, k in zip(reqs, proposal.token_ids, ks):
+                if k:  # (an empty draft nobody asked for says nothing about how far drafts reach)
+                    policy.proposed(r.request_id, len(r.token_ids), toks)
         drafts: dict[str, Draft] = {}
         off = 0
         for r, toks, k in zip(reqs, proposal.token_ids, ks):

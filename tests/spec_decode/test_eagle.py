@@ -252,7 +252,7 @@ def test_features_stay_bounded_while_nobody_drafts(target, heads, prompts, refer
 
     def spy(sched, features):
         record(sched, features)
-        most.append(max(f.rows.shape[0] for f in proposer._features.values()))
+        most.append(max(f.num_rows for f in proposer._features.values()))
 
     llm.engine.executor.feature_sink = spy
     long = greedy(190)  # prompts of up to 50 tokens: within the tiny target's 256 positions
@@ -262,3 +262,28 @@ def test_features_stay_bounded_while_nobody_drafts(target, heads, prompts, refer
     decode = most[len(most) // 4:]  # past the prompts (each prompt's rows wait for its first proposal)
     assert decode and max(decode) <= EagleProposer.BACKLOG_ROWS + 1
     assert llm.engine.pool.all_free()
+
+
+def test_no_head_forward_while_the_policy_grants_nothing(target, heads, prompts):
+    """Once the policy stops granting drafts (an untrained head: nothing accepted), a step runs no
+    head forward: the head catches up once per ``BACKLOG_ROWS`` steps, not on every step."""
+    from tandem.spec_decode.eagle import EagleProposer
+
+    llm = make_llm(target, speculative_config={"method": "eagle3", "model": str(heads["eagle3"]),
+                                               "num_speculative_tokens": 3, "disable_by_acceptance": True})
+    proposer = llm.engine.speculator.proposer
+    assert isinstance(proposer, EagleProposer) and llm.engine.speculator.policy is not None
+    calls = []
+    forward = proposer.runner.forward
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return forward(*a, **kw)
+
+    proposer.runner.forward = counting
+    want = tokens_of(make_llm(target).generate(prompts[:1], greedy(190), use_tqdm=False))
+    assert tokens_of(llm.generate(prompts[:1], greedy(190), use_tqdm=False)) == want
+    drafted = llm.engine.stats.spec.num_draft_tokens
+    steps = llm.engine.stats.num_steps
+    # exploration rounds draft (k forwards each); every other head forward is a catch-up
+    assert len(calls) <= drafted + steps // EagleProposer.BACKLOG_ROWS + 2 < steps // 2
