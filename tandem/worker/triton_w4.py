@@ -211,7 +211,8 @@ def _w4_kernel(
                 if GATED:
                     acc_u += tl.load(at + N, mask=om, other=0.0, cache_modifier=".cg")
                 if NORM:
-                    ss += tl.load(ws_ptr + SPLIT * mp * width + s * mp + m, mask=m_mask, other=0.0, cache_modifier=".cg")
+                    ss += tl.load(ws_ptr + SPLIT * mp * width + s * mp + m, mask=m_mask, other=0.0,
+                                  cache_modifier=".cg")
             tl.atomic_xchg(cnt, 0)  # ready for the next launch
             store_rows(tl.trans(acc), tl.trans(acc_u), ss, m, n, m_mask, n_mask, b_ptr, res_ptr, out_ptr, stride_rm,
                        stride_om, up_off, eps, dt, K, NORM, HAS_BIAS, GATED, HAS_RES)
@@ -301,14 +302,17 @@ def _w4_row_kernel(
 
 # Rows up to which the default (not batch-invariant) mode runs the per-row CUDA-core kernel. H200, 8B
 # shapes, µs (2026-12-02): one row per-row 11.6 / 11.7 / 37.4 / 36.5 (qkv / o / gate_up / down) vs
-# tensor cores 17.3 / 13.6 / 76 / 38.5; two rows tensor cores 17.7 / 16.8 / 82.7 / 41.2.
+# tensor cores 17.3 / 13.6 / 76 / 38.5 (w4_config); two rows tensor cores 17.7 / 16.8 / 82.7 / 41.2
+# (with the previous split rule; the per-row kernel at 2 rows was not timed; at 4 rows it cost 2.3-3.4x
+# its one row, docs/performance.md §20).
 ROW_KERNEL_ROWS = 1
 
 
 def row_config(n: int, k: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, runs per K step, num_warps, num_stages) for ``_w4_row_kernel``: best of a sweep on
-    the H200 at the 8B shapes (benchmarks/gpu_w4_gemv.py, 2026-12-02)."""
-    return (8, 8, 8, 3) if n <= 8192 else (16, 8, 4, 3)
+    the H200 at the 8B shapes (benchmarks/gpu_w4_gemv.py, 2026-12-02; for gate_up (16, 8, 4, 3) and
+    (16, 8, 4, 2) tie within 0.3 %). Gated: BLOCK_N / 2 columns of each half."""
+    return (8, 8, 8, 3) if n <= 8192 else (16, 8, 4, 2)
 
 
 def w4_config(n: int, k: int) -> tuple[int, int, int, int, int]:
@@ -334,7 +338,10 @@ _COUNTERS = 1 << 16
 
 
 def _workspace(device: torch.device, floats: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float32 workspace of at least ``floats``, int32 counters, zero between launches) for split-K."""
+    """(float32 workspace of at least ``floats``, int32 counters, zero between launches) for split-K.
+    Made on first use, normally in the warm-up before a CUDA graph is captured (a first use during
+    capture would zero the counters only when the graph replays). Launches on one stream only: two
+    streams running split-K products at once would share the counters."""
     ws, cnt = _WORKSPACE.get(device, (None, None))
     if cnt is None:
         cnt = torch.zeros(_COUNTERS, dtype=torch.int32, device=device)
@@ -348,9 +355,11 @@ def _workspace(device: torch.device, floats: int) -> tuple[torch.Tensor, torch.T
 
 def w4_gemv(x: torch.Tensor, w: W4Weight, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
             eps: float, gated: bool, residual: torch.Tensor | None, out: torch.Tensor,
-            config: tuple[int, int, int, int, int] | None, invariant: bool) -> None:
-    """Launch for ``triton_gemv.gemv`` (arguments checked there). Every row count runs the same
-    kernel and configuration, so ``invariant`` needs nothing extra."""
+            config: tuple[int, ...] | None, invariant: bool) -> None:
+    """Launch for ``triton_gemv.gemv`` (arguments checked there): up to ``ROW_KERNEL_ROWS`` rows
+    (default mode) the per-row kernel, otherwise, and at every row count with ``invariant``, the
+    tensor-core kernel. ``config``: a 4-tuple forces the per-row kernel (``row_config``), a 5-tuple the
+    tensor-core one (``w4_config``)."""
     mrows, kin = x.shape
     nout = out.shape[1]
     pdl = pdl_enabled(x.device)

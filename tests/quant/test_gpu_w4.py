@@ -65,6 +65,29 @@ def test_w4_gemv_matches_the_float_weight(rows, config):
     assert torch.equal(whole, again)
 
 
+@pytest.mark.parametrize("group", [16, 32, 128])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_w4_gemv_every_group(rows, group):
+    """bf16 codes built from the bits for every group size (16: one half-word per group; 32 and up:
+    both halves), both kernels."""
+    from tandem.models.quant.w4_weight import W4Weight
+    from tandem.models.quant.weights import quantize_float
+    from tandem.worker.triton_gemv import gemv
+
+    g = torch.Generator(device=CUDA).manual_seed(2)
+    n, k = 512, 1024
+    w = W4Weight.pack(quantize_float(torch.randn(n, k, device=CUDA, generator=g) / 32, 4, group, False, "t"),
+                      torch.bfloat16, CUDA)
+    kk = k // group
+    wf = (w.codes().float().view(n, kk, group) * w.scale[:, :kk, None].float()
+          + w.offset[:, :kk, None].float()).view(n, k)
+    x = torch.randn(rows, k, device=CUDA, generator=g).to(torch.bfloat16)
+    want = x.float() @ wf.T
+    for invariant in (False, True):
+        got = gemv(x, w, invariant=invariant).float()
+        assert float((got - want).norm() / want.norm()) < 6e-3, (invariant, group)
+
+
 def _logits(path, quantization):
     from tandem.config import RunnerConfig
     from tandem.engine.model_loader import build_model

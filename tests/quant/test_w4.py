@@ -60,6 +60,22 @@ def test_layout_is_runs_of_sixteen_codes_per_nibble():
             assert (words[j] >> (16 + 4 * t)) & 15 == int(codes[0, 16 * (2 * t + 1) + j]), (t, j)
 
 
+def test_rows_are_tiled():
+    """Rows in tiles of 16 (fewer when N is not a multiple): [N / T, runs, T, 16] words."""
+    from tandem.models.quant.w4_weight import tile_rows
+
+    assert (tile_rows(4096), tile_rows(40), tile_rows(6), tile_rows(7)) == (16, 8, 2, 1)
+    qw = qweight(n=48, k=256)
+    w = W4Weight.pack(qw, torch.float32, CPU)
+    one = torch.cat([W4Weight.pack(QuantizedWeight(codes=qw.codes[i:i + 1], scale=qw.scale[i:i + 1],
+                                                   offset=qw.offset[i:i + 1], group=128, bits=4, source="t"),
+                                   torch.float32, CPU).qweight for i in range(48)])  # [48, 32]: row by row
+    tiled = w.qweight.view(3, 2, 16, 16)  # [tile, run, row in tile, word]
+    for n in range(48):
+        for b in range(2):
+            assert torch.equal(tiled[n // 16, b, n % 16], one[n, 16 * b:16 * b + 16]), (n, b)
+
+
 def test_what_fits():
     assert w4_group(qweight()) == 128
     assert w4_group(qweight(bits=8)) is None  # 8-bit codes: dequantized on the GPU

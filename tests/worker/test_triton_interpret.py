@@ -146,7 +146,8 @@ _W4_SCRIPT = textwrap.dedent('''
     # tensor-core configs (BLOCK_N, runs per step, warps, stages, SPLIT): split-K with a short last
     # split, row tiles of 16 (17 rows: two), every group size; 4-tuples: the one-row CUDA-core kernel
     n = 40  # tiles of 8 rows (16 for the gated 80)
-    cases = (((1, (16, 2, 4, 2, 1)), (160, 16)), ((3, (32, 1, 4, 1, 2)), (416, 32)), ((17, (16, 2, 4, 1, 3)), (576, 64)),
+    cases = (((1, (16, 2, 4, 2, 1)), (160, 16)), ((3, (32, 1, 4, 1, 2)), (416, 32)),
+             ((17, (16, 2, 4, 1, 3)), (576, 64)),
              ((2, None), (640, 128)), ((5, (16, 1, 4, 1, 2)), (384, 128)), ((1, (16, 1, 4, 1, 4)), (160, 32)),
              ((1, None), (576, 64)), ((3, (16, 2, 4, 2)), (160, 16)), ((1, (8, 4, 4, 1)), (640, 128)))
     for (m, cfg), (k, group) in cases:
@@ -168,7 +169,8 @@ _W4_SCRIPT = textwrap.dedent('''
         if m > 1:  # each row exactly as that row alone, given the kernel and config (invariant mode: the
             # tensor-core kernel at every row count; by default one row runs the per-row kernel)
             inv = cfg is None
-            assert torch.equal(gemv(x, w, config=cfg, invariant=inv)[m - 1], gemv(x[m - 1:], w, config=cfg, invariant=inv)[0])
+            alone = gemv(x[m - 1:], w, config=cfg, invariant=inv)[0]
+            assert torch.equal(gemv(x, w, config=cfg, invariant=inv)[m - 1], alone)
     # fp16: codes enter the tensor cores as 1 + q/16 built from the bits (bf16's twin is checked on
     # the GPU: the interpreter's dot misreads bitcast bf16)
     for group, k in ((32, 160), (64, 576), (128, 640), (16, 160)):

@@ -4,16 +4,16 @@
 
 - ``qweight``: int32 ``[N, Kp / 8]``, K padded to ``Kp``, a multiple of 128 (padding codes are 0 with
   a 0 scale and offset: zero weights). Each run of 128 codes is 16 words; word ``j`` holds the codes
-  ``128·b + 16·i + j`` for i = 0..7, code ``i`` in nibble ``NIBBLE[i]`` (bits ``4p .. 4p + 3``): even
+  ``128·b + 16·i + j`` for i = 0..7, code ``i`` in nibble ``p = NIBBLE[i]`` (bits ``4p .. 4p + 3``): even
   ``i`` in the low half-word (nibbles 0..3), odd ``i`` in the high one (nibbles 4..7), so nibbles
   ``t`` and ``t + 4`` hold codes ``i = 2t`` and ``2t + 1``. One shift and one mask of a word then
   give two 16-bit floats at once (``(w >> s) & 0x000F000F``-style, the codes of one group for any
   group ≥ 32): the kernel's two-codes-per-operation unpack into tensor-core operands. Each run of 16
   codes (fixed ``i``) lies inside one group. Rows are stored in tiles of ``T = tile_rows(N)`` (16
   where N allows): ``qweight`` viewed as ``[N / T, Kp / 128, T, 16]`` holds word ``j`` of run ``b``
-  of row ``T·a + r`` at ``[a, b, r, j]``, so the kernel's read of a tile's next runs is one
-  contiguous block (1 KiB per run) instead of 64-byte pieces 2 KiB apart (HBM serves those far
-  slower);
+  of row ``T·a + r`` at ``[a, b, r, j]``, so a column block's read of its next run is one
+  contiguous 1 KiB block rather than 64-byte pieces 2 KiB apart (measured on the H200: no faster or
+  slower than rows one after the other, 2026-12-02);
 - ``scale`` / ``offset``: ``[N, Kp / group]`` in the model dtype; ``group`` is a power of two from 16
   to 128 dividing K (a format's larger group is replicated down to 128: exact);
 - no act-order permutation: GPTQ ``desc_act`` checkpoints dequantize to float on the GPU.
