@@ -71,9 +71,10 @@ class _Features:
 
 class EagleProposer:
     drafts_on_host_for_free = False  # every draft costs a head forward
-    # Feature rows a request may hold before the head must catch up on them: one head forward per
-    # this many plain steps (an EAGLE-3 row of an 8B target is 24 KiB: 1.5 MiB per request).
-    BACKLOG_ROWS = 64
+    # Feature rows a request may hold before the head must catch up on them: one head forward (and,
+    # on an asynchronous engine, one pipeline drain) per this many plain steps; an EAGLE-3 row of an
+    # 8B target is 24 KiB: 3 MiB per request.
+    BACKLOG_ROWS = 128
 
     def __init__(self, runner: AnyHeadRunner) -> None:
         self.runner = runner

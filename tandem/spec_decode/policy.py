@@ -41,7 +41,10 @@ no proposal is made (asynchronous decode), a proposal round is forced every ``pr
 proposers without lazy shadows; a model proposer, which has no shadow drafts to learn from, drafts
 the full k for every request in its first proposal round and again once no request has drafted for
 ``probe_every`` steps (exploration: otherwise estimates that say "does not pay" could never be
-corrected); likewise a host proposer verifies its whole drafts once per ``verify_probe_every`` steps
+corrected), the interval doubling after each exploration up to ``MAX_EXPLORE_EVERY`` and back to
+``probe_every`` once the estimates alone choose to draft (a head that never pays costs an
+exploration round every few thousand steps, not every 64: on the H200 every-64 exploration and its
+pipeline drains cost EAGLE ~5 % of plain decoding); likewise a host proposer verifies its whole drafts once per ``verify_probe_every`` steps
 without a verify when its acceptance would pay under the prior cost model (the measured cost may be an outlier that nobody
 re-measures; measurements also fade with age); and when a batch-size
 bucket has not timed a plain decode step for ``decode_probe_every`` steps (everyone drafting),
@@ -62,6 +65,7 @@ from tandem.spec_decode.policy_guard import GoodputGuard
 
 MARGIN = 0.05
 PROBE_EVERY = 64
+MAX_EXPLORE_EVERY = 4096  # a model proposer's exploration interval doubles up to this while it never pays
 DECODE_PROBE_EVERY = 256
 VERIFY_PROBE_EVERY = 256
 DECODE_PROBE_STEPS = 4  # on an asynchronous engine the first one restarts the pipeline (not steady)
@@ -125,6 +129,7 @@ class GoodputPolicy:
         self._steps_since_proposal = 0
         # model proposers: steps since any request drafted; the first round explores (full k for all)
         self._steps_since_draft = probe_every
+        self._explore_every = probe_every  # doubles after each exploration while the estimates say no
 
     # ---- decisions ------------------------------------------------------------------------------
     def choose(self, batch: int, candidates: Sequence[Candidate]) -> list[int]:
@@ -141,14 +146,17 @@ class GoodputPolicy:
             self._count(ks)
             return ks
         ks = self._optimise(batch, candidates, with_reach=False)
-        if not any(ks) and self._steps_since_draft >= self.probe_every:
-            if not self.free:
-                ks = [c.max_tokens for c in candidates]  # explore: a model proposer has no shadow drafts
-            elif self.cost.verify_is_stale(batch, self.verify_probe_every) and any(
-                    self._optimise(batch, candidates, with_reach=False, cost=self.cost.prior_overhead())):
-                # the measured cost says no, but it is old and the prior cost says yes: verify the
-                # whole drafts once (long verifies beside short ones separate σ from β in the fit)
-                ks = [min(c.max_tokens, len(c.draft or ())) for c in candidates]
+        if any(ks):
+            self._explore_every = self.probe_every  # drafting pays on the estimates: explore at the base rate
+        elif not self.free and self._steps_since_draft >= self._explore_every:
+            ks = [c.max_tokens for c in candidates]  # explore: a model proposer has no shadow drafts
+            self._explore_every = min(MAX_EXPLORE_EVERY, 2 * self._explore_every)
+        elif (self.free and self._steps_since_draft >= self.probe_every
+              and self.cost.verify_is_stale(batch, self.verify_probe_every)
+              and any(self._optimise(batch, candidates, with_reach=False, cost=self.cost.prior_overhead()))):
+            # the measured cost says no, but it is old and the prior cost says yes: verify the
+            # whole drafts once (long verifies beside short ones separate σ from β in the fit)
+            ks = [min(c.max_tokens, len(c.draft or ())) for c in candidates]
         if any(ks):
             self._steps_since_draft = 0
         self._count(ks)
@@ -163,7 +171,7 @@ class GoodputPolicy:
             return False
         if self.shadow is None and self.latest_shadow is None and self._steps_since_proposal >= self.probe_every:
             return True  # no shadows: refresh the estimates now and then
-        if not self.free and self._steps_since_draft >= self.probe_every:
+        if not self.free and self._steps_since_draft >= self._explore_every:
             return True  # a model proposer's exploration round is due
         if self._no_until > self._step and self._no_batch == bucket_of(batch):
             return False

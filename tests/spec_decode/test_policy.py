@@ -73,7 +73,8 @@ class Sim:
         if self.draft_step:
             ks = self.policy.choose(self.batch, [Candidate(r, K) for r in rids])
             for rid, k in zip(rids, ks):
-                self.policy.proposed(rid, len(self.tokens[rid]), drafts[rid][:k])
+                if k:  # as the speculator: a request granted nothing is not proposed for
+                    self.policy.proposed(rid, len(self.tokens[rid]), drafts[rid][:k])
         else:
             ks = self.policy.choose(self.batch, [Candidate(r, K, drafts[r]) for r in rids])
         self.ks.append(ks)
@@ -297,9 +298,23 @@ def test_model_proposer_explores_then_drafts_when_it_pays():
     assert sim.drafting_share(100) > 0.9  # then it drafts: the evidence says it pays
     assert policy.draft_cost == pytest.approx(0.05, rel=0.3)  # the measured draft step, in decode steps
     bad = GoodputPolicy(K, free=False, stats=SpecStats(), probe_every=16)
-    sim = Sim(bad, 2, GPU_SMALL, lambda: 0.0, draft_step=0.2 * GPU_SMALL(2, 0), seed=1).run(200)
-    assert sim.drafting_share(100) <= 1 / 16 + 0.01  # only the exploration rounds
-    assert sim.goodput() >= 0.9 * 2 / GPU_SMALL(2, 0)
+    sim = Sim(bad, 2, GPU_SMALL, lambda: 0.0, draft_step=0.2 * GPU_SMALL(2, 0), seed=1).run(2000)
+    explored = [i for i, ks in enumerate(sim.ks) if any(ks)]  # only exploration rounds ...
+    gaps = [b - a for a, b in zip(explored, explored[1:])]
+    assert explored[0] == 0 and gaps[0] >= 16 and len(explored) <= 6  # ... ever rarer (every 16: 125)
+    assert all(b > a for a, b in zip(gaps, gaps[1:]))
+    assert sim.goodput() >= 0.95 * 2 / GPU_SMALL(2, 0)
+
+
+def test_model_proposer_exploration_returns_to_the_base_rate_once_drafting_pays():
+    alpha = [0.0]
+    policy = GoodputPolicy(K, free=False, stats=SpecStats(), probe_every=16)
+    sim = Sim(policy, 1, GPU_SMALL, lambda: alpha[0], draft_step=0.05 * GPU_SMALL(1, 0), seed=2).run(600)
+    assert sim.drafting_share(300) < 0.02  # backed off
+    alpha[0] = 0.95  # the text became predictable: the next exploration finds it and drafting resumes
+    sim.run(1200)
+    assert sim.drafting_share(300) > 0.9
+    assert policy._explore_every == 16
 
 
 def test_recovers_from_slow_first_verifies():
