@@ -80,6 +80,7 @@ class EagleProposer:
         self.runner = runner
         self.head = runner.head
         self._features: dict[str, _Features] = {}
+        self._backlog: set[str] = set()  # decoding requests holding more than BACKLOG_ROWS rows
 
     # ---- features from the target ---------------------------------------------------------------
     def record_features(self, sched: SchedulerOutput, features: torch.Tensor) -> None:
@@ -88,28 +89,29 @@ class EagleProposer:
         t = 0
         for s in sched.scheduled:
             n = s.num_new_tokens
-            self._record(s.request.request_id, s.start, features[t:t + n])
+            rid = s.request.request_id
+            if self._record(rid, s.start, features[t:t + n]) > self.BACKLOG_ROWS and s.request.is_decoding:
+                self._backlog.add(rid)
             t += n
 
-    def _record(self, rid: str, start: int, rows: torch.Tensor) -> None:
-        old = self._features.get(rid)
-        if old is not None and old.start <= start <= old.end:
-            old.record(start, rows)
+    def _record(self, rid: str, start: int, rows: torch.Tensor) -> int:
+        """Keep the rows; returns how many the request holds now."""
+        f = self._features.get(rid)
+        if f is not None and f.start <= start <= f.end:
+            f.record(start, rows)
         else:
-            self._features[rid] = _Features(start, rows)
+            f = self._features[rid] = _Features(start, rows)
+        return f.num_rows
 
     def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None:
         self._features.pop(request_id, None)
+        self._backlog.discard(request_id)
 
     def backlogged(self, reqs: Sequence[Request]) -> bool:
         """Whether a request of ``reqs`` in its decode phase holds more than ``BACKLOG_ROWS`` feature
         rows (a prompt's rows wait for its first proposal)."""
-        feats = self._features
-        for r in reqs:
-            f = feats.get(r.request_id)
-            if f is not None and f.num_rows > self.BACKLOG_ROWS and r.is_decoding:
-                return True
-        return False
+        backlog = self._backlog  # (asked every step: O(1) while nobody is backlogged)
+        return bool(backlog) and any(r.request_id in backlog for r in reqs)
 
     # ---- drafting -------------------------------------------------------------------------------
     def propose_requests(self, reqs: Sequence[Request], ks: Sequence[int]) -> DraftProposal:
@@ -120,6 +122,7 @@ class EagleProposer:
         active: list[int] = []  # requests that draft, in row order
         t = 0
         for i, r in enumerate(reqs):
+            self._backlog.discard(r.request_id)  # (a request still backlogged is marked again at its next record)
             span = self._catch_up_span(r)
             if span is None:
                 continue
