@@ -42,11 +42,12 @@ proposers without lazy shadows; a model proposer, which has no shadow drafts to 
 the full k for every request in its first proposal round and again once no request has drafted for
 ``probe_every`` steps (exploration: otherwise estimates that say "does not pay" could never be
 corrected), the interval doubling after each exploration up to ``MAX_EXPLORE_EVERY`` and back to
-``probe_every`` once the estimates alone choose to draft (a head that never pays costs an
-exploration round every few thousand steps, not every 64: on the H200 every-64 exploration and its
-pipeline drains cost EAGLE ~5 % of plain decoding); likewise a host proposer verifies its whole drafts once per ``verify_probe_every`` steps
-without a verify when its acceptance would pay under the prior cost model (the measured cost may be an outlier that nobody
-re-measures; measurements also fade with age); and when a batch-size
+``probe_every`` once the estimates alone choose to draft (a head that never pays then costs an
+exploration round every few thousand steps, not every 64: with the 64-step rounds and their pipeline
+drains an idle EAGLE-3 head ran at 0.87× of plain decoding on the H200, docs/performance.md §23);
+likewise a host proposer verifies its whole drafts once per ``verify_probe_every`` steps without a
+verify when its acceptance would pay under the prior cost model (the measured cost may be an outlier
+that nobody re-measures; measurements also fade with age); and when a batch-size
 bucket has not timed a plain decode step for ``decode_probe_every`` steps (everyone drafting),
 ``decode_probe_steps`` plain steps re-measure the baseline (~1% of the steps).
 """
