@@ -8,9 +8,10 @@ several replays. Also checks every variant against a float32 reference (relative
 
 For 2+ rows the kernel runs one program per row and column block (each row computed exactly as a
 1-row product); the "tensor cores" column is its 16-row ``dot=True`` variant. ``--sweep-rows 1,4`` tries a grid of (BLOCK_N, BLOCK_K, num_warps) at those row counts and prints the
-best per shape (how ``triton_gemv.gemv_config`` was set).
+best per shape (how ``triton_gemv.gemv_config`` was set); ``--sweep-dot-rows 16`` does the same for the
+tensor-core variant (with the shape's fusion).
 
-Usage: python benchmarks/gpu_gemv.py [--sweep-rows 1,4] [--rows 1,2,4,8,16]
+Usage: python benchmarks/gpu_gemv.py [--sweep-rows 1,4] [--sweep-dot-rows 16] [--rows 1,2,4,8,16]
 """
 
 from __future__ import annotations
@@ -72,12 +73,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="1,2,4,8,16")
     ap.add_argument("--sweep-rows", default="", help="row counts to sweep block configs for, e.g. 1,4")
+    ap.add_argument("--sweep-dot-rows", default="", help="row counts to sweep the tensor-core (dot=True) "
+                    "configs for (8B shapes), e.g. 16")
     args = ap.parse_args()
     dev = torch.device("cuda")
     dt = torch.bfloat16
     torch.manual_seed(0)
     rows_list = [int(r) for r in args.rows.split(",")]
     sweep_rows = {int(r) for r in args.sweep_rows.split(",") if r}
+    sweep_dot_rows = {int(r) for r in args.sweep_dot_rows.split(",") if r}
     print(f"device {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     results = []
     for name, (hid, inter, qkv) in SHAPES.items():
@@ -126,6 +130,12 @@ def main() -> None:
                     best = sweep(lambda cfg: lambda i: gemv(x, ws[i % copies], config=cfg), grid, copies * 2)
                     print("   sweep best:", ", ".join(f"{c} {u:.2f} µs ({nbytes / u / 1e6:.2f} TB/s)"
                                                     for u, c in best[:4]), flush=True)
+                if m in sweep_dot_rows and name == "8B":
+                    grid = list(itertools.product((32, 64, 128), (64, 128, 256), (4, 8)))
+                    best = sweep(lambda cfg: lambda i: gemv(x, ws[i % copies], config=cfg, dot=True, **kw), grid,
+                                 copies * 2)
+                    print(f"   dot sweep best (cuBLAS {cu:.2f} µs):", ", ".join(
+                        f"{c} {u:.2f} µs ({nbytes / u / 1e6:.2f} TB/s)" for u, c in best[:4]), flush=True)
             ws = []  # free the copies before the next shape
             torch.cuda.empty_cache()
     print("\n| model | matmul | M | cuBLAS µs | gemv µs | fused µs (what) | fused, tensor cores µs | gemv TB/s | rel err |")

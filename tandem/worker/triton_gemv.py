@@ -126,7 +126,12 @@ def gemv_config(m: int, n: int, k: int, dot: bool = False) -> tuple[int, int, in
     cuBLAS). The same config at every row count: each row is computed exactly as a 1-row product.
     ``dot``: 16-row tensor-core tiles.
     """
-    if dot:  # the same tiles at every row count (what batch-invariant mode relies on)
+    if dot:  # the same tiles at every row count (what batch-invariant mode relies on); per weight shape:
+        # the 8B shapes (K, N >= 4096) from `benchmarks/gpu_gemv.py --sweep-dot-rows 16` on the H200
+        # (2026-12-02, with their fusions: qkv 120 -> 35 µs, o 24 -> 16, gate_up 196 -> 67, down 55 -> 40;
+        # gated: BLOCK_N columns of each half); smaller shapes keep the tiles not swept yet
+        if n >= 4096 and k >= 4096:
+            return (128, 128, 4) if n >= 16384 else (128, 256, 4) if n >= 6144 else (64, 256, 4)
         return 16, 128, 4
     block_n = 4
     while block_n < 32 and n // (2 * block_n) >= 384:
@@ -177,7 +182,7 @@ def gemv(
         return out
     use_dot = dot and (mrows > 1 or invariant)
     block_n, block_k, warps = config or gemv_config(mrows, nw_rows, kin, use_dot)
-    if gated and config is None:  # each program reads block_n gate rows and block_n up rows
+    if gated and config is None and not use_dot:  # each program reads block_n gate rows and block_n up rows
         block_n = max(4, block_n // 2)
     pdl = pdl_enabled(x.device)
     block_m = 16 if use_dot else 1

@@ -33,15 +33,15 @@ def dummy_dir(root: Path, shape: str, layers: int | None = None) -> Path:
 
 
 @pytest.mark.parametrize("rows", [2, 7, 16, 40])
-def test_kernel_rows_equal_one_row_results(rows):
+@pytest.mark.parametrize("n,k,n_gated", [(1536, 576, 3072), (6144, 4096, 16384)])  # small / 8B-sized tiles
+def test_kernel_rows_equal_one_row_results(rows, n, k, n_gated):
     from tandem.worker.cuda_kernels import invariant_logits
     from tandem.worker.triton_attention import paged_attention_triton
     from tandem.worker.triton_gemv import gemv
 
     g = torch.Generator(device=CUDA).manual_seed(rows)
-    n, k = 1536, 576
-    w = (torch.randn(n, k, device=CUDA, generator=g) / 24).to(torch.bfloat16)
-    w2 = (torch.randn(2 * n, k, device=CUDA, generator=g) / 24).to(torch.bfloat16)
+    w = (torch.randn(n, k, device=CUDA, generator=g) / k ** 0.5).to(torch.bfloat16)
+    w2 = (torch.randn(n_gated, k, device=CUDA, generator=g) / k ** 0.5).to(torch.bfloat16)
     nw = (torch.rand(k, device=CUDA, generator=g) + 0.5).to(torch.bfloat16)
     x = torch.randn(rows, k, device=CUDA, generator=g).to(torch.bfloat16)
     for f in (lambda x: gemv(x, w, dot=True, invariant=True),
