@@ -236,7 +236,7 @@ def test_dummy_target_opens_its_head_as_dummy(tmp_path, target, heads):
 
 
 @pytest.mark.parametrize("policy", [True, False])
-def test_features_stay_bounded_while_nobody_drafts(target, heads, prompts, reference, policy):
+def test_features_stay_bounded_while_nobody_drafts(target, heads, prompts, policy):
     """With drafting off for the batch (``disable_by_batch_size``; the policy's ``off`` or the plain
     cap), the head still catches up every ``BACKLOG_ROWS`` steps: the features kept per request stay
     bounded (not the whole sequence), and output is the target's."""
