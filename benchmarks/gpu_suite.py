@@ -424,10 +424,12 @@ _VARIANTS = [("graphs+fused", dict()), ("graphs+fused, cuBLAS only (skinny_rows=
 _PDL_VARIANTS = [("PDL off", dict(pdl=False)), ("PDL on", dict()), ("PDL off (again)", dict(pdl=False)),
                  ("PDL on (again)", dict())]
 # Layer bodies for steps of a few rows (verify: k + 1 rows at batch 1).
-_ROWS_VARIANTS = [("cuBLAS body above 1 row", dict(skinny_rows=1)),
-                  ("skinny matmuls <= 8 rows, a program per row", dict(skinny_rows=8)),
-                  ("skinny matmuls <= 8 rows, tensor cores", dict(skinny_rows=8, skinny_multirow="dot"))]
-_ROWS_STEPS = ((1, 1), (1, 2), (1, 4), (1, 5), (1, 6), (2, 1), (4, 1), (8, 1))  # (batch, query rows)
+_ROWS_VARIANTS = [("before: one program per row up to 1 row (6 on small models), cuBLAS above",
+                   dict(skinny_multirow="rows")),
+                  ("default: one program per row up to 1 row (6 on small models), tensor cores up to 16",
+                   dict()),
+                  ("tensor cores for 2-16 rows", dict(skinny_multirow="dot"))]
+_ROWS_STEPS = ((1, 1), (1, 2), (1, 4), (1, 5), (1, 6), (2, 1), (4, 1), (8, 1), (16, 1))  # (batch, query rows)
 
 
 
@@ -662,7 +664,7 @@ def main() -> None:
         llms.pop("8b-w4", None)
     if "rows" in sections and "8b" in llms:
         guarded("rows-8b", section_variants, llms["8b"], variants=_ROWS_VARIANTS, key="rows",
-                steps=((1, 1), (1, 4), (1, 6), (4, 1), (8, 1)))
+                steps=((1, 1), (1, 4), (1, 6), (4, 1), (8, 1), (16, 1)))
     if any(s in sections for s in ("decode", "ref", "decode1b", "pdl", "timeline", "rows")):
         llms.pop("8b", None)
         torch.cuda.empty_cache()

@@ -14,7 +14,7 @@ from typing import Any
 from tandem.config.validate import check_bool, check_choice, check_int
 
 RUNNER_BACKENDS = ("auto", "torch", "cuda")
-MULTIROW_MODES = ("rows", "dot")
+MULTIROW_MODES = ("auto", "rows", "dot")
 
 
 @dataclass(frozen=True)
@@ -25,9 +25,12 @@ class RunnerConfig:
     cuda_graphs: bool = True  # replay captured graphs for small steps (vLLM: not enforce_eager)
     fused: bool = True  # fused layer kernels (norm+residual, rope+KV write, skinny matmuls)
     # Steps of at most this many rows take the skinny Triton matmuls; None: per model
-    # (worker/linear_kernels.default_skinny_rows); 0: never (cuBLAS only).
+    # (worker/cuda_kernels.default_skinny_rows); 0: never (cuBLAS only).
     skinny_rows: int | None = None
-    skinny_multirow: str = "rows"  # 2+ row skinny steps: one program per row, or 16-row tensor-core tiles
+    # Skinny steps of 2+ rows: "rows" one program per row (each row bitwise its 1-row product), "dot"
+    # tensor cores (weight rows x 16-row tiles of x), "auto" one program per row up to
+    # worker/cuda_kernels.default_row_rows rows, tensor cores above
+    skinny_multirow: str = "auto"
     max_graph_batch: int = 256  # largest batch bucket with a CUDA graph
     kv_splits: int | None = None  # force the split-KV count of the attention kernel (None: chosen per step)
     pdl: bool = True  # programmatic dependent launch on Hopper+

@@ -87,7 +87,8 @@ _HELP: dict[str, str] = {
     "fused": "fused layer kernels (norm+residual, rope+KV write, skinny matmuls)",
     "skinny_rows": "steps of at most this many rows use the skinny Triton matmuls; 0: never "
                    "(default: chosen per model)",
-    "skinny_multirow": "skinny steps of 2+ rows: " + " | ".join(MULTIROW_MODES),
+    "skinny_multirow": "skinny steps of 2+ rows: " + " | ".join(MULTIROW_MODES)
+                       + " (auto: one program per row for a few rows on small models, tensor cores above)",
     "max_graph_batch": "largest batch with a captured CUDA graph",
     "kv_splits": "force the attention kernel's split-KV count (default: chosen per step)",
     "pdl": "programmatic dependent launch on Hopper and newer",

@@ -2,13 +2,14 @@
 CUDA runner picks per step (``models/forward_context.py``). Same parameters, same function as the
 torch reference (tests/test_gpu.py), in fewer kernels:
 
-- ``SkinnyKernels`` for few rows (≤ ``skinny_rows``: batch-1 decode; up to 6 rows on small models,
-  ``default_skinny_rows``): Triton matmuls that stream the weights once per column block with the
-  RMSNorm, the silu·mul and the residual add fused in (``triton_gemv.py``, one program per row and
-  column block): ``norm+qkv → (rope + KV write → attention) → o (+= residual) →
-  norm+gate_up+silu·mul → down (+= residual)``, 6–7 launches per layer. The residual stream is
-  updated in place. On larger models 2+ rows cost ~rows × one row there, more than cuBLAS
-  (benchmarks/gpu_gemv.py, docs/gpu_notes.md), so those steps take the cuBLAS body;
+- ``SkinnyKernels`` for few rows (≤ ``skinny_rows``, default ``MAX_ROWS`` = 16: decode of small
+  batches, verify steps): Triton matmuls that stream the weights once with the RMSNorm, the
+  silu·mul and the residual add fused in: ``norm+qkv → (rope + KV write → attention) → o (+=
+  residual) → norm+gate_up+silu·mul → down (+= residual)``, 6–7 launches per layer. The residual
+  stream is updated in place. Up to ``default_row_rows`` rows (1; 6 on small models) one program per
+  row and column block (``triton_gemv.py``: each row bitwise its 1-row product, ~rows × one row on
+  big weights); more rows on the tensor cores (``triton_dot.py``: weight rows × 16-row tiles of x,
+  2–16 rows for about the price of one);
 - ``CublasKernels`` for more rows: ``add_rmsnorm → qkv matmul → … → o matmul → add_rmsnorm →
   gate_up matmul → silu_mul → down matmul`` with cuBLAS matmuls (9–10 launches instead of ~35);
   each sub-layer's output stays *pending* and is added into the residual by the next norm kernel.
@@ -36,19 +37,25 @@ from tandem.models.quant.w4_weight import W4Weight
 from tandem.worker.triton_gemv import MAX_ROWS, gemv
 from tandem.worker.triton_ops import rmsnorm, silu_mul
 
-# Models up to this hidden size run steps of up to SMALL_MODEL_SKINNY_ROWS rows (a k <= 5 verify at
-# batch 1, decode at batch <= 6) through the skinny matmuls, one program per row: their matmuls are a
-# few µs of launch latency, not bandwidth, so k + 1 row programs cost little more than one, while the
-# cuBLAS body has ~3 more kernels per layer. SmolLM2-135M shape on the H200: q=5 verify graph 0.776 ms
-# skinny vs 0.902 ms cuBLAS (decode 0.465 ms); batch 8 decode 1.031 vs 0.917 ms, so not beyond 6 rows.
-# Llama-3.2-1B (hidden 2048): skinny already loses at 2 rows (1.070 vs 1.045 ms) — cuBLAS above 1 row.
+# Models up to this hidden size run steps of up to SMALL_MODEL_ROW_ROWS rows (a k <= 5 verify at batch
+# 1, decode at batch <= 6) one program per row: their matmuls are a few µs of launch latency, not
+# bandwidth, so k + 1 row programs cost little more than one (SmolLM2-135M shape on the H200: q=5
+# verify graph 0.776 ms vs 0.902 ms on cuBLAS, decode 0.465 ms), and each row is bitwise its 1-row
+# decode. On bigger weights a program per row costs ~rows × one row (Llama-3.2-1B: already at 2 rows
+# 1.070 vs 1.045 ms on cuBLAS), so there 2+ rows take the tensor-core kernel (docs/performance.md §24).
 SMALL_MODEL_HIDDEN = 1024
-SMALL_MODEL_SKINNY_ROWS = 6
+SMALL_MODEL_ROW_ROWS = 6
 
 
-def default_skinny_rows(arch: ModelArch) -> int:
-    """Most rows of a step that takes the skinny-matmul kernels (docs/gpu_notes.md, session 5)."""
-    return SMALL_MODEL_SKINNY_ROWS if arch.hidden_size <= SMALL_MODEL_HIDDEN else 1
+def default_row_rows(arch: ModelArch) -> int:
+    """Most rows of a skinny step that run one program per row (``skinny_multirow="auto"``)."""
+    return SMALL_MODEL_ROW_ROWS if arch.hidden_size <= SMALL_MODEL_HIDDEN else 1
+
+
+def default_skinny_rows(arch: ModelArch, multirow: str = "auto") -> int:
+    """Most rows of a step that takes the skinny-matmul kernels. One program per row for every row
+    ("rows") pays only up to ``default_row_rows``; with the tensor-core kernel, up to ``MAX_ROWS``."""
+    return default_row_rows(arch) if multirow == "rows" else MAX_ROWS
 
 
 def fused_supported(arch: ModelArch) -> bool:
@@ -74,32 +81,35 @@ def _matmul(x: torch.Tensor, layer: AnyLinear) -> torch.Tensor:
 
 
 class SkinnyKernels:
-    """At most ``triton_gemv.MAX_ROWS`` rows: fused skinny Triton matmuls, residual updated in place.
+    """At most ``triton_gemv.MAX_ROWS`` rows: fused skinny Triton matmuls, residual updated in place;
+    up to ``row_rows`` rows one program per row, more on the tensor-core kernel.
 
-    ``invariant`` (batch-invariant mode): every row count, every matmul on the same 16-row
-    tensor-core tiles with the same block sizes, so a row's result never depends on how many rows
-    the step has (``triton_gemv.gemv_config``); the GPU runner then uses these kernels for every
-    step, prefill included, and the LM head through ``invariant_logits``."""
+    ``invariant`` (batch-invariant mode): every row count, every matmul on the tensor-core kernel
+    with the same block sizes, so a row's result never depends on how many rows the step has
+    (``triton_dot.dot_config``); the GPU runner then uses these kernels for every step, prefill
+    included, and the LM head through ``invariant_logits``."""
 
-    def __init__(self, dot: bool = False, defer: bool | None = None, invariant: bool = False) -> None:
-        self.dot = dot or invariant  # 2+ rows on 16-row tensor-core tiles instead of one program per row
+    def __init__(self, row_rows: int = MAX_ROWS, defer: bool | None = None, invariant: bool = False) -> None:
+        self.row_rows = row_rows
         self.defer = defer  # deferred reduction: None = per shape
         self.invariant = invariant
 
+    def _gemv(self, x: torch.Tensor, layer: AnyLinear, **kw: object) -> torch.Tensor:
+        return gemv(x, _weight(layer), layer.bias, dot=self.invariant or x.shape[0] > self.row_rows, defer=self.defer,
+                    invariant=self.invariant, **kw)  # type: ignore[arg-type]
+
     def linear(self, x: torch.Tensor, layer: AnyLinear) -> torch.Tensor:
-        return gemv(x, _weight(layer), layer.bias, dot=self.dot, defer=self.defer, invariant=self.invariant)
+        return self._gemv(x, layer)
 
     def norm_linear(self, stream: ResidualStream, norm: RMSNorm, layer: AnyLinear) -> torch.Tensor:
-        return gemv(stream.x, _weight(layer), layer.bias, norm_weight=norm.weight, eps=norm.eps, dot=self.dot,
-                    defer=self.defer, invariant=self.invariant)
+        return self._gemv(stream.x, layer, norm_weight=norm.weight, eps=norm.eps)
 
     def linear_add(self, x: torch.Tensor, layer: AnyLinear, stream: ResidualStream) -> ResidualStream:
-        gemv(x, _weight(layer), layer.bias, residual=stream.x, dot=self.dot, defer=self.defer, invariant=self.invariant)
+        self._gemv(x, layer, residual=stream.x)
         return stream
 
     def norm_gated_mlp_in(self, stream: ResidualStream, norm: RMSNorm, mlp: GatedMLP) -> torch.Tensor:
-        return gemv(stream.x, _weight(mlp.gate_up_proj), mlp.gate_up_proj.bias, norm_weight=norm.weight,
-                    eps=norm.eps, gated=True, dot=self.dot, defer=self.defer, invariant=self.invariant)  # silu(gate) * up
+        return self._gemv(stream.x, mlp.gate_up_proj, norm_weight=norm.weight, eps=norm.eps, gated=True)  # silu(gate) * up
 
     def final_norm(self, stream: ResidualStream, norm: RMSNorm) -> torch.Tensor:
         return rmsnorm(stream.x, norm.weight, norm.eps)
@@ -145,4 +155,5 @@ class CublasKernels:
         return stream.x.clone() if stream.pending is None else stream.x + stream.pending
 
 
-__all__ = ["CublasKernels", "MAX_ROWS", "SkinnyKernels", "default_skinny_rows", "fused_supported", "invariant_logits"]
+__all__ = ["CublasKernels", "MAX_ROWS", "SkinnyKernels", "default_row_rows", "default_skinny_rows", "fused_supported",
+           "invariant_logits"]

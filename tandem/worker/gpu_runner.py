@@ -19,8 +19,8 @@ never overwrites bytes an in-flight copy still reads.
 
 Knobs (``RunnerConfig``, config/runner.py; debug overrides through ``TANDEM_*`` variables, config/env.py):
 ``cuda_graphs`` (off: eager only), ``fused`` (off: the torch layer kernels with Triton attention),
-``skinny_rows`` (steps of at most this many rows use the skinny matmuls; default 1, 6 for small
-models; 0: cuBLAS only), ``skinny_multirow="dot"`` (2+ row steps on 16-row tensor-core tiles),
+``skinny_rows`` (steps of at most this many rows use the skinny matmuls; default 16; 0: cuBLAS only),
+``skinny_multirow`` (2+ row skinny steps: one program per row, tensor cores, or "auto"),
 ``max_graph_batch``, ``kv_splits``.
 """
 
@@ -42,6 +42,7 @@ from tandem.worker.cuda_kernels import (
     MAX_ROWS,
     CublasKernels,
     SkinnyKernels,
+    default_row_rows,
     default_skinny_rows,
     fused_supported,
     invariant_logits,
@@ -81,8 +82,9 @@ class GpuModelRunner:
         arch = model.arch
         self.fused = cfg.fused and fused_supported(arch)
         # Steps of at most this many rows take the skinny Triton matmuls (cuda_kernels.default_skinny_rows).
-        self.gemv_rows = default_skinny_rows(arch) if cfg.skinny_rows is None else cfg.skinny_rows
-        self._skinny = SkinnyKernels(dot=cfg.skinny_multirow == "dot", defer=cfg.skinny_defer)
+        self.gemv_rows = default_skinny_rows(arch, cfg.skinny_multirow) if cfg.skinny_rows is None else cfg.skinny_rows
+        row_rows = {"auto": default_row_rows(arch), "rows": MAX_ROWS, "dot": 1}[cfg.skinny_multirow]
+        self._skinny = SkinnyKernels(row_rows=row_rows, defer=cfg.skinny_defer)
         self._cublas = CublasKernels()
         # Batch-invariant mode: one set of kernels for every step (fixed 16-row matmul tiles, the LM
         # head included; attention with fixed tiles and no split-KV), so a row's result does not

@@ -23,8 +23,8 @@ use cuBLAS above that. Several rows run one program per (row, column block), row
 column block's programs share its weight tile through L2, each row computed exactly as a 1-row
 product: a verify row's logits equal the 1-row decode's bit for bit up to attention. That costs
 ~rows × one row on big weights (bandwidth) but little more than one row on small models (latency);
-``dot=True`` instead runs 16-row tensor-core tiles (slower than cuBLAS at every shape measured).
-CPU tensors work under ``TRITON_INTERPRET=1`` (tests).
+``dot=True`` instead runs ``triton_dot.py``'s tensor-core kernel (weight rows × 16-row tiles of x,
+split-K; any row count). CPU tensors work under ``TRITON_INTERPRET=1`` (tests).
 
 Int4 weights (``W4Weight``) take the same call and fusions and run ``triton_w4.py``'s kernel.
 """
@@ -37,10 +37,11 @@ import triton.language as tl
 
 from tandem.models.quant.w4_weight import W4Weight
 from tandem.worker.pdl import launch_kwargs, pdl_enabled, pdl_prologue
+from tandem.worker.triton_dot import dot_gemv
 from tandem.worker.triton_epilogue import store_rows
 from tandem.worker.triton_w4 import w4_gemv
 
-MAX_ROWS = 16  # one program per row; ``dot=True`` takes any row count, in blocks of 16
+MAX_ROWS = 16  # one program per row; ``dot=True`` takes any row count
 # Deferred reduction (element-wise partial sums, one cross-thread reduction after the K loop) pays for
 # narrow column blocks (BLOCK_N <= 4: 1B o/down 8-12 % faster, SmolLM2 down 22 %) and loses for wider
 # ones (8B: 4-12 % slower), measured on the H200 (docs/gpu_notes.md). ``gemv(defer=...)``
@@ -51,23 +52,20 @@ MAX_ROWS = 16  # one program per row; ``dot=True`` takes any row count, in block
 def _gemv_kernel(
     x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, eps,
     M, N, stride_xm, stride_wn, stride_rm, stride_om, up_off,
-    K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr,
-    USE_DOT: tl.constexpr, DEFER: tl.constexpr,
+    DEFER: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    if BLOCK_M == 1:  # one row per program, rows fastest: the M programs of a column block run
-        row0 = pid % M  # together, so the weight tile comes from HBM once and from L2 for the rest
-        pid = pid // M
-    else:  # tensor-core tiles of BLOCK_M rows, row blocks fastest (same reason)
-        mblocks = tl.cdiv(M, BLOCK_M)
-        row0 = (pid % mblocks) * BLOCK_M
-        pid = pid // mblocks
+    # one row per program, rows fastest: the M programs of a column block run together, so the
+    # weight tile comes from HBM once and from L2 for the rest
+    row0 = pid % M
+    pid = pid // M
     dt = w_ptr.dtype.element_ty
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
-    m = row0 + tl.arange(0, BLOCK_M)
+    m = row0 + tl.arange(0, 1)
     m_mask = m < M
     x_rows = x_ptr + m[:, None].to(tl.int64) * stride_xm
     w_rows = w_ptr + n[:, None].to(tl.int64) * stride_wn
@@ -75,14 +73,14 @@ def _gemv_kernel(
     if PDL:  # see pdl.py: x, the residual and the output only after this
         pdl_prologue()
 
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([1, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([1, BLOCK_N], dtype=tl.float32)
     # DEFER: element-wise partial sums in registers, reduced across threads once after the loop
     # (instead of a cross-warp reduction per K tile). The norm's sum of squares is always deferred
     # (8B qkv 19.7 -> 17.8 µs, gate_up 63.0 -> 59.9 µs with the norm fused; docs/gpu_notes.md).
     acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc2_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    ss2 = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    ss2 = tl.zeros([1, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_mask = k < K
@@ -94,45 +92,32 @@ def _gemv_kernel(
             xv = (xf * nw[None, :]).to(dt)
         wm = n_mask[:, None] & k_mask[None, :]
         w = tl.load(w_rows + k[None, :], mask=wm, other=0.0)
-        if USE_DOT:
-            acc += tl.dot(xv, tl.trans(w))
-        elif DEFER:  # BLOCK_M == 1: multiply-add on the CUDA cores
+        if DEFER:  # multiply-add on the CUDA cores
             acc2 += w.to(tl.float32) * xv.to(tl.float32)
         else:
             acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32), 1)[None, :]
         if GATED:
             wu = tl.load(u_rows + k[None, :], mask=wm, other=0.0)
-            if USE_DOT:
-                acc_u += tl.dot(xv, tl.trans(wu))
-            elif DEFER:
+            if DEFER:
                 acc2_u += wu.to(tl.float32) * xv.to(tl.float32)
             else:
                 acc_u += tl.sum(wu.to(tl.float32) * xv.to(tl.float32), 1)[None, :]
     if DEFER:
-        if not USE_DOT:
-            acc = tl.sum(acc2, 1)[None, :]
-            acc_u = tl.sum(acc2_u, 1)[None, :]
+        acc = tl.sum(acc2, 1)[None, :]
+        acc_u = tl.sum(acc2_u, 1)[None, :]
 
     store_rows(acc, acc_u, tl.sum(ss2, 1), m, n, m_mask, n_mask, b_ptr, res_ptr, out_ptr, stride_rm, stride_om,
                up_off, eps, dt, K, NORM, HAS_BIAS, GATED, HAS_RES)
 
 
-def gemv_config(m: int, n: int, k: int, dot: bool = False) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps) for an [m, k] x [n, k]^T product.
+def gemv_config(m: int, n: int, k: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps) for an [m, k] x [n, k]^T product, one program per row.
 
-    Per row (every row count, unless ``dot``): enough programs to keep every SM streaming (~384+
-    column blocks), long K tiles. Tuned on an H200 with ``benchmarks/gpu_gemv.py --sweep`` (e.g. 8B:
-    qkv (16, 1024, 8), o and down (8, 1024, 8), gate_up (32, 512, 4), each as fast as or faster than
-    cuBLAS). The same config at every row count: each row is computed exactly as a 1-row product.
-    ``dot``: 16-row tensor-core tiles.
+    Enough programs to keep every SM streaming (~384+ column blocks), long K tiles. Tuned on an H200
+    with ``benchmarks/gpu_gemv.py --sweep`` (e.g. 8B: qkv (16, 1024, 8), o and down (8, 1024, 8),
+    gate_up (32, 512, 4), each as fast as or faster than cuBLAS). The same config at every row count:
+    each row is computed exactly as a 1-row product. (``dot=True``: ``triton_dot.dot_config``.)
     """
-    if dot:  # the same tiles at every row count (what batch-invariant mode relies on); per weight shape:
-        # the 8B shapes (K, N >= 4096) from `benchmarks/gpu_gemv.py --sweep-dot-rows 16` on the H200
-        # (2026-12-02, with their fusions: qkv 120 -> 35 µs, o 24 -> 16, gate_up 196 -> 67, down 55 -> 40;
-        # gated: BLOCK_N columns of each half); smaller shapes keep the tiles not swept yet
-        if n >= 4096 and k >= 4096:
-            return (128, 128, 4) if n >= 16384 else (128, 256, 4) if n >= 6144 else (64, 256, 4)
-        return 16, 128, 4
     block_n = 4
     while block_n < 32 and n // (2 * block_n) >= 384:
         block_n *= 2
@@ -153,8 +138,8 @@ def gemv(
     eps: float = 1e-6,
     gated: bool = False,
     residual: torch.Tensor | None = None,  # [M, N], updated in place and returned
-    config: tuple[int, int, int] | None = None,
-    dot: bool = False,  # 2+ rows as 16-row tensor-core tiles (slower than cuBLAS on the H200 for bf16)
+    config: tuple[int, ...] | None = None,  # gemv_config / triton_dot.dot_config / triton_w4's configs
+    dot: bool = False,  # 2+ rows on the tensor-core kernel (triton_dot.py)
     defer: bool | None = None,  # deferred reduction: None = per shape (see _defer)
     invariant: bool = False,  # with dot: 16-row tiles at every row count (batch-invariant mode)
     out_dtype: torch.dtype | None = None,  # e.g. float32 logits: the accumulator stored unrounded
@@ -180,22 +165,20 @@ def gemv(
     if isinstance(weight, W4Weight):
         w4_gemv(x, weight, bias, norm_weight, eps, gated, residual, out, config, invariant)
         return out
-    use_dot = dot and (mrows > 1 or invariant)
-    block_n, block_k, warps = config or gemv_config(mrows, nw_rows, kin, use_dot)
-    if gated and config is None and not use_dot:  # each program reads block_n gate rows and block_n up rows
+    if dot and (mrows > 1 or invariant):
+        dot_gemv(x, weight, bias, norm_weight, eps, gated, residual, out, config)
+        return out
+    block_n, block_k, warps = config or gemv_config(mrows, nw_rows, kin)
+    if gated and config is None:  # each program reads block_n gate rows and block_n up rows
         block_n = max(4, block_n // 2)
     pdl = pdl_enabled(x.device)
-    block_m = 16 if use_dot else 1
-    if use_dot:
-        block_n = max(block_n, 16)
-    grid = (triton.cdiv(nout, block_n) * (triton.cdiv(mrows, block_m) if use_dot else mrows),)
-    _gemv_kernel[grid](
-        x, wt, bias if bias is not None else out,
+    _gemv_kernel[(triton.cdiv(nout, block_n) * mrows,)](
+        x, weight, bias if bias is not None else out,
         norm_weight if norm_weight is not None else out, out, out, eps,
-        mrows, nout, x.stride(0), wt.stride(0), out.stride(0), out.stride(0), nout if gated else 0,
-        K=kin, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        mrows, nout, x.stride(0), weight.stride(0), out.stride(0), out.stride(0), nout if gated else 0,
+        K=kin, BLOCK_N=block_n, BLOCK_K=block_k,
         HAS_BIAS=bias is not None, NORM=norm_weight is not None, GATED=gated,
-        HAS_RES=residual is not None, USE_DOT=use_dot, DEFER=not use_dot and _defer(block_n, defer), PDL=pdl,
+        HAS_RES=residual is not None, DEFER=_defer(block_n, defer), PDL=pdl,
         num_warps=warps, **launch_kwargs(pdl),
     )
     return out

@@ -19,10 +19,9 @@ Two kernels:
 
         Σ_k (q_k·s + z)·x_k  =  16·s·P  +  (z − 16·s)·Σ_k x_k
 
-  - split-K: ``SPLIT`` programs share a column block's K range when the column blocks alone are too
-    few for the 132 SMs; each writes its float32 partial sums to a workspace, and the last to finish
-    (an atomic counter per column block, reset by that program) adds them in split order and runs
-    the epilogue. Deterministic: no float atomics.
+  - split-K (``splitk.py``): ``SPLIT`` programs share a column block's K range when the column blocks
+    alone are too few for the 132 SMs; the last to finish adds the partial sums in split order and
+    runs the epilogue. Deterministic: no float atomics.
 
 - ``_w4_row_kernel``, one row (decode) in the default mode: one program per row on the CUDA cores,
   ``RB`` runs per K step; codes become float32 exactly with ``bitcast(q | 0x4B000000) − 2^23``.
@@ -42,6 +41,7 @@ import triton.language as tl
 
 from tandem.models.quant.w4_weight import W4Weight, tile_rows
 from tandem.worker.pdl import launch_kwargs, pdl_enabled, pdl_prologue
+from tandem.worker.splitk import finish_split, row_chunks, workspace
 from tandem.worker.triton_epilogue import store_rows
 
 
@@ -184,38 +184,9 @@ def _w4_kernel(
                     sc = tl.load(s_rows + up_off * stride_sn + g, mask=gm, other=0.0).to(tl.float32) * 16.0
                     zo = tl.load(z_rows + up_off * stride_sn + g, mask=gm, other=0.0).to(tl.float32) - sc
                     acc_u += part * sc[:, None] + zo[:, None] * xs
-    ss = tl.sum(tl.sum(ssq, 2), 1)
-    if SPLIT == 1:
-        store_rows(tl.trans(acc), tl.trans(acc_u), ss, m, n, m_mask, n_mask, b_ptr, res_ptr, out_ptr, stride_rm,
-                   stride_om, up_off, eps, dt, K, NORM, HAS_BIAS, GATED, HAS_RES)
-    else:
-        # workspace: [SPLIT, rows, N + up_off] float32 partial sums, then [SPLIT, rows] sums of squares
-        mp = mblocks * BLOCK_M
-        width = N + up_off
-        part_at = ws_ptr + (sp * mp + m[None, :]).to(tl.int64) * width + n[:, None]
-        om = n_mask[:, None] & m_mask[None, :]
-        tl.store(part_at, acc, mask=om)
-        if GATED:
-            tl.store(part_at + N, acc_u, mask=om)
-        if NORM:  # the same values from every column block: any one will do
-            tl.store(ws_ptr + SPLIT * mp * width + sp * mp + m, ss, mask=m_mask)
-        tl.debug_barrier()  # every thread's partials written before the release below
-        cnt = cnt_ptr + nb * mblocks + mb
-        if tl.atomic_add(cnt, 1, sem="acq_rel") == SPLIT - 1:  # the last split of this block: finish it
-            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for s in tl.static_range(SPLIT):  # in split order: deterministic
-                at = ws_ptr + (s * mp + m[None, :]).to(tl.int64) * width + n[:, None]
-                acc += tl.load(at, mask=om, other=0.0, cache_modifier=".cg")
-                if GATED:
-                    acc_u += tl.load(at + N, mask=om, other=0.0, cache_modifier=".cg")
-                if NORM:
-                    ss += tl.load(ws_ptr + SPLIT * mp * width + s * mp + m, mask=m_mask, other=0.0,
-                                  cache_modifier=".cg")
-            tl.atomic_xchg(cnt, 0)  # ready for the next launch
-            store_rows(tl.trans(acc), tl.trans(acc_u), ss, m, n, m_mask, n_mask, b_ptr, res_ptr, out_ptr, stride_rm,
-                       stride_om, up_off, eps, dt, K, NORM, HAS_BIAS, GATED, HAS_RES)
+    finish_split(acc, acc_u, tl.sum(tl.sum(ssq, 2), 1), sp, nb, mb, mblocks, m, n, m_mask, n_mask, ws_ptr, cnt_ptr,
+                 b_ptr, res_ptr, out_ptr, stride_rm, stride_om, up_off, N, eps, dt, K, BLOCK_M, BLOCK_N, SPLIT, NORM,
+                 HAS_BIAS, GATED, HAS_RES)
 
 
 @triton.jit
@@ -332,27 +303,6 @@ def w4_config(n: int, k: int) -> tuple[int, int, int, int, int]:
     return block_n, rb, warps, stages, split
 
 
-_WORKSPACE: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-_KEEP: list[torch.Tensor] = []  # workspaces replaced by larger ones: captured CUDA graphs may still use them
-_COUNTERS = 1 << 16
-
-
-def _workspace(device: torch.device, floats: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float32 workspace of at least ``floats``, int32 counters, zero between launches) for split-K.
-    Made on first use, normally in the warm-up before a CUDA graph is captured (a first use during
-    capture would zero the counters only when the graph replays). Launches on one stream only: two
-    streams running split-K products at once would share the counters."""
-    ws, cnt = _WORKSPACE.get(device, (None, None))
-    if cnt is None:
-        cnt = torch.zeros(_COUNTERS, dtype=torch.int32, device=device)
-    if ws is None or ws.numel() < floats:
-        if ws is not None:
-            _KEEP.append(ws)
-        ws = torch.empty(max(floats, 1 << 20), dtype=torch.float32, device=device)
-    _WORKSPACE[device] = (ws, cnt)
-    return ws, cnt
-
-
 def w4_gemv(x: torch.Tensor, w: W4Weight, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
             eps: float, gated: bool, residual: torch.Tensor | None, out: torch.Tensor,
             config: tuple[int, ...] | None, invariant: bool) -> None:
@@ -381,18 +331,19 @@ def w4_gemv(x: torch.Tensor, w: W4Weight, bias: torch.Tensor | None, norm_weight
     if gated:  # each program reads block_n gate rows and block_n up rows
         block_n = max(16, block_n // 2)
     block_m = 16
-    mblocks = triton.cdiv(mrows, block_m)
     nblocks = triton.cdiv(nout, block_n)
     width = nout * (2 if gated else 1)
-    ws, cnt = (_workspace(x.device, split * mblocks * block_m * (width + 1)) if split > 1 else (out, out))
-    if split > 1 and nblocks * mblocks > cnt.numel():
-        raise ValueError(f"w4_gemv: {nblocks * mblocks} column/row blocks exceed the split-K counters")
-    bias_ = bias if bias is not None else out
-    nw_ = norm_weight if norm_weight is not None else out
-    _w4_kernel[(nblocks * split * mblocks,)](
-        x, w.qweight, w.scale, w.offset, bias_, nw_, out, out, ws, cnt, eps, mrows, nout, x.stride(0),
-        w.qweight.stride(0), w.scale.stride(0), out.stride(0), out.stride(0), nout if gated else 0,
-        K=kin, RUNS=runs, GROUP=w.group, BLOCK_M=block_m, BLOCK_N=block_n, RB=rb, SPLIT=split,
-        TN=tile_rows(w.qweight.shape[0]),
-        HAS_BIAS=bias is not None, NORM=norm_weight is not None, GATED=gated, HAS_RES=residual is not None,
-        PDL=pdl, num_warps=warps, num_stages=stages, **launch_kwargs(pdl))
+    for r0, r1 in row_chunks(mrows, split):
+        rows = r1 - r0
+        mblocks = triton.cdiv(rows, block_m)
+        ws, cnt = (workspace(x.device, split * mblocks * block_m * (width + 1), nblocks * mblocks) if split > 1
+                   else (out, out))
+        o = out[r0:r1]
+        _w4_kernel[(nblocks * split * mblocks,)](
+            x[r0:r1], w.qweight, w.scale, w.offset, bias if bias is not None else o,
+            norm_weight if norm_weight is not None else o, o, o, ws, cnt, eps, rows, nout, x.stride(0),
+            w.qweight.stride(0), w.scale.stride(0), o.stride(0), o.stride(0), nout if gated else 0,
+            K=kin, RUNS=runs, GROUP=w.group, BLOCK_M=block_m, BLOCK_N=block_n, RB=rb, SPLIT=split,
+            TN=tile_rows(w.qweight.shape[0]),
+            HAS_BIAS=bias is not None, NORM=norm_weight is not None, GATED=gated, HAS_RES=residual is not None,
+            PDL=pdl, num_warps=warps, num_stages=stages, **launch_kwargs(pdl))

@@ -361,7 +361,7 @@ def test_async_decode_on_cuda_matches_sync(tmp_path, monkeypatch):
 
     The one step already queued when a request finishes still carries it (batch 5, bucket 8 here)
     where the synchronous engine runs without it (batch 4). On a small model those take different
-    layer bodies (cuBLAS above 6 rows, skinny matmuls up to 6: cuda_kernels.default_skinny_rows),
+    layer bodies (one program per row up to 6 rows, tensor cores above: cuda_kernels.default_row_rows),
     which round differently in bf16, so the body is pinned to cuBLAS above 1 row for this check."""
     from engine_utils import greedy, tokens_of
     from tiny_models import write_tiny_hf_checkpoint

@@ -32,7 +32,7 @@ def dummy_dir(root: Path, shape: str, layers: int | None = None) -> Path:
     return d
 
 
-@pytest.mark.parametrize("rows", [2, 7, 16, 40])
+@pytest.mark.parametrize("rows", [2, 7, 16, 40, 70])  # 70: split-K products run in launches of 64 rows
 @pytest.mark.parametrize("n,k,n_gated", [(1536, 576, 3072), (6144, 4096, 16384)])  # small / 8B-sized tiles
 def test_kernel_rows_equal_one_row_results(rows, n, k, n_gated):
     from tandem.worker.cuda_kernels import invariant_logits
@@ -44,12 +44,14 @@ def test_kernel_rows_equal_one_row_results(rows, n, k, n_gated):
     w2 = (torch.randn(n_gated, k, device=CUDA, generator=g) / k ** 0.5).to(torch.bfloat16)
     nw = (torch.rand(k, device=CUDA, generator=g) + 0.5).to(torch.bfloat16)
     x = torch.randn(rows, k, device=CUDA, generator=g).to(torch.bfloat16)
-    for f in (lambda x: gemv(x, w, dot=True, invariant=True),
-              lambda x: gemv(x, w2, norm_weight=nw, eps=1e-5, gated=True, dot=True, invariant=True),
-              lambda x: invariant_logits(x, w)):
-        whole = f(x)
+    r = torch.randn(rows, n, device=CUDA, generator=g).to(torch.bfloat16)
+    for f in (lambda i, j: gemv(x[i:j], w, dot=True, invariant=True),
+              lambda i, j: gemv(x[i:j], w2, norm_weight=nw, eps=1e-5, gated=True, dot=True, invariant=True),
+              lambda i, j: gemv(x[i:j], w, residual=r[i:j].clone(), dot=True, invariant=True),
+              lambda i, j: invariant_logits(x[i:j], w)):
+        whole = f(0, rows)
         for i in range(rows):
-            assert torch.equal(whole[i], f(x[i:i + 1])[0]), i
+            assert torch.equal(whole[i], f(i, i + 1)[0]), i
     # attention: prefill rows equal decodes of the same positions
     heads, kvh, d, page, L = 9, 3, 64, 16, rows + 20
     kc = torch.randn(64 * page, kvh, d, device=CUDA, generator=g).to(torch.bfloat16)

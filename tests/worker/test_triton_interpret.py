@@ -25,13 +25,16 @@ _SCRIPT = textwrap.dedent('''
 
     torch.manual_seed(0)
     n, k = 40, 72  # not multiples of the block sizes below
-    for m, dot in ((1, False), (3, False), (5, False), (3, True)):  # one program per row / tensor cores
+    # one program per row (BLOCK_N, BLOCK_K, warps); tensor cores (BLOCK_N, BLOCK_K, warps, stages, SPLIT):
+    # split-K with a short last split, and none
+    cases = ((1, False, (16, 32, 4)), (3, False, (16, 32, 4)), (5, False, (16, 32, 4)),
+             (3, True, (16, 32, 4, 1, 2)), (18, True, (32, 16, 4, 1, 1)), (5, True, (16, 16, 4, 1, 4)))
+    for m, dot, cfg in cases:
         w = torch.randn(n, k) / k ** 0.5
         x = torch.randn(m, k)
         b = torch.randn(n)
         nw = torch.rand(k) + 0.5
         res = torch.randn(m, n)
-        cfg = (16, 32, 4)
 
         def check(got, want, what):
             err = ((got - want).norm() / want.norm()).item()
@@ -47,9 +50,9 @@ _SCRIPT = textwrap.dedent('''
         out = gemv(x, w, residual=r, config=cfg, dot=dot)
         assert out.data_ptr() == r.data_ptr()
         check(r, res + x @ w.T, "residual")
-        if m > 1 and not dot:  # each row exactly as a 1-row product
-            assert torch.equal(gemv(x, w, norm_weight=nw, eps=1e-5, config=cfg)[m - 1],
-                               gemv(x[m - 1:], w, norm_weight=nw, eps=1e-5, config=cfg)[0])
+        if m > 1:  # each row exactly as a 1-row product (tensor cores: in batch-invariant mode)
+            assert torch.equal(gemv(x, w, norm_weight=nw, eps=1e-5, config=cfg, dot=dot, invariant=dot)[m - 1],
+                               gemv(x[m - 1:], w, norm_weight=nw, eps=1e-5, config=cfg, dot=dot, invariant=dot)[0])
         check(gemv(x, w2, norm_weight=nw, eps=1e-5, gated=True, dot=dot), F.silu(h @ w2[:n].T) * (h @ w2[n:].T),
               "norm + gated, default config")
     try:
@@ -58,12 +61,17 @@ _SCRIPT = textwrap.dedent('''
         assert "at most 16 rows" in str(e)
     else:
         raise AssertionError("17 rows accepted")
-    # tensor-core tiles: any row count up to 256, in blocks of 16 (the last one partial)
+    # tensor cores: any row count, in tiles of 16 (the last one partial); split-K launches of at most
+    # splitk.CHUNK_ROWS rows (150 rows: three)
     w = torch.randn(n, k) / k ** 0.5
-    x = torch.randn(37, k)
-    r = torch.randn(37, n)
-    got = gemv(x, w, residual=r.clone(), dot=True)
-    assert ((got - (r + x @ w.T)).norm() / got.norm()).item() < 1e-5
+    for rows, cfg in ((37, None), (150, (16, 16, 4, 1, 2))):
+        x = torch.randn(rows, k)
+        r = torch.randn(rows, n)
+        got = gemv(x, w, residual=r.clone(), dot=True, config=cfg)
+        assert ((got - (r + x @ w.T)).norm() / got.norm()).item() < 1e-5
+        got = gemv(x, w, norm_weight=nw, eps=1e-5, dot=True, config=cfg)
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * nw
+        assert ((got - h @ w.T).norm() / got.norm()).item() < 1e-5
     print("ok")
 ''')
 
