@@ -139,8 +139,9 @@ def smollm2_decode_and_verify(ctx: int, k: int) -> tuple[Any, list[Any], list[An
             list(range(k + 1)))
 
 
-def tiny_model_dir() -> Path:
-    """A tiny random Llama checkpoint (2 layers, hidden 64, vocabulary 512) in a temporary directory."""
+def tiny_model_dir(num_layers: int = 2) -> Path:
+    """A tiny random Llama checkpoint (``num_layers`` layers, hidden 64, vocabulary 512) in a temporary
+    directory."""
     import sys
     import tempfile
 
@@ -148,19 +149,21 @@ def tiny_model_dir() -> Path:
     from tiny_models import write_tiny_hf_checkpoint
 
     return write_tiny_hf_checkpoint(Path(tempfile.mkdtemp()), "llama", hidden_size=64, intermediate_size=128,
-                                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                    num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
                                     vocab_size=512)
 
 
-def decode_ms_per_step(engine: Any, prompts: list[list[int]], params: Any, tag: str) -> tuple[float, int]:
+def decode_ms_per_step(engine: Any, prompts: list[list[int]], params: Any, tag: str,
+                       clock: Callable[[], float] = time.perf_counter) -> tuple[float, int]:
     """Add ``prompts`` to ``engine``, step until every request has its first token, then time the
-    remaining steps: (ms per step, steps)."""
+    remaining steps: (ms per step, steps). ``clock``: wall time by default; ``time.process_time``
+    counts only this process's CPU time (steadier on a shared machine when the work is host work)."""
     for i, p in enumerate(prompts):
         engine.add_request(f"{tag}-{i}", None, params, prompt_token_ids=p)
     while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
         engine.step()
-    t0, n = time.perf_counter(), 0
+    t0, n = clock(), 0
     while engine.has_unfinished_requests():
         engine.step()
         n += 1
-    return (time.perf_counter() - t0) / max(1, n) * 1e3, n
+    return (clock() - t0) / max(1, n) * 1e3, n
