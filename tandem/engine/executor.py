@@ -70,7 +70,8 @@ class Executor:
         # benchmark mode: drafts accepted at this rate whatever the models say (outputs not lossless)
         self.synthetic_acceptance_rate = synthetic_acceptance_rate
         # EAGLE: every target forward also returns these layers' input hidden states for every query
-        # row, handed with the step's schedule to ``feature_sink`` (the proposer's record_features)
+        # row, handed with the step's schedule to ``feature_sink`` (the proposer's record_features) as
+        # a tensor of its own (the sink may keep it)
         self.feature_layers: tuple[int, ...] = ()
         self.feature_sink: Callable[[SchedulerOutput, torch.Tensor], None] | None = None
 
@@ -88,7 +89,9 @@ class Executor:
         step = self.runner.forward(chunks, rows, token_ids=token_ids, aux_layers=self.feature_layers,
                                    argmax_only=argmax)
         aux = step.aux_hidden
-        self.feature_sink(sched, aux[0] if len(aux) == 1 else torch.cat(aux, dim=-1))
+        # the sink keeps the tensor: a copy (the CUDA runner's are views of graph outputs, which its
+        # next step overwrites), made by the concatenation where there is one
+        self.feature_sink(sched, aux[0].clone() if len(aux) == 1 else torch.cat(aux, dim=-1))
         return step.logits
 
     # ---- synchronous: sample on the host ---------------------------------------------------------

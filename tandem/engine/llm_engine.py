@@ -75,7 +75,7 @@ class LLMEngine:
         self._log = PeriodicLogger() if config.log_stats else None
         self._ids = itertools.count()
         self._inflight: InflightStep | None = None  # a launched step whose tokens are unread
-        self._finished: list[str] = []  # request ids finished since the speculator last heard
+        self._finished: list[Request] = []  # requests finished since the speculator last heard
         self.num_chained_steps = 0  # steps launched before the previous step's tokens were read
 
     # ---- speculation ---------------------------------------------------------------------------
@@ -231,4 +231,4 @@ class LLMEngine:
     def _finish(self, r: Request, status: RequestStatus) -> None:
         self.scheduler.finish(r, status)
         self.stats.request_success[status.value] = self.stats.request_success.get(status.value, 0) + 1
-        self._finished.append(r.request_id)
+        self._finished.append(r)

@@ -4,10 +4,11 @@ Data flow per request (head position ``p`` = target feature at ``p`` + token ``p
 
 1. Every target forward returns features for each query row (EAGLE-3: the concatenated aux hidden
    states; EAGLE-1: the final post-norm hidden state). The executor hands them here
-   (``record_features``) with the step's schedule; they are kept per request as one contiguous
-   segment of positions. A later record starting at position ``s`` drops what the earlier one had
-   from ``s`` on: rejected drafts' rows are overwritten that way, a recompute after preemption
-   replaces everything.
+   (``record_features``) with the step's schedule; ``FeatureStore`` (``eagle_features.py``) keeps
+   them per request as one contiguous segment of positions — consecutive plain decode steps of one
+   batch as one tensor per step, with no per-request work. A later record starting at position
+   ``s`` drops what the earlier one had from ``s`` on: rejected drafts' rows are overwritten that
+   way, a recompute after preemption replaces everything.
 2. ``propose_requests`` first catches the head up on the positions it has not seen:
    ``[draft_num_computed, num_tokens - 1)``, whose features are known and whose next tokens are
    accepted tokens; the last row predicts draft 1 (and gives the hidden state fed back). Then k − 1
@@ -18,10 +19,11 @@ Data flow per request (head position ``p`` = target feature at ``p`` + token ``p
    cached prefix), the head starts there too, reading the KV the cached blocks hold.
 4. While nobody drafts (the policy grants no drafts or is off, ``disable_by_batch_size``,
    asynchronous plain steps) the speculator runs no head forward, and the features of every step
-   still arrive. ``backlogged`` tells the speculator when a request holds more
-   than ``BACKLOG_ROWS`` positions the head has not seen; it then has the head catch up (a
-   ``propose_requests`` with no drafts), so the features kept stay bounded in memory and the head's KV
-   stays current.
+   still arrive. ``catch_up_due`` tells the speculator (after each step) when a request holds more
+   than ``BACKLOG_ROWS`` positions the head has not seen; it then has the head ``catch_up`` on the
+   positions whose next token the host knows — a step in flight is not waited for, so an
+   asynchronous pipeline keeps running — and the features kept stay bounded in memory and the
+   head's KV current.
 
 Drafting is greedy (argmax, as vLLM's EAGLE): the rejection sampler treats drafts as one-hot q, so
 sampled outputs stay the target's distribution.
@@ -37,84 +39,50 @@ from tandem.request import Request
 from tandem.scheduler import SchedulerOutput
 from tandem.spec_decode.base import DraftProposal
 from tandem.spec_decode.chain import collect_chain
+from tandem.spec_decode.eagle_features import FeatureStore
 from tandem.worker.batch import SeqChunk
 from tandem.worker.head_runner import AnyHeadRunner
 
 
-class _Features:
-    """One request's feature rows for positions ``start .. end``: the recorded pieces, joined only when
-    read (appending a step's rows is O(1), not a copy of everything kept)."""
-
-    def __init__(self, start: int, rows: torch.Tensor) -> None:
-        self.start = start
-        self._pieces = [rows]
-        self.num_rows = rows.shape[0]
-
-    @property
-    def end(self) -> int:
-        return self.start + self.num_rows
-
-    @property
-    def rows(self) -> torch.Tensor:  # [num_rows, F]
-        if len(self._pieces) > 1:
-            self._pieces = [torch.cat(self._pieces)]
-        return self._pieces[0]
-
-    def record(self, start: int, rows: torch.Tensor) -> None:
-        """Rows from position ``start`` (within ``start .. end``): what was kept from there on is replaced."""
-        if start < self.end:
-            self._pieces = [self.rows[: start - self.start]]
-            self.num_rows = start - self.start
-        self._pieces.append(rows)
-        self.num_rows += rows.shape[0]
-
-
 class EagleProposer:
     drafts_on_host_for_free = False  # every draft costs a head forward
-    # Feature rows a request may hold before the head must catch up on them: one head forward (and,
-    # on an asynchronous engine, one pipeline drain) per this many plain steps; an EAGLE-3 row of an
-    # 8B target is 24 KiB: 3 MiB per request.
+    # Feature rows a request may hold before the head must catch up on them: one head forward per
+    # this many plain steps (no pipeline drain: ``catch_up`` reads no token in flight); an EAGLE-3
+    # row of an 8B target is 24 KiB: 3 MiB per request.
     BACKLOG_ROWS = 128
 
     def __init__(self, runner: AnyHeadRunner) -> None:
         self.runner = runner
         self.head = runner.head
-        self._features: dict[str, _Features] = {}
-        self._backlog: set[str] = set()  # decoding requests holding more than BACKLOG_ROWS rows
+        self.features = FeatureStore(self.BACKLOG_ROWS)
 
     # ---- features from the target ---------------------------------------------------------------
     def record_features(self, sched: SchedulerOutput, features: torch.Tensor) -> None:
         """Keep the features of every query row of a target step ([T, F], rows in schedule order)."""
-        features = features.clone()  # the CUDA runner's are views of graph outputs, reused next step
-        t = 0
-        for s in sched.scheduled:
-            n = s.num_new_tokens
-            rid = s.request.request_id
-            if self._record(rid, s.start, features[t:t + n]) > self.BACKLOG_ROWS and s.request.is_decoding:
-                self._backlog.add(rid)
-            t += n
-
-    def _record(self, rid: str, start: int, rows: torch.Tensor) -> int:
-        """Keep the rows; returns how many the request holds now."""
-        f = self._features.get(rid)
-        if f is not None and f.start <= start <= f.end:
-            f.record(start, rows)
-        else:
-            f = self._features[rid] = _Features(start, rows)
-        return f.num_rows
+        self.features.record(sched, features)
 
     def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None:
-        self._features.pop(request_id, None)
-        self._backlog.discard(request_id)
+        self.features.forget(request_id)
 
-    def backlogged(self, reqs: Sequence[Request]) -> bool:
-        """Whether a request of ``reqs`` in its decode phase holds more than ``BACKLOG_ROWS`` feature
-        rows (a prompt's rows wait for its first proposal)."""
-        backlog = self._backlog  # (asked every step: O(1) while nobody is backlogged)
-        return bool(backlog) and any(r.request_id in backlog for r in reqs)
+    @property
+    def catch_up_due(self) -> bool:
+        """A request in its decode phase holds more than ``BACKLOG_ROWS`` feature rows the head has
+        not read (O(1): asked after every step)."""
+        return self.features.due
+
+    def catch_up(self, reqs: Sequence[Request]) -> None:
+        """The head reads the features of ``reqs`` up to their last token the host knows, drafting
+        nothing. Needs no token in flight: it may run while an asynchronous step computes (the
+        pipeline is not drained)."""
+        self._advance(reqs, [0] * len(reqs), known_only=True)
 
     # ---- drafting -------------------------------------------------------------------------------
     def propose_requests(self, reqs: Sequence[Request], ks: Sequence[int]) -> DraftProposal:
+        return self._advance(reqs, ks, known_only=False)
+
+    def _advance(self, reqs: Sequence[Request], ks: Sequence[int], known_only: bool) -> DraftProposal:
+        """Catch the head up on each request's features (to ``num_tokens - 1``, or with
+        ``known_only`` to its last token on the host), then draft ``ks[i]`` tokens per request."""
         drafts: list[list[int]] = [[] for _ in reqs]
         chunks: list[SeqChunk] = []
         hidden: list[torch.Tensor] = []
@@ -122,18 +90,17 @@ class EagleProposer:
         active: list[int] = []  # requests that draft, in row order
         t = 0
         for i, r in enumerate(reqs):
-            self._backlog.discard(r.request_id)  # (a request still backlogged is marked again at its next record)
-            span = self._catch_up_span(r)
-            if span is None:
+            hi = (len(r.token_ids) if known_only else r.num_tokens) - 1
+            span = self._catch_up_span(r, hi)
+            if span is None:  # nothing new, or rows the head cannot reach: only rows from hi - 1 on may serve
+                self.features.consumed(r.request_id, hi - 1)
                 continue
             lo, feats = span
-            hi = r.num_tokens - 1
             chunks.append(SeqChunk(r.token_ids[lo + 1:hi + 1], lo, r.block_ids))
             hidden.append(feats)
             t += hi - lo
             r.draft_num_computed = hi
-            f = self._features[r.request_id]  # keep the last row: a repeated ask recomputes it
-            self._features[r.request_id] = _Features(hi - 1, f.rows[hi - 1 - f.start:])
+            self.features.consumed(r.request_id, hi - 1)  # keep the last row: a repeated ask recomputes it
             if ks[i] > 0:
                 rows.append(t - 1)
                 active.append(i)
@@ -151,11 +118,10 @@ class EagleProposer:
                 return self.head.fuse(features.to(self.head.fc.weight.dtype))
         return features
 
-    def _catch_up_span(self, r: Request) -> tuple[int, torch.Tensor] | None:
-        """(first head position to run, the features of positions [lo, num_tokens - 1)) or None
-        when the features needed are not here (nothing recorded yet)."""
-        f = self._features.get(r.request_id)
-        hi = r.num_tokens - 1
+    def _catch_up_span(self, r: Request, hi: int) -> tuple[int, torch.Tensor] | None:
+        """(first head position to run, the features of positions [lo, hi)) or None when the
+        features needed are not here (nothing recorded yet)."""
+        f = self.features.segment(r.request_id)
         if f is None or hi < 1:
             return None
         lo = min(r.draft_num_computed, hi - 1)  # at least the last position: it yields draft 1

@@ -38,13 +38,15 @@ what plain decoding would have in the same time, and blocks drafting at a batch 
 
 Safety valves: ``disable_by_batch_size`` (vLLM's key: no drafts once the batch reaches it); while
 no proposal is made (asynchronous decode), a proposal round is forced every ``probe_every`` steps for
-proposers without lazy shadows; a model proposer, which has no shadow drafts to learn from, drafts
-the full k for every request in its first proposal round and again once no request has drafted for
-``probe_every`` steps (exploration: otherwise estimates that say "does not pay" could never be
-corrected), the interval doubling after each exploration up to ``MAX_EXPLORE_EVERY`` and back to
-``probe_every`` once the estimates alone choose to draft (a head that never pays then costs an
-exploration round every few thousand steps, not every 64: with the 64-step rounds and their pipeline
-drains an idle EAGLE-3 head ran at 0.87× of plain decoding on the H200, docs/performance.md §23);
+host proposers without lazy shadows; a model proposer, which has no shadow drafts to learn from (a
+round in which it drafts nothing tells it nothing, so none is forced: each would drain an
+asynchronous pipeline), drafts the full k for every request in its first proposal round and again
+once no request has drafted for ``probe_every`` steps (exploration: otherwise estimates that say
+"does not pay" could never be corrected), the interval doubling after each exploration up to
+``MAX_EXPLORE_EVERY`` and back to ``probe_every`` once the estimates alone choose to draft (a head
+that never pays then costs an exploration round every few thousand steps, not every 64: with the
+64-step rounds and their pipeline drains an idle EAGLE-3 head ran at 0.87× of plain decoding on the
+H200, docs/performance.md §23);
 likewise a host proposer verifies its whole drafts once per ``verify_probe_every`` steps without a
 verify when its acceptance would pay under the prior cost model (the measured cost may be an outlier
 that nobody re-measures; measurements also fade with age); and when a batch-size
@@ -120,7 +122,8 @@ class GoodputPolicy:
         self._rotation = 0  # where this step's lazy shadows start in the batch (round robin)
         self._shadow_credit = 0.0
         self._step = 0  # engine steps seen
-        self._no_until, self._no_batch = 0, 0  # wants_any's cached "no": until which step, for which bucket
+        # wants_any's cached "no": until which step, for which bucket, with which acceptance evidence
+        self._no_until, self._no_batch, self._no_scored = 0, 0, 0
         self._steps_since_event = TRANSITION_SPAN + 1  # steps since a proposal round or a verify
         self.measure_draft_cost = draft_cost is None and not free
         self.draft_cost = 0.0 if free else (PRIOR_DRAFT_COST if draft_cost is None else draft_cost)
@@ -170,17 +173,24 @@ class GoodputPolicy:
         function, called only when the estimates are consulted)."""
         if self._off(batch):
             return False
-        if self.shadow is None and self.latest_shadow is None and self._steps_since_proposal >= self.probe_every:
-            return True  # no shadows: refresh the estimates now and then
-        if not self.free and self._steps_since_draft >= self._explore_every:
+        if self.free:
+            if self.shadow is None and self.latest_shadow is None and self._steps_since_proposal >= self.probe_every:
+                return True  # no shadows: refresh the estimates now and then
+        elif self._steps_since_draft >= self._explore_every:
             return True  # a model proposer's exploration round is due
-        if self._no_until > self._step and self._no_batch == bucket_of(batch):
+        if (self._no_until > self._step and self._no_batch == bucket_of(batch)
+                and self._no_scored == self.acceptance.num_scored):
             return False
         cands = candidates() if callable(candidates) else candidates
         if any(self._optimise(batch, cands, with_reach=True)):
             return True
-        # the estimates cost O(batch) per step; at small batch a missed verify costs more than asking
-        self._no_until, self._no_batch = self._step + (WANTS_RECHECK if batch >= 8 else 1), bucket_of(batch)
+        # The estimates cost O(batch) per step. A host proposer's shadows bring evidence every step
+        # and at small batch a missed verify costs more than asking; a model proposer learns only
+        # from its own drafts, so its "no" stands until a draft is scored (or ``probe_every`` steps:
+        # the step-cost fit ages).
+        recheck = (WANTS_RECHECK if batch >= 8 else 1) if self.free else self.probe_every
+        self._no_until, self._no_batch = self._step + recheck, bucket_of(batch)
+        self._no_scored = self.acceptance.num_scored
         return False
 
     def off(self, batch: int) -> bool:
@@ -253,6 +263,11 @@ class GoodputPolicy:
             self.acceptance.record(request_id, len(old.draft), min(at - old.at, len(old.draft)), decided=False)
         self._pending[request_id] = _Pending(at, tuple(int(t) for t in draft))
 
+    @property
+    def wants_tokens(self) -> bool:
+        """Whether ``on_step_tokens`` has anything to do: a proposal to score, or shadows to draft."""
+        return bool(self._pending) or self.shadow is not None or self.latest_shadow is not None
+
     def on_step_tokens(self, requests: Sequence[tuple[str, Sequence[int]]]) -> None:
         """One step's new tokens, per request (id, tokens so far): pending proposals are scored; lazy
         shadows start for at most the step's budget of the others, round robin over the batch (the
@@ -324,15 +339,18 @@ class GoodputPolicy:
         guard's evidence; None: not known)."""
         self._steps_since_proposal += 1
         self._steps_since_draft += 1
-        self._decode_probe = max(0, self._decode_probe - 1)  # a probe lasts its steps, timed or not
+        if self._decode_probe:
+            self._decode_probe -= 1  # a probe lasts its steps, timed or not
         self._step += 1
         self.guard.tick()
-        # lazy shadows: a budget per step (fewer at large batch, where one costs more of a step than
-        # it tells: engine-wide rates need few samples), none while the guard blocks this batch size
-        rate = min(float(self.shadow_per_step), SHADOW_BATCH / max(batch, 1))
-        self._shadow_credit = min(float(self.shadow_per_step), self._shadow_credit + rate)
-        self._shadows_left = int(self._shadow_credit) if self.guard.allows(batch) else 0
-        self._shadow_credit -= self._shadows_left
+        if self.shadow is not None or self.latest_shadow is not None:
+            # lazy shadows: a budget per step (fewer at large batch, where one costs more of a step
+            # than it tells: engine-wide rates need few samples), none while the guard blocks this
+            # batch size
+            rate = min(float(self.shadow_per_step), SHADOW_BATCH / max(batch, 1))
+            self._shadow_credit = min(float(self.shadow_per_step), self._shadow_credit + rate)
+            self._shadows_left = int(self._shadow_credit) if self.guard.allows(batch) else 0
+            self._shadow_credit -= self._shadows_left
         verify = num_query_tokens > batch
         self._steps_since_event = 0 if verify else self._steps_since_event + 1
         if not timed:

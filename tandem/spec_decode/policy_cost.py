@@ -61,7 +61,8 @@ class _Bucket:
     probed: bool = False  # a plain-decode probe was asked for
     steps_since_verify: int = 0  # steps timed in this bucket since its last verify step
     verifies: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=MAX_VERIFIES))
-    fit: tuple[float, float] | None = None  # (σ, β) cached until the next measurement
+    fit: tuple[float, float] | None = None  # (σ, β) cached ...
+    fit_at: int = -1  # ... for this value of the model's step clock (the data age with every timed step)
 
 
 class StepCostModel:
@@ -83,9 +84,7 @@ class StepCostModel:
             return
         b = self._bucket(batch)
         n = num_query_tokens - batch
-        self._steps += 1
-        for other in self._buckets.values():
-            other.fit = None  # the data aged
+        self._steps += 1  # (every cached fit is stale now: the data aged)
         if n == 0 and not steady:
             b.steps_since_verify += 1
             b.steps_since_decode += 1
@@ -131,8 +130,8 @@ class StepCostModel:
             return self.prior_sigma, self.prior_beta
         near = min(fitted, key=lambda k: (abs(math.log2(k) - math.log2(key)), k))
         b = self._buckets[near]
-        if b.fit is None:
-            b.fit = self._solve(b)
+        if b.fit is None or b.fit_at != self._steps:
+            b.fit, b.fit_at = self._solve(b), self._steps
         return b.fit
 
     def ratio(self, batch: int, num_draft_tokens: int) -> float:
@@ -167,7 +166,11 @@ class StepCostModel:
 
     # ---- internals --------------------------------------------------------------------------------
     def _bucket(self, batch: int) -> _Bucket:
-        return self._buckets.setdefault(bucket_of(batch), _Bucket())
+        key = bucket_of(batch)
+        b = self._buckets.get(key)
+        if b is None:
+            b = self._buckets[key] = _Bucket()
+        return b
 
     def _solve(self, b: _Bucket) -> tuple[float, float]:
         """Ridge least squares of ``t / D − 1 = σ + β x`` over the bucket's recent verify steps (the

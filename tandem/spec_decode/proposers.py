@@ -9,13 +9,13 @@ requests' block tables and counters, so they take Request objects directly.
 
 Every engine proposer declares ``drafts_on_host_for_free`` (see ``base.py``); those that do also
 answer ``propose_one(tokens, k)``, the single-sequence question the acceptance gate's shadow drafts
-ask.
+ask. A proposer that keeps state from every target step (EAGLE) also implements ``CatchesUp``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -36,6 +36,19 @@ class EngineProposer(Protocol):
     def propose_requests(self, reqs: Sequence[Request], ks: Sequence[int]) -> DraftProposal: ...
 
     def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None: ...
+
+
+@runtime_checkable
+class CatchesUp(Protocol):
+    """A proposer whose per-step state piles up while nobody drafts (EAGLE: the target's features)
+    and must be consumed now and then: the speculator asks ``catch_up_due`` after every step (O(1))
+    and, when true, calls ``catch_up`` with the requests that got tokens (no drafts; nothing read
+    from a step still in flight)."""
+
+    @property
+    def catch_up_due(self) -> bool: ...
+
+    def catch_up(self, reqs: Sequence[Request]) -> None: ...
 
 
 class TokenProposerAdapter:

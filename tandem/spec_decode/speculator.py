@@ -15,14 +15,17 @@ three points:
    request with structured output gets its drafts cut at the first token its grammar refuses.
 2. ``will_draft(requests)``: whether any of these requests may draft in its next step. Drafts are
    proposed from read tokens, so the engine schedules a decode step before the previous step's tokens
-   are read (asynchronous decode) only when none will. A proposer that keeps per-step state while
-   nobody drafts (EAGLE's features) may say it is ``backlogged``: then the answer is yes, and
-   ``drafts_for`` has it catch up (a proposal of no drafts) even on a step where nobody drafts.
+   are read (asynchronous decode) only when none will.
 3. ``observe(StepRecord)``, after every step: per request that got tokens, its drafted / accepted
    counts (the counters) and its new tokens (``policy.on_step_tokens``: pending proposals scored,
-   a budget of lazy shadows); the requests that finished (``forget``: the proposer gets their
-   output, which the suffix proposer caches); the step's kind, size, tokens, steadiness and wall
-   time — this bookkeeping included — (``on_step``: the policy's step-cost model and goodput guard).
+   a budget of lazy shadows; skipped while the policy has nothing to score); the requests that
+   finished (``forget``: the proposer gets their output, which the suffix proposer caches); the
+   step's kind, size, tokens, steadiness and wall time — this bookkeeping included — (``on_step``:
+   the policy's step-cost model and goodput guard).
+   Last, a proposer that keeps per-step state while nobody drafts (EAGLE's features) and says its
+   ``catch_up_due`` catches up on the requests that got tokens (``catch_up``: no drafts, nothing
+   read from a step in flight, so an asynchronous pipeline is not drained; not part of the step's
+   timing: it is what keeping the proposer current costs, drafting or not).
 
 ``disable_by_acceptance: false`` turns the policy off: every request drafts up to k every step, as
 vLLM does (the policy is on by default). Without speculation the engine holds a ``NoSpeculation``: no drafts, never in the way of
@@ -44,7 +47,7 @@ from tandem.request import Request
 from tandem.scheduler import SchedulerOutput
 from tandem.spec_decode.policy import Candidate, GoodputPolicy
 from tandem.spec_decode.policy_cost import ASYNC_PRIOR_SIGMA, PRIOR_SIGMA, StepCostModel
-from tandem.spec_decode.proposers import EngineProposer, TokenProposerAdapter
+from tandem.spec_decode.proposers import CatchesUp, EngineProposer, TokenProposerAdapter
 
 
 # Where the policy is on without ``disable_by_acceptance``: everywhere. (On the 2-core CPU, drafting
@@ -86,7 +89,7 @@ class StepRecord:
     kind: StepKind
     seconds: float  # wall time of the engine step
     sampled: tuple[SampledTokens, ...]
-    finished: tuple[str, ...]  # request ids finished (stopped, length, aborted) since the last record
+    finished: tuple[Request, ...]  # requests finished (stopped, length, aborted) since the last record
     num_requests: int = 0  # requests in the timed step's batch
     num_query_tokens: int = 0  # its query tokens (drafts included)
     # False: a plain step that drained or restarted the asynchronous pipeline (around a verify)
@@ -107,8 +110,9 @@ class Speculator:
         self.policy = policy
         self.k = config.num_speculative_tokens
         self._new_tokens: set[str] = set()  # requests that got tokens since their last proposal
-        self._requests: dict[str, Request] = {}  # requests that got tokens, until forgotten
         self._draft_seconds, self._draft_steps = 0.0, 0  # model drafting in the step being timed
+        # a proposer whose per-step state must be consumed now and then (EAGLE: the target's features)
+        self._catcher = proposer if isinstance(proposer, CatchesUp) else None
 
     @property
     def synthetic_acceptance_rate(self) -> float | None:
@@ -125,11 +129,9 @@ class Speculator:
         rooms = [self._room(r) for r in reqs]
         policy = self.policy
         if policy is None and self._capped(len(requests)):
-            self._catch_up(reqs)
             return {r.request_id: Draft(()) for r in reqs}
         if policy is not None and policy.off(len(requests)):  # no proposal costs while nobody may draft
             policy.stats.record_choices([0] * len(reqs), self.k)
-            self._catch_up(reqs)
             return {r.request_id: Draft(()) for r in reqs}
         if policy is None:
             proposal, ks = self.proposer.propose_requests(reqs, rooms), rooms
@@ -141,8 +143,7 @@ class Speculator:
                                                for r, room, toks in zip(reqs, rooms, proposal.token_ids)])
         else:  # drafting costs forwards: choose first, draft what was granted
             ks = policy.choose(len(requests), [Candidate(r.request_id, room) for r, room in zip(reqs, rooms)])
-            if not any(ks):  # no forward for nobody's drafts: the head catches up when backlogged
-                self._catch_up(reqs)
+            if not any(ks):  # no forward for nobody's drafts (a proposer catches up in observe)
                 return {r.request_id: Draft(()) for r in reqs}
             t0 = time.perf_counter()
             proposal = self.proposer.propose_requests(reqs, ks)
@@ -166,31 +167,34 @@ class Speculator:
     def will_draft(self, requests: Sequence[Request]) -> bool:
         """Whether any request may draft in its next step (its tokens, placeholders included, so far).
         Without the policy a proposer may find drafts for anyone: true below ``disable_by_batch_size``."""
-        if self._backlogged(requests):
-            return True
         if self.policy is None:
             return not self._capped(len(requests))
         return self.policy.wants_any(len(requests), lambda: [Candidate(r.request_id, self._room(r)) for r in requests])
 
     def observe(self, record: StepRecord) -> None:
         """The step's evidence, then its timing — which includes this bookkeeping (host work the
-        speculator adds to every step, paid for by the steps that speculate)."""
+        speculator adds to every step, paid for by the steps that speculate). A plain step where
+        nobody has a proposal pending costs one pass over its requests (who got tokens)."""
         t0 = time.perf_counter()
-        stats, new_tokens, known = self.stats, self._new_tokens, self._requests
-        tokens: list[tuple[str, list[int]]] = []
-        for s in record.sampled:
-            r = s.request
-            if s.num_drafted:
-                stats.record(s.num_drafted, s.num_accepted)
-            known[r.request_id] = r  # its output goes to the proposer at forget
-            if not r.status.finished:
-                new_tokens.add(r.request_id)
-                tokens.append((r.request_id, r.token_ids))
-        if self.policy is not None and tokens:
-            self.policy.on_step_tokens(tokens)
-        for rid in record.finished:
-            self.forget(rid)
+        sampled = record.sampled
+        if record.kind is StepKind.VERIFY:  # (only a verify has drafts to count)
+            stats = self.stats
+            for s in sampled:
+                if s.num_drafted:
+                    stats.record(s.num_drafted, s.num_accepted)
+        self._new_tokens.update(s.request.request_id for s in sampled)  # (finished ones: forgotten below)
+        policy = self.policy
+        if policy is not None and policy.wants_tokens:
+            tokens = [(s.request.request_id, s.request.token_ids) for s in sampled if not s.request.status.finished]
+            if tokens:
+                policy.on_step_tokens(tokens)
+        for r in record.finished:
+            self.forget(r)
         self.on_step(record, time.perf_counter() - t0)
+        if self._catcher is not None and self._catcher.catch_up_due:
+            live = [s.request for s in sampled if not s.request.status.finished]
+            if live:
+                self._catcher.catch_up(live)
 
     # ---- what observe() is made of -------------------------------------------------------------
     def on_step(self, record: StepRecord, bookkeeping: float = 0.0) -> None:
@@ -201,21 +205,13 @@ class Speculator:
                                 steady=record.steady, num_tokens=record.num_tokens)
         self._draft_seconds, self._draft_steps = 0.0, 0
 
-    def forget(self, request_id: str) -> None:
-        self._new_tokens.discard(request_id)
-        request = self._requests.pop(request_id, None)
-        self.proposer.forget(request_id, request.output_token_ids if request is not None else ())
+    def forget(self, request: Request) -> None:
+        """A finished request: its output goes to the proposer (the suffix proposer caches it)."""
+        rid = request.request_id
+        self._new_tokens.discard(rid)
+        self.proposer.forget(rid, request.output_token_ids)
         if self.policy is not None:
-            self.policy.forget(request_id)
-
-    def _backlogged(self, reqs: Sequence[Request]) -> bool:
-        backlogged = getattr(self.proposer, "backlogged", None)
-        return backlogged is not None and backlogged(reqs)
-
-    def _catch_up(self, reqs: Sequence[Request]) -> None:
-        """On a step where nobody drafts: a backlogged proposer catches up (no drafts asked)."""
-        if self._backlogged(reqs):
-            self.proposer.propose_requests(reqs, [0] * len(reqs))
+            self.policy.forget(rid)
 
     def _capped(self, batch: int) -> bool:
         """``disable_by_batch_size`` without the policy (the policy applies it itself)."""

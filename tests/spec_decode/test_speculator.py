@@ -31,7 +31,7 @@ def _req(rid: str, tokens: list[int], max_tokens: int = 50, max_model_len: int =
     return r
 
 
-def _record(*sampled: SampledTokens, finished: tuple[str, ...] = (), kind: StepKind = StepKind.OTHER) -> StepRecord:
+def _record(*sampled: SampledTokens, finished: tuple[Request, ...] = (), kind: StepKind = StepKind.OTHER) -> StepRecord:
     return StepRecord(kind, 0.01, sampled, finished)
 
 
@@ -95,7 +95,7 @@ def test_record_updates_counters_policy_and_forgets():
     assert drafts == (8, 5, 6)[: len(drafts)] and len(drafts) >= 1  # now it pays
     spec.observe(StepRecord(StepKind.VERIFY, 0.012, (SampledTokens(a, len(drafts), 1),), (), 1, 1 + len(drafts)))
     assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, len(drafts), 1)
-    spec.observe(_record(finished=("a",)))
+    spec.observe(_record(finished=(a,)))
     assert acc.num_scored_for("a") == 0 and "a" not in spec.policy._pending and spec.drafts_for([a]) == {}
 
 
@@ -125,11 +125,13 @@ def test_suffix_proposer_learns_finished_outputs_without_lazy_shadows():
     assert spec.drafts_for([a])["a"].token_ids == ()
     a.token_ids += [9, 8, 7]  # the finishing step's tokens: the speculator reads them at forget
     a.status = RequestStatus.FINISHED_LENGTH
-    spec.observe(_record(SampledTokens(a, 0, 0), finished=("a",)))
+    spec.observe(_record(SampledTokens(a, 0, 0), finished=(a,)))
     suffix = proposer.proposer
     assert suffix.num_active_requests == 0 and suffix.global_tree._seqs == {"a": [3, 4, 9, 8, 7]}
     b = _req("b", [5, 5, 4, 9])
     spec.observe(_record(SampledTokens(b, 0, 0)))
     assert spec.drafts_for([b])["b"].token_ids == (8, 7)  # "4 9" from a's output: 2 tokens at most
-    spec.observe(_record(finished=("gone",)))  # aborted before any token: nothing to cache
+    gone = _req("gone", [1, 2])  # aborted before any token: nothing to cache
+    gone.status = RequestStatus.FINISHED_ABORTED
+    spec.observe(_record(finished=(gone,)))
     assert "gone" not in suffix.global_tree
