@@ -18,6 +18,7 @@ differences between a k + 1-row verify, a batch of rows and a 1-row decode flip 
 
 Usage: python benchmarks/gpu_batch_invariant.py [--gguf PATH] [--humaneval PATH] [--shapes smol,1b,8b]
        [--num-prompts 32] [--max-tokens 128] [--batches 1,8,32] [--device cuda|cpu] [--json OUT]
+       [--modes default,invariant]
 On CPU, ``--shapes smol`` without ``--gguf`` runs the built-in SmolLM2 GGUF (packed int4, the default).
 """
 
@@ -72,6 +73,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--modes", default="default,invariant")
     args = ap.parse_args()
     cpu = args.device == "cpu"
     batches = [int(b) for b in args.batches.split(",")]
@@ -89,7 +91,7 @@ def main() -> None:
             name = {"smol": "smollm2-135m", "1b": "llama-3.2-1b", "8b": "llama-3.1-8b"}[shape]
             model, kw, prompts = str(dummy_dir(root, name)), {"load_format": "dummy"}, None
         g = torch.Generator().manual_seed(0)
-        for mode in ("default", "invariant"):
+        for mode in args.modes.split(","):
             llm = LLM(model, dtype="float32" if cpu else "bfloat16", device=args.device, max_model_len=2048,
                       kv_cache_memory_bytes=(1 << 30) if cpu else (8 << 30),
                       enable_prefix_caching=False, batch_invariant=mode == "invariant",
@@ -118,7 +120,10 @@ def main() -> None:
     for r in rows:
         if r["mode"] != "default":
             continue
-        inv = next(x for x in rows if x["mode"] == "invariant" and all(x[k] == r[k] for k in ("model", "spec", "batch")))
+        inv = next((x for x in rows if x["mode"] == "invariant" and all(x[k] == r[k] for k in ("model", "spec", "batch"))),
+                   None)
+        if inv is None:
+            continue
         print(f"| {r['model']} | {r['spec']} | {r['batch']} | {r['tok_s']:.0f} | {inv['tok_s']:.0f} | "
               f"{inv['tok_s'] / r['tok_s']:.2f} | {r['identical']}/{r['prompts']} | {inv['identical']}/{inv['prompts']} |")
     if args.json:
