@@ -103,8 +103,13 @@ def load_sharegpt_records(path: str | Path | None = None) -> list[dict[str, Any]
 
 def sharegpt_pairs(records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     """(first human turn, first gpt reply after it) per conversation that has both."""
+    return [(p, r) for _, p, r in sharegpt_indexed_pairs(records)]
+
+
+def sharegpt_indexed_pairs(records: Sequence[dict[str, Any]]) -> list[tuple[int, str, str]]:
+    """``sharegpt_pairs`` with the index of each pair's record."""
     pairs = []
-    for record in records:
+    for i, record in enumerate(records):
         turns = record.get("conversations") or []
         prompt = None
         for turn in turns:
@@ -116,7 +121,7 @@ def sharegpt_pairs(records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
             if prompt is None and role in _HUMAN_ROLES:
                 prompt = value
             elif prompt is not None and role in _REPLY_ROLES:
-                pairs.append((prompt, value))
+                pairs.append((i, prompt, value))
                 break
     return pairs
 

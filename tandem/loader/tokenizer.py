@@ -142,6 +142,25 @@ def apply_chat_template(
     Raises RequestError if the model has no chat template or the template rejects the messages
     (e.g. roles that do not alternate).
     """
+    text = render_chat_template(tokenizer, messages, add_generation_prompt, chat_template=chat_template,
+                                **template_kwargs)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def render_chat_template(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Mapping[str, Any]],
+    add_generation_prompt: bool = True,
+    *,
+    chat_template: str | None = None,
+    **template_kwargs: Any,
+) -> str:
+    """``messages`` rendered with the chat template, as text (its token ids: encode it without
+    special tokens, as ``apply_chat_template`` does).
+
+    Raises RequestError if the model has no chat template or the template rejects the messages
+    (e.g. roles that do not alternate).
+    """
     template = chat_template or getattr(tokenizer, "chat_template", None)
     if not template:
         raise RequestError(
@@ -166,4 +185,4 @@ def apply_chat_template(
         )
     except Exception as e:  # jinja2 TemplateError and raise_exception() from the template itself
         raise RequestError(f"chat template rejected the messages: {e}", param="messages") from e
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return str(text)

@@ -27,8 +27,10 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--method", choices=("eagle3", "eagle"), default=d.method)
     p.add_argument("--out", required=True, help="output directory (head, TRAINING.md, checkpoint, data cache)")
     g = p.add_argument_group("data")
-    g.add_argument("--data", default=None, help="JSONL of prompts ({'prompt': ...} or {'messages': [...]}); "
-                                               "default: ShareGPT first user turns")
+    g.add_argument("--data", default=None, help="JSONL of rows: {'prompt': ...} or {'messages': [...]} (the "
+                   "target answers), {'text': ...} (raw, the target continues), {'messages': [... ending with an "
+                   "assistant turn]} (trained on as given); python -m tandem.train.sources writes one from ShareGPT; "
+                   "default: ShareGPT first user turns")
     g.add_argument("--num-prompts", type=int, default=d.num_prompts)
     g.add_argument("--val-prompts", type=int, default=d.val_prompts, help="held-out prompts, never trained on")
     g.add_argument("--max-tokens", type=int, default=d.max_tokens, help="tokens the target generates per prompt")

@@ -1,7 +1,8 @@
 """The real measurement: the engine speculating with the trained head on held-out prompts.
 
 For each ``k``, ``LLM(target, speculative_config={"method": ..., "model": OUT,
-"num_speculative_tokens": k})`` answers the held-out prompts greedily; the engine's own counters
+"num_speculative_tokens": k, "disable_by_acceptance": False})`` (drafting every step) answers
+the held-out prompts greedily; the engine's own counters
 (``stats.spec``) give the acceptance rate, per-position acceptance and the mean accepted length τ
 (tokens per verify step, bonus token included).
 """
@@ -39,7 +40,10 @@ def engine_eval(target: str, head_dir: Path, method: str, prompts: list[list[int
     from tandem.engine.llm import LLM
     from tandem.sampling_params import SamplingParams
 
-    llm = LLM(target, speculative_config={"method": method, "model": str(head_dir), "num_speculative_tokens": k},
+    # drafting every step: this measures the head, not what the goodput policy makes of it (with the
+    # policy, a weak head on a fast GPU drafts only its exploration rounds)
+    llm = LLM(target, speculative_config={"method": method, "model": str(head_dir), "num_speculative_tokens": k,
+                                          "disable_by_acceptance": False},
               **engine_kwargs(device, max_model_len))
     t0 = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],

@@ -49,7 +49,8 @@ def write_report(out: Path, s: RunSummary) -> None:
     info: dict[str, Any] = {
         "command": s.command, "date": now, "machine": machine(s.device), "config": s.cfg.to_dict(),
         "data": {"source": s.data.source, "train_sequences": len(s.data.train), "val_sequences": len(s.data.val),
-                 "train_generated_tokens": s.data.num_generated_tokens,
+                 "train_generated_tokens": s.data.num_generated_tokens, "given_conversations": s.data.num_given,
+                 "given_tokens": s.data.num_given_tokens, "records": s.data.records,
                  "train_prompt_indices": s.data.train_indices, "val_prompt_indices": s.data.val_indices},
         "draft_vocab": {"size": s.vocab_size, "coverage": s.coverage}, "head_parameters": s.head_params,
         "training": {"steps": r.steps, "planned_steps": r.planned_steps, "stopped": r.stopped,
@@ -65,12 +66,15 @@ def write_report(out: Path, s: RunSummary) -> None:
          "training-time-test unroll; docs/training.md)."), "",
         "## Command", "", "```", s.command, "```", "",
         f"- Date: {now}", f"- Machine: {machine(s.device)}",
-        (f"- Data: {s.data.source}; {len(s.data.train)} training prompts answered by the target "
-         f"({s.data.num_generated_tokens} generated tokens, max_tokens {s.cfg.max_tokens}, temperature "
-         f"{s.cfg.temperature}), {len(s.data.val)} held-out prompts never trained on. Prompt indices "
+        (f"- Data: {s.data.source}; {len(s.data.train) - s.data.num_given} training prompts answered by the "
+         f"target ({s.data.num_generated_tokens} generated tokens, max_tokens {s.cfg.max_tokens}, temperature "
+         f"{s.cfg.temperature}), {s.data.num_given} conversations used as given ({s.data.num_given_tokens} "
+         f"tokens after their first prompt), {len(s.data.val)} held-out prompts never trained on. Prompt indices "
          "are in `training.json` "
          "(`data.train_prompt_indices`, `data.val_prompt_indices`)."),
         f"- Held-out prompt indices: {s.data.val_indices}",
+        *([f"- Source records used (train and held-out): {len(s.data.records)}, from {s.data.records[0]} to "
+           f"{s.data.records[-1]} (`data.records`)"] if s.data.records else []),
         f"- Draft vocabulary: {s.vocab_size} ids covering {100 * s.coverage:.2f} % of generated tokens",
         f"- Head parameters: {s.head_params:,} ({2 * s.head_params / 2**20:.1f} MiB in bf16)",
         (f"- Training: {r.steps} steps ({r.stopped}), TTT steps {s.cfg.ttt_steps}, lr {s.cfg.lr}, "

@@ -64,9 +64,64 @@ def test_held_out_prompts_are_disjoint_and_long_prompts_skipped(tmp_path):
     f.write_text("\n".join(json.dumps(r) for r in rows))
     convs, _ = load_prompts(str(f))
     cfg = TrainConfig(target="t", out=str(tmp_path), data=str(f), num_prompts=100, val_prompts=5, max_prompt_tokens=64)
-    val, vi, train, ti = select_prompts(convs, tiny_tokenizer(), cfg)
-    assert len(val) == 5 and not set(vi) & set(ti) and 30 not in vi + ti and len(vi + ti) == 31
-    assert all(len(p) <= 64 for p in val + train)
+    sel = select_prompts(convs, tiny_tokenizer(), cfg)
+    vi, ti = sel.val_idx, sel.train_idx
+    assert len(sel.val) == 5 and not set(vi) & set(ti) and 30 not in vi + ti and len(vi + ti) == 31
+    assert all(len(p) <= 64 for p in sel.val + sel.train) and not sel.given
+
+
+def test_raw_text_rows_and_given_conversations(tmp_path):
+    """``{"text"}`` rows are prompts without the chat template; conversations ending with an
+    assistant turn train as given (prompt = everything before the first reply, cut to
+    max_prompt_tokens + max_tokens) and are never held out; ``record`` is kept per row."""
+    from tiny_models import tiny_tokenizer
+
+    from tandem.loader.tokenizer import apply_chat_template
+
+    tok = tiny_tokenizer()
+    conv = [{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "runs fast " * 40},
+            {"role": "user", "content": "and"}, {"role": "assistant", "content": "the dog"}]
+    rows = [{"text": "def f(x):\n    return", "record": 3}] * 6 + [{"messages": conv, "record": 9}]
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    loaded, _ = load_prompts(str(f))
+    assert [r.record for r in loaded] == [3] * 6 + [9] and loaded[-1].given and not loaded[0].given
+    cfg = TrainConfig(target="t", out=str(tmp_path), data=str(f), num_prompts=100, val_prompts=2,
+                      max_prompt_tokens=64, max_tokens=16)
+    sel = select_prompts(loaded, tok, cfg)
+    assert len(sel.val) == 2 and len(sel.train) == 4 and sel.given_idx == [6]
+    assert sel.val[0] == list(tok.encode("def f(x):\n    return", add_special_tokens=True))
+    (seq,) = sel.given
+    head = apply_chat_template(tok, conv[:1], add_generation_prompt=True)
+    full = apply_chat_template(tok, conv, add_generation_prompt=False)
+    assert seq.prompt_len == len(head) and seq.tokens.tolist() == full[:64 + 16] and len(full) > 80
+    with pytest.raises(ConfigError, match="data"):
+        (tmp_path / "bad.jsonl").write_text(json.dumps({"messages": []}))
+        load_prompts(str(tmp_path / "bad.jsonl"))
+
+
+def test_sharegpt_rows_cover_turns_given_conversations_and_code_prefixes():
+    from tandem.train.sources import code_prefixes, sharegpt_rows
+
+    code = "Here:\n```python\nimport os\nx = 1\ny = 2\nz = 3\nprint(x)\nprint(y)\n```\nand ```\na\n```"
+    records = [
+        {"conversations": [{"from": "system", "value": "sys"}, {"from": "human", "value": "q1"},
+                           {"from": "gpt", "value": code}, {"from": "human", "value": "q2"},
+                           {"from": "gpt", "value": "a2"}, {"from": "human", "value": "q3"}]},
+        {"conversations": [{"from": "gpt", "value": "orphan"}, {"from": "human", "value": "only a question"}]},
+        {"conversations": [{"from": "human", "value": "x" * 50}, {"from": "gpt", "value": "y" * 50}]},
+    ]
+    assert code_prefixes(code) == ["import os\nx = 1\n"]  # a third of 6 lines; the 1-line block skipped
+    rows = list(sharegpt_rows(records, 0, 2))
+    user = [r for r in rows if "messages" in r and r["messages"][-1]["role"] == "user"]
+    given = [r for r in rows if "messages" in r and r["messages"][-1]["role"] == "assistant"]
+    text = [r for r in rows if "text" in r]
+    assert [len(r["messages"]) for r in user] == [1, 3, 5, 1] and [r["record"] for r in user] == [0, 0, 0, 1]
+    assert [m["content"] for m in given[0]["messages"]] == ["q1", code, "q2", "a2"] and len(given) == 1
+    assert text == [{"text": "import os\nx = 1\n", "record": 0}]
+    # the record range is honoured; prompts and given conversations stay within their character caps
+    rows = list(sharegpt_rows(records, 2, 3, max_prompt_chars=60, max_given_chars=60))
+    assert rows == [{"messages": [{"role": "user", "content": "x" * 50}], "record": 2}]
 
 
 def test_data_cache_is_reused_only_for_the_same_generation_settings(tmp_path):

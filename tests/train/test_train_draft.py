@@ -40,6 +40,10 @@ def setup(tmp_path_factory):
     for i in range(140):
         text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 8)))
         lines.append({"prompt": text} if i % 2 else {"messages": [{"role": "user", "content": text}]})
+    for i in range(20):  # conversations trained on as given (no generation), each naming its record
+        said = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) for _ in range(2)]
+        lines.append({"messages": [{"role": "user", "content": said[0]}, {"role": "assistant", "content": said[1]}],
+                      "record": 1000 + i})
     data = base / "prompts.jsonl"
     data.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     return base, target, data, lines
@@ -68,12 +72,16 @@ def test_trained_head_beats_untrained_and_keeps_greedy_output(setup):
     assert et["acceptance_rate"] >= 0.6, et
     assert et["acceptance_rate"] >= eu["acceptance_rate"] + 0.4, (et, eu)
     assert et["mean_accepted_length"] > eu["mean_accepted_length"] + 1.0
+    for e in (et, eu):  # the evaluation drafts at every step (measures the head, not the goodput policy)
+        assert e["num_drafts"] * e["mean_accepted_length"] >= 0.8 * (e["output_tokens"] - 12), e
     # the unroll's validation predicts the engine's first-position acceptance
     assert abs(rt["final_validation"]["acceptance"][0] - et["per_position"][0]) < 0.15
     assert [h["step"] for h in rt["training"]["history"]] == [60, 120]
     # held-out prompts were never trained on, and the indices name lines of the prompt file
     val, train = set(rt["data"]["val_prompt_indices"]), set(rt["data"]["train_prompt_indices"])
     assert len(val) == 12 and not val & train and max(val | train) < len(lines)
+    assert rt["data"]["given_conversations"] == 20 and set(range(140, 160)) <= train
+    assert rt["data"]["records"] == list(range(1000, 1020)) and rt["data"]["given_tokens"] > 20 * 4
     assert "tandem train-draft" in (trained / "TRAINING.md").read_text()
 
     # the speculators layout: bf16 tensors, no embeddings, d2t/t2d, flags
