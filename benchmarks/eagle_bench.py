@@ -5,8 +5,10 @@ same prompts, one process.
 Engines (same target, dtype, defaults otherwise): ``baseline`` (no speculation: asynchronous decode
 on CUDA), ``ngram`` (k = 4, tandem's defaults), and ``eagle k=K`` for each ``--ks``. Two workloads:
 ``code`` (HumanEval prompts, raw completion) and ``chat`` (ShareGPT first user turns through the
-chat template, skipping every prompt the head's training.json lists as trained on or validated on). Greedy, ``--max-tokens`` each, every prompt alone (batch 1), the order
-of engines alternating per prompt; each engine first runs 3 prompts untimed (graphs, JIT).
+chat template, skipping every prompt the head's training.json lists as trained on or validated on,
+or, for a head trained on a ``tandem.train.sources`` file, every conversation it used: rows of
+``--sharegpt-prompts`` then need their ``record``). Greedy, ``--max-tokens`` each, every prompt
+alone (batch 1), the order of engines alternating per prompt; each engine first runs 3 prompts untimed (graphs, JIT).
 
 Per engine and workload: decode time (sum of finish − first token), speedup over the baseline on
 that time, τ = tokens per verify step (accepted + 1), acceptance per draft position, outputs
@@ -16,7 +18,7 @@ c = head step / target decode step and v = verify extra cost, timed on the engin
 
 Usage: python benchmarks/eagle_bench.py --target smollm2-135m-instruct --head smollm2-135m-instruct-eagle3
        [--humaneval FILE] [--sharegpt-prompts FILE.jsonl] [--sharegpt-offset N] [--num-prompts 20]
-       [--max-tokens 256] [--ks 3,5] [--device cuda] [--dtype bfloat16] [--json OUT]
+       [--max-tokens 256] [--ks 3,5] [--device cuda] [--dtype bfloat16] [--json OUT] [--draft-every-step]
 """
 
 from __future__ import annotations
@@ -29,31 +31,39 @@ from datetime import date
 from pathlib import Path
 
 
-def load_chat_prompts(path: str | None, offset: int, n: int, exclude: set[int]) -> list[str]:
-    """ShareGPT first user turns from ``offset`` on, skipping the indices in ``exclude`` (a head's
-    training and validation prompts: the indices its training.json records)."""
+def load_chat_prompts(path: str | None, offset: int, n: int, exclude: set[int],
+                      exclude_records: set[int] | None = None) -> list[str]:
+    """ShareGPT first user turns from ``offset`` on, skipping the indices in ``exclude`` and, with
+    the records in ``exclude_records`` (a head's training and validation prompts and source records:
+    what its training.json records; a JSONL row names its record as ``record``)."""
+    skip = exclude_records or set()
     if path:
         import gzip
 
         raw = gzip.decompress(Path(path).read_bytes()) if path.endswith(".gz") else Path(path).read_bytes()
         rows = [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
-        texts = [r["prompt"] if isinstance(r, dict) else str(r) for r in rows]
+        indexed = [(r.get("record"), r["prompt"]) if isinstance(r, dict) else (None, str(r)) for r in rows]
     else:
-        from tandem.bench.datasets import load_sharegpt_records, sharegpt_pairs
+        from tandem.bench.datasets import load_sharegpt_records, sharegpt_indexed_pairs
 
-        texts = [p for p, _ in sharegpt_pairs(load_sharegpt_records())]
-    return [t for i, t in enumerate(texts) if i >= offset and i not in exclude and len(t) < 4000][:n]
+        indexed = [(rec, p) for rec, p, _ in sharegpt_indexed_pairs(load_sharegpt_records())]
+    return [t for i, (rec, t) in enumerate(indexed)
+            if i >= offset and i not in exclude and rec not in skip and len(t) < 4000][:n]
 
 
-def head_prompt_indices(head: str) -> set[int]:
-    """Prompt indices a head was trained or validated on (its training.json), if it has one."""
+def head_prompt_indices(head: str) -> tuple[set[int], set[int]]:
+    """(prompt indices, source records) a head was trained or validated on (its training.json).
+    A head trained on first turns records prompt indices; one trained on a ``sources.py`` file
+    records the ShareGPT records it used (its prompt indices then name lines of that file)."""
     from tandem.loader.heads import resolve_head
 
     info = resolve_head(head) / "training.json"
     if not info.is_file():
-        return set()
+        return set(), set()
     data = json.loads(info.read_text()).get("data", {})
-    return set(data.get("train_prompt_indices", [])) | set(data.get("val_prompt_indices", []))
+    if data.get("records"):
+        return set(), set(data["records"])
+    return set(data.get("train_prompt_indices", [])) | set(data.get("val_prompt_indices", [])), set()
 
 
 def timed(llm, prompt, max_tokens: int):  # type: ignore[no-untyped-def]
@@ -109,7 +119,9 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", default="smollm2-135m-instruct")
-    ap.add_argument("--head", default="smollm2-135m-instruct-eagle3")
+    ap.add_argument("--head", default="smollm2-135m-instruct-eagle3",
+                    help="head alias or directory; several, comma-separated, run side by side (chat prompts: "
+                         "none that any of them used)")
     ap.add_argument("--humaneval", default=None)
     ap.add_argument("--sharegpt-prompts", default=None, help="JSONL of {'prompt': ...} (default: the ShareGPT package)")
     ap.add_argument("--sharegpt-offset", type=int, default=0)
@@ -118,6 +130,9 @@ def main() -> None:
     ap.add_argument("--ks", default="3,5")
     ap.add_argument("--workloads", default="code,chat")
     ap.add_argument("--no-ngram", action="store_true")
+    ap.add_argument("--draft-every-step", action="store_true",
+                    help="speculative engines draft every step (disable_by_acceptance false): measures the head's "
+                         "acceptance rather than what the goodput policy makes of it")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--json", default=None)
@@ -127,20 +142,26 @@ def main() -> None:
     common = dict(device=args.device, dtype=dtype, max_model_len=2048, kv_cache_memory_bytes=1 << 30,
                   enable_prefix_caching=False)
     t0 = time.perf_counter()
+    every = {"disable_by_acceptance": False} if args.draft_every_step else {}
     engines = {"baseline": LLM(args.target, **common)}
     if not args.no_ngram:
-        engines["ngram k=4"] = LLM(args.target, speculative_config={"method": "ngram", "num_speculative_tokens": 4}, **common)
-    for k in ks:
-        engines[f"eagle k={k}"] = LLM(args.target, speculative_config={"model": args.head, "num_speculative_tokens": k},
-                                      **common)
+        engines["ngram k=4"] = LLM(args.target, speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                                                   **every}, **common)
+    heads = args.head.split(",")
+    names = {h: "eagle" if len(heads) == 1 else f"eagle[{Path(h).name}]" for h in heads}
+    for h in heads:
+        for k in ks:
+            engines[f"{names[h]} k={k}"] = LLM(args.target, speculative_config={
+                "model": h, "num_speculative_tokens": k, **every}, **common)
     tok = engines["baseline"].get_tokenizer()
     work: dict[str, list] = {}
     if "code" in args.workloads:
         work["code"] = load_humaneval_prompts(args.humaneval)[: args.num_prompts]
     if "chat" in args.workloads:
+        used = [head_prompt_indices(h) for h in heads]  # every head's: the same prompts for all
         work["chat"] = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
                         for p in load_chat_prompts(args.sharegpt_prompts, args.sharegpt_offset, args.num_prompts,
-                                                   head_prompt_indices(args.head))]
+                                                   set().union(*(u[0] for u in used)), set().union(*(u[1] for u in used)))]
     dev = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or platform.machine()
     print(f"{date.today()} {dev}, torch {torch.__version__}, {dtype}, threads {torch.get_num_threads()}; engines built "
           f"in {time.perf_counter() - t0:.1f} s; {args.max_tokens} tokens per prompt, batch 1")
@@ -173,7 +194,7 @@ def main() -> None:
         results[wname] = acc
     costs = {}
     for k in ks:
-        llm = engines[f"eagle k={k}"]
+        llm = engines[f"{names[heads[0]]} k={k}"]
         dec, ver, hstep = step_costs(llm, work[next(iter(work))][0], k)
         costs[k] = {"decode_s": dec, "verify_s": ver, "head_step_s": hstep, "c": hstep / dec, "v": ver / dec - 1}
     print("\n| workload | engine | decode tok/s | speedup | τ | acceptance per position | identical | η |")
@@ -182,7 +203,7 @@ def main() -> None:
         for name, a in acc.items():
             eta = ""
             if name.startswith("eagle") and a["tau"]:
-                k = int(name.split("=")[1])
+                k = int(name.rsplit("=", 1)[1])
                 c = costs[k]
                 s_model = expected_tokens_from_position_rates(a["cond_rates"][:k]) / (k * c["c"] + 1 + c["v"])
                 a["eta"] = a["speedup"] / s_model
