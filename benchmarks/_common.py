@@ -167,3 +167,26 @@ def decode_ms_per_step(engine: Any, prompts: list[list[int]], params: Any, tag: 
         engine.step()
         n += 1
     return (clock() - t0) / max(1, n) * 1e3, n
+
+
+def warm_state(llm: Any) -> tuple[int, float, int]:
+    """(CUDA graphs captured, seconds spent capturing, Triton kernel variants compiled) so far in
+    ``llm``'s runners and this process: a difference across a timed run is work done mid-serving."""
+    import sys
+
+    graphs, seconds = 0, 0.0
+    eng = llm.engine
+    for r in (eng.runner, getattr(eng.proposer, "runner", None), getattr(getattr(eng, "proposer", None), "draft_runner", None)):
+        g = getattr(r, "graphs", None)
+        if g is not None:
+            graphs += len(g.graphs)
+            seconds += g.capture_seconds
+    variants = 0
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("tandem."):
+            continue
+        for obj in vars(mod).values():
+            caches = getattr(obj, "device_caches", None)
+            if isinstance(caches, dict):
+                variants += sum(len(c[0]) for c in caches.values())
+    return graphs, seconds, variants

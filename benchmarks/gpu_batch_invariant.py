@@ -11,8 +11,9 @@ prompts) — two engines in one process, default and ``batch_invariant=True``, e
 - the same prompts all at once at concurrency 8 and 32 (``max_num_seqs``), no speculation;
 - the same at batch 1, 8, 32 with n-gram speculation (k = 4, drafting every step);
 
-and reports, per mode and cell, decode tokens/s (generated tokens / wall time of the batch) and how
-many outputs equal the batch-1 reference token for token. In batch-invariant mode every count must be
+and reports, per mode and cell, decode tokens/s (generated tokens / wall time of the batch), how
+many outputs equal the batch-1 reference token for token, and the CUDA graph captures and Triton
+compiles that happened during the cell (work done mid-serving: both should be 0). In batch-invariant mode every count must be
 the full count (tests/worker/test_gpu_batch_invariant.py asserts it); in the default mode the bf16
 differences between a k + 1-row verify, a batch of rows and a 1-row decode flip near-ties.
 
@@ -34,6 +35,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+from _common import warm_state  # noqa: E402
 
 
 def dummy_dir(root: Path, name: str) -> Path:
@@ -105,13 +109,17 @@ def main() -> None:
             ref, _ = run(llm, prompts, args.max_tokens, 1, None)
             for s in (None, spec):
                 for b in batches:
+                    g0, s0, v0 = warm_state(llm)
                     outs, tok_s = run(llm, prompts, args.max_tokens, b, s)
+                    g1, s1, v1 = warm_state(llm)
                     same = sum(o == r for o, r in zip(outs, ref))
                     row = dict(model=shape, mode=mode, spec="ngram" if s else "none", batch=b, tok_s=tok_s,
-                               identical=same, prompts=len(prompts))
+                               identical=same, prompts=len(prompts), captures=g1 - g0, capture_s=s1 - s0,
+                               compiles=v1 - v0)
                     rows.append(row)
                     print(f"{shape:5s} {mode:9s} {row['spec']:5s} b={b:2d}: {tok_s:9.1f} tok/s, identical to batch-1 "
-                          f"reference {same}/{len(prompts)}", flush=True)
+                          f"reference {same}/{len(prompts)}; mid-run: {g1 - g0} graph captures ({s1 - s0:.2f} s), "
+                          f"{v1 - v0} Triton compiles", flush=True)
             del llm
             if not cpu:
                 torch.cuda.empty_cache()

@@ -41,6 +41,7 @@ from tandem.models.decoder import CausalLM
 from tandem.scheduler import Scheduler
 from tandem.spec_decode.proposers import EngineProposer, build_proposer
 from tandem.spec_decode.speculator import AnySpeculator, build_speculator
+from tandem.worker.cuda_graphs import warm_up_plan
 from tandem.worker.head_runner import make_head_runner
 from tandem.worker.runner import ModelRunner, make_runner
 
@@ -171,12 +172,12 @@ def build_engine(config: EngineConfig) -> EngineParts:
     use_async = sched_cfg.async_scheduling
     use_async = device.type == "cuda" if use_async is None else bool(use_async)
     speculator = build_speculator(spec, proposer, stats.spec, device, asynchronous=use_async)
-    # On CUDA, compile the step kernels' variants and capture the small-batch decode / verify graphs
-    # now rather than on first use (a capture costs ~0.1 s, a compile up to ~1 s). Larger batch
-    # buckets are captured lazily.
-    sizes = [b for b in (1, 2, 4, 8) if b <= sched_cfg.max_num_seqs]
-    for r in runners:
-        r.warm_up(sizes, range(1, k + 2))
+    # On CUDA, compile the step kernels' variants and capture the decode / verify graphs of every
+    # batch bucket now rather than on first use (a capture costs ~0.1 s, a compile up to ~1 s): no
+    # request of a fresh engine waits for either.
+    for sizes, qs in warm_up_plan(sched_cfg.max_num_seqs, runner_cfg.max_graph_batch, k + 1):
+        for r in runners:
+            r.warm_up(sizes, qs)
     if (runner_cfg.screened_head and device.type == "cpu" and quant is not None
             and not model_cfg.batch_invariant and model.screen_lm_head()):
         # Last, at the settled RSS: the screened head's build temporaries do not raise the load's peak.

@@ -8,12 +8,14 @@ out as zeros/garbage and are never read. The graph reads its inputs from one sta
 that the runner refills with a single host→device copy per step, and writes logits for all
 ``bucket × q`` rows into a static output tensor.
 
-Graphs are captured lazily (or up front through ``GpuModelRunner.capture``): a step whose bucket has
-no graph yet runs in the smallest captured graph that fits it, and its own bucket is captured after a
-few such misses (a capture costs a warm-up run first: Triton JIT, cuBLAS workspaces; ~0.1 s for an
-8B model), so shrinking batches do not stall on captures. All graphs share one memory pool: they never run concurrently, and each keeps its own
-output tensor alive, so only scratch memory is shared. Invariant for callers: the logits a graph
-returns are overwritten by the next replay of the same runner.
+Graphs are captured when the engine starts (``warm_up_plan``: every batch bucket up to
+``max_num_seqs`` for decodes and for full verifies, every query length for batches up to 8), so no
+request waits for a capture (a capture costs a warm-up run first: Triton JIT, cuBLAS workspaces;
+~0.1 s for an 8B model). A step whose (bucket, q) has no graph runs in the smallest captured graph
+that fits it; only a step that fits none is captured on first use. All graphs share one memory pool:
+they never run concurrently, and each keeps its own output tensor alive, so only scratch memory is
+shared. Invariant for callers: the logits a graph returns are overwritten by the next replay of the
+same runner.
 """
 
 from __future__ import annotations
@@ -25,6 +27,24 @@ import torch
 
 BATCH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192,
                                   224, 256)
+
+
+SMALL_BATCH = 8  # batches up to this get a graph for every query length 1..k + 1
+
+
+def warm_up_plan(max_num_seqs: int, max_batch: int, max_q: int) -> list[tuple[list[int], list[int]]]:
+    """(batch sizes, query lengths) to capture at start: every query length ``1..max_q`` for the
+    buckets up to ``SMALL_BATCH`` (verifies of any draft length at batch 1, where latency counts);
+    above, decodes (q = 1) and full verifies (q = ``max_q``), which any shorter verify fits into.
+    Buckets go up to the one holding ``max_num_seqs`` (at most ``max_batch``)."""
+    top = batch_bucket(min(max_num_seqs, max_batch), max_batch) or max_batch
+    buckets = [b for b in BATCH_BUCKETS if b <= top]
+    small = [b for b in buckets if b <= SMALL_BATCH]
+    large = [b for b in buckets if b > SMALL_BATCH]
+    plan = [(small, list(range(1, max_q + 1)))]
+    if large:
+        plan.append((large, sorted({1, max_q})))
+    return plan
 
 
 def batch_bucket(n: int, max_batch: int) -> int | None:

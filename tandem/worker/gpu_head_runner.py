@@ -80,6 +80,10 @@ class GpuHeadRunner:
             return self._forward_eager(chunks, qlens, rows, hidden, token_ids)
         self.num_graph_steps += 1
         q, w = qmax, self.table_width
+        if self.graphs is not None and self.graphs.get((b, q)) is None:
+            fit = self.graphs.best_fit(b, q)  # captured at start (warm_up_plan): no capture while serving
+            if fit is not None:
+                b, q = fit
         i, buf = self._host.acquire(layout(b * q, b, w)[-1] + len(rows))
         length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, b, q, w, rows)
         self._host.send(i, length, self._static)

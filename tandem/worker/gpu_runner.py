@@ -60,9 +60,6 @@ from tandem.worker.triton_attention import (
 from tandem.worker.triton_attention_backend import TritonAttention
 
 MAX_GRAPH_Q = 8
-# A step whose exact bucket has no graph yet runs in the smallest captured graph that fits it (more
-# padding, no capture stall while serving); the exact bucket is captured once it has missed this often.
-CAPTURE_AFTER_MISSES = 8
 
 
 class GpuModelRunner:
@@ -117,7 +114,6 @@ class GpuModelRunner:
         self._host = HostStaging(device)
         self.num_graph_steps = 0
         self.num_eager_steps = 0
-        self._misses: dict[tuple[int, int], int] = {}
         self._step_features: torch.Tensor | None = None  # set by _hidden inside a forward
         self._features: torch.Tensor | None = None  # the last forward's features, unpadded rows
 
@@ -273,10 +269,10 @@ class GpuModelRunner:
         self.num_graph_steps += 1
         w = self.table_width
         if self.graphs is not None and self.graphs.get((b, q)) is None:
-            miss = self._misses.get((b, q), 0) + 1
-            self._misses[(b, q)] = miss
+            # the smallest captured graph that fits (more padding, no capture while serving); a step
+            # that fits none is captured now (warm_up_plan captures every shape the engine makes)
             fit = self.graphs.best_fit(b, q)
-            if fit is not None and miss < CAPTURE_AFTER_MISSES:
+            if fit is not None:
                 b, q = fit
         step = self._ensure_graph(b, q) if self.graphs is not None else None
         i, buf = self._host.acquire(layout(b * q, b, w)[-1] + len(rows))

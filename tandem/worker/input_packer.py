@@ -26,14 +26,25 @@ SMALL_PACK_REQS = 8
 SMALL_PACK_TOKENS = 64
 
 
+ALIGN = 2  # int64 elements: every section starts on a 16-byte boundary
+
+
+def _up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
 def layout(t: int, b: int, w: int) -> tuple[int, int, int, int, int, int, int, int]:
-    """Offsets of ids, positions, slots, seq_lens, query_start, query_lens, tables, and the end."""
-    o_ids, o_pos, o_slot = 0, t, 2 * t
-    o_seq = 3 * t
-    o_qs = o_seq + b
-    o_ql = o_qs + b + 1
-    o_bt = o_ql + b
-    end = o_bt + b * w
+    """Offsets of ids, positions, slots, seq_lens, query_start, query_lens, tables, and the end.
+    Every section starts 16-byte aligned, whatever ``t`` and ``b``: Triton specialises a kernel on
+    whether each pointer argument is, so unaligned views would make the same kernel compile again
+    for steps of another token or request count (a compile while serving)."""
+    o_ids, o_pos = 0, _up(t)
+    o_slot = o_pos + _up(t)
+    o_seq = o_slot + _up(t)
+    o_qs = o_seq + _up(b)
+    o_ql = o_qs + _up(b + 1)
+    o_bt = o_ql + _up(b)
+    end = o_bt + _up(b * w)
     return o_ids, o_pos, o_slot, o_seq, o_qs, o_ql, o_bt, end
 
 
@@ -107,7 +118,7 @@ def pack_numpy(block_size: int, buf: np.ndarray, chunks: Sequence[SeqChunk], qle
     if (ends > nb * bs).any():
         i = int(np.argmax(ends > nb * bs))
         raise RuntimeError(f"sequence of {int(ends[i])} tokens exceeds its {int(nb[i])} KV blocks")
-    table = buf[o_bt:end].reshape(b, w)
+    table = buf[o_bt:o_bt + b * w].reshape(b, w)
     nbt = int(nb.sum())
     if nbt:
         cum_b = np.zeros(n, dtype=np.int64)
@@ -186,8 +197,9 @@ def step_tensors(buf: torch.Tensor, t: int, b: int, w: int, block_size: int, max
     device) laid out by ``layout(t, b, w)``."""
     o_ids, o_pos, o_slot, o_seq, o_qs, o_ql, o_bt, end = layout(t, b, w)
     meta = AttentionMetadata(
-        num_tokens=t, block_size=block_size, slot_mapping=buf[o_slot:o_seq],
-        block_tables=buf[o_bt:end].view(b, w), seq_lens=buf[o_seq:o_qs], query_start=buf[o_qs:o_ql],
-        query_lens=buf[o_ql:o_bt], max_query_len=max_query_len, num_kv_splits=num_kv_splits,
+        num_tokens=t, block_size=block_size, slot_mapping=buf[o_slot:o_slot + t],
+        block_tables=buf[o_bt:o_bt + b * w].view(b, w), seq_lens=buf[o_seq:o_seq + b],
+        query_start=buf[o_qs:o_qs + b + 1], query_lens=buf[o_ql:o_ql + b], max_query_len=max_query_len,
+        num_kv_splits=num_kv_splits,
     )
-    return buf[o_ids:o_pos], buf[o_pos:o_slot], meta
+    return buf[o_ids:o_ids + t], buf[o_pos:o_pos + t], meta

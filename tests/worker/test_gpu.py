@@ -218,14 +218,14 @@ def test_warm_up_compiles_every_step_variant():
     several), decodes, verifies, batched steps (a compile mid-serving is a ~0.5-0.9 s stall)."""
     from tandem.kv.kv_cache import allocate_kv_cache
     from tandem.sample.argmax import greedy_ids
-    from tandem.worker import triton_argmax, triton_attention, triton_gemv, triton_ops
+    from tandem.worker import triton_argmax, triton_attention, triton_dot, triton_gemv, triton_ops
     from tandem.config import RunnerConfig
     from tandem.worker.batch import SeqChunk
     from tandem.worker.gpu_runner import GpuModelRunner
 
     kernels = [triton_attention._attn_kernel, triton_attention._merge_kernel, triton_ops._rope_kv_kernel,
                triton_ops._rmsnorm_kernel, triton_gemv._gemv_kernel, triton_argmax._partial_argmax_kernel,
-               triton_argmax._final_argmax_kernel]
+               triton_argmax._final_argmax_kernel, triton_dot._dot_kernel]
     if not all(hasattr(k, "device_caches") for k in kernels):
         pytest.skip("this Triton does not expose its kernel caches")
 
@@ -353,6 +353,52 @@ def test_engine_generates_same_tokens_with_and_without_graphs(tmp_path, monkeypa
     graphs = run()
     eager = run(TANDEM_CUDA_GRAPHS="0")
     assert graphs == eager
+
+
+def _compiled_variants() -> dict[str, set[str]]:
+    """Every Triton kernel of tandem's modules → the keys of the variants compiled so far."""
+    import sys
+
+    out: dict[str, set[str]] = {}
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("tandem."):
+            continue
+        for attr, obj in vars(mod).items():
+            caches = getattr(obj, "device_caches", None)
+            if isinstance(caches, dict):
+                out[f"{name}.{attr}"] = {str(k) for c in caches.values() for k in c[0]}
+    return out
+
+
+@pytest.mark.parametrize("spec", [None, "ngram"])
+def test_nothing_is_captured_or_compiled_while_serving(tmp_path, spec):
+    """The engine captures the graph of every batch bucket up to max_num_seqs when it starts (every
+    query length at batch <= 8, decodes and full verifies above) and compiles every kernel variant:
+    serving 40 requests at once (the batch shrinking through every bucket as they finish; n-gram
+    verifies of every length) captures no graph and compiles no Triton kernel."""
+    from engine_utils import greedy
+    from tiny_models import write_tiny_hf_checkpoint
+    from tandem import LLM
+    from tandem.worker.cuda_graphs import warm_up_plan
+
+    path = write_tiny_hf_checkpoint(tmp_path, "llama", vocab_size=256, hidden_size=128, intermediate_size=256,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    cfg = {"method": "ngram", "num_speculative_tokens": 3, "disable_by_acceptance": False} if spec else None
+    llm = LLM(str(path), device="cuda", dtype="bfloat16", kv_cache_memory_bytes=256 << 20, max_num_seqs=40,
+              enable_prefix_caching=False, speculative_config=cfg)
+    graphs = llm.engine.runner.graphs
+    want = {(b, q) for sizes, qs in warm_up_plan(40, 256, 4 if spec else 1) for b in sizes for q in qs}
+    assert set(graphs.graphs) == want and (40, 1) in want
+    before, compiled = set(graphs.graphs), _compiled_variants()
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 40) for _ in range(rng.randrange(4, 120))] for _ in range(40)]
+    outs = llm.generate(prompts, [greedy(4 + 3 * i) for i in range(40)], use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [4 + 3 * i for i in range(40)]
+    assert set(graphs.graphs) == before
+    now = _compiled_variants()
+    assert {k: now[k] - compiled.get(k, set()) for k in now if now[k] - compiled.get(k, set())} == {}
+    if spec:
+        assert llm.engine.stats.spec.num_drafts > 0
 
 
 def test_async_decode_on_cuda_matches_sync(tmp_path, monkeypatch):

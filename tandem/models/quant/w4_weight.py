@@ -37,6 +37,20 @@ NIBBLE = (0, 4, 1, 5, 2, 6, 3, 7)  # NIBBLE[i]: the nibble of a word holding cod
 TILE_ROWS = 16  # rows per tile (fewer where N is not a multiple: see tile_rows)
 
 
+_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+def nibble_shifts(device: torch.device) -> torch.Tensor:
+    """int32 ``[1, 1, 8, 1]`` bit shifts of the nibbles of a word on ``device``, made once per
+    device at packing time (``codes`` may run inside a CUDA graph capture, which allows no host copy)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:  # one key for "cuda" and "cuda:N"
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev not in _SHIFTS:
+        _SHIFTS[dev] = 4 * torch.tensor(NIBBLE, device=dev, dtype=torch.int32).view(1, 1, 8, 1)
+    return _SHIFTS[dev]
+
+
 def tile_rows(n: int) -> int:
     """Rows per tile for an N-row weight: the largest power of two up to ``TILE_ROWS`` dividing N."""
     t = TILE_ROWS
@@ -100,6 +114,7 @@ class W4Weight:
             out[:, :k // group] = t.to(device=device, dtype=dtype)
             return out
 
+        nibble_shifts(device)  # made now, outside any graph capture
         return W4Weight(words.reshape(n, kp // 8).contiguous(), groups(qw.scale), groups(qw.offset), group, k)
 
     def nbytes(self) -> int:
@@ -110,8 +125,7 @@ class W4Weight:
         n, kp = self.qweight.shape[0], self.qweight.shape[1] * 8
         t = tile_rows(n)
         words = self.qweight.view(n // t, kp // BLOCK, t, 16).transpose(1, 2).reshape(n, kp // BLOCK, 1, 16)
-        shifts = 4 * torch.tensor(NIBBLE, device=self.device, dtype=torch.int32).view(1, 1, 8, 1)
-        return ((words >> shifts) & 15).to(torch.uint8).view(n, kp)[:, :self.k]
+        return ((words >> nibble_shifts(self.device)) & 15).to(torch.uint8).view(n, kp)[:, :self.k]
 
     def dequantize(self) -> torch.Tensor:
         """``[N, K]`` in the model dtype: (code · scale + offset) in float32, rounded once."""
