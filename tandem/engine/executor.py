@@ -75,7 +75,9 @@ class Executor:
         self.feature_layers: tuple[int, ...] = ()
         self.feature_sink: Callable[[SchedulerOutput, torch.Tensor], None] | None = None
 
-    def attach_features(self, layers: tuple[int, ...], sink: Callable[[SchedulerOutput, torch.Tensor], None]) -> None:
+    def attach_features(self, layers: tuple[int, ...],
+                        sink: Callable[[SchedulerOutput, torch.Tensor], None] | None) -> None:
+        """Hand ``layers``' features of every target forward to ``sink`` (``()``, None: stop)."""
         self.feature_layers, self.feature_sink = tuple(layers), sink
 
     def _forward(self, sched: SchedulerOutput, chunks: list[SeqChunk], rows: Sequence[int],

@@ -235,6 +235,23 @@ def test_dummy_target_opens_its_head_as_dummy(tmp_path, target, heads):
         make_llm(target, speculative_config={"method": "eagle3", "model": str(cfg_only), "num_speculative_tokens": 3})
 
 
+def test_speculation_switched_off_keeps_no_features(target, heads, prompts, reference):
+    """``engine.spec = None`` detaches the feature sink (no copies, none kept for requests nobody
+    forgets); switched back on, the head drafts again and output is the target's."""
+    cfg = {"method": "eagle3", "model": str(heads["eagle3"]), "num_speculative_tokens": 3,
+           "disable_by_acceptance": False}
+    llm = make_llm(target, speculative_config=cfg)
+    proposer, spec = llm.engine.speculator.proposer, llm.engine.spec
+    assert llm.engine.executor.feature_sink is not None
+    llm.engine.spec = None
+    assert llm.engine.executor.feature_sink is None
+    assert tokens_of(llm.generate(prompts[:4], greedy(32), use_tqdm=False)) == reference[:4]
+    assert proposer.features.rows_held() == {} and llm.engine.stats.spec.num_drafts == 0
+    llm.engine.spec = spec
+    assert tokens_of(llm.generate(prompts[:4], greedy(32), use_tqdm=False)) == reference[:4]
+    assert llm.engine.stats.spec.num_drafts > 0 and proposer.features.rows_held() == {}
+
+
 @pytest.mark.parametrize("policy", [True, False])
 def test_features_stay_bounded_while_nobody_drafts(target, heads, prompts, policy):
     """With drafting off for the batch (``disable_by_batch_size``; the policy's ``off`` or the plain
