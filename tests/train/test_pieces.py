@@ -143,3 +143,22 @@ def test_bad_settings_name_their_key():
                     ({"eval_k": (0,)}, "eval_k"), ({"method": "eagle", "aux_layers": (1,)}, "aux_layers")):
         with pytest.raises(ConfigError, match=key):
             TrainConfig(target="t", out="o", **kw)
+
+
+def test_sources_command_writes_rows_a_run_can_read(tmp_path, capsys):
+    """``python -m tandem.train.sources`` over a gzipped ShareGPT file: one JSON row per line (text
+    with U+2028 kept), readable by ``load_prompts``."""
+    import gzip
+
+    from tandem.train.sources import main as sources_main
+
+    recs = [{"conversations": [{"from": "human", "value": f"q{i}\u2028more"}, {"from": "gpt", "value": "a"}]}
+            for i in range(5)]
+    src = tmp_path / "sg.json.gz"
+    src.write_bytes(gzip.compress(json.dumps(recs).encode()))
+    out = tmp_path / "mix.jsonl"
+    sources_main(["--sharegpt", str(src), "--records", "1:4", "--given-records", "3:4", "--out", str(out)])
+    assert "3 user turns to answer, 1 given conversations, 0 code prefixes" in capsys.readouterr().out
+    rows, _ = load_prompts(str(out))
+    assert [r.record for r in rows] == [1, 2, 3, 3] and rows[-1].given
+    assert rows[0].messages[0]["content"] == "q1\u2028more"
