@@ -71,14 +71,20 @@ class GraphCache:
         self.graphs: dict[tuple[int, int], CapturedStep] = {}
         self._pool: object | None = None
         self.capture_seconds = 0.0
+        self._fits: dict[tuple[int, int], tuple[int, int] | None] = {}  # best_fit, memoised per step shape
 
     def get(self, key: tuple[int, int]) -> CapturedStep | None:
         return self.graphs.get(key)
 
     def best_fit(self, b: int, q: int) -> tuple[int, int] | None:
-        """The captured (bucket, q) with bucket ≥ b and q' ≥ q that pads least, if any."""
+        """The captured (bucket, q) with bucket ≥ b and q' ≥ q that pads least, if any (looked up once
+        per shape: steps that replay a larger graph ask every time)."""
+        if (b, q) in self._fits:
+            return self._fits[(b, q)]
         fits = [k for k in self.graphs if k[0] >= b and k[1] >= q]
-        return min(fits, key=lambda k: (k[0] * k[1], k)) if fits else None
+        best = min(fits, key=lambda k: (k[0] * k[1], k)) if fits else None
+        self._fits[(b, q)] = best
+        return best
 
     def capture(self, key: tuple[int, int],
                 run: Callable[[], torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]]) -> CapturedStep:
@@ -102,5 +108,6 @@ class GraphCache:
         logits, features = out if isinstance(out, tuple) else (out, None)
         step = CapturedStep(graph, logits, features)
         self.graphs[key] = step
+        self._fits.clear()
         self.capture_seconds += time.perf_counter() - t0
         return step
