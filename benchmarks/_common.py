@@ -172,21 +172,13 @@ def decode_ms_per_step(engine: Any, prompts: list[list[int]], params: Any, tag: 
 def warm_state(llm: Any) -> tuple[int, float, int]:
     """(CUDA graphs captured, seconds spent capturing, Triton kernel variants compiled) so far in
     ``llm``'s runners and this process: a difference across a timed run is work done mid-serving."""
-    import sys
+    from tandem.worker.compile_state import compiled_variants
 
     graphs, seconds = 0, 0.0
     eng = llm.engine
-    for r in (eng.runner, getattr(eng.proposer, "runner", None), getattr(getattr(eng, "proposer", None), "draft_runner", None)):
+    for r in (eng.runner, getattr(eng.proposer, "runner", None)):
         g = getattr(r, "graphs", None)
         if g is not None:
             graphs += len(g.graphs)
             seconds += g.capture_seconds
-    variants = 0
-    for name, mod in list(sys.modules.items()):
-        if not name.startswith("tandem."):
-            continue
-        for obj in vars(mod).values():
-            caches = getattr(obj, "device_caches", None)
-            if isinstance(caches, dict):
-                variants += sum(len(c[0]) for c in caches.values())
-    return graphs, seconds, variants
+    return graphs, seconds, sum(len(v) for v in compiled_variants().values())

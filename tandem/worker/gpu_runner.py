@@ -112,6 +112,7 @@ class GpuModelRunner:
         self._static = torch.zeros(static_len, dtype=torch.int64, device=device) if self.pad else None
         self._eager = torch.empty(0, dtype=torch.int64, device=device)
         self._host = HostStaging(device)
+        self._kernels_compiled = False
         self.num_graph_steps = 0
         self.num_eager_steps = 0
         self._step_features: torch.Tensor | None = None  # set by _hidden inside a forward
@@ -227,8 +228,10 @@ class GpuModelRunner:
         return step
 
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:
-        """Compile every kernel variant (``compile_kernels``), then capture these steps' graphs."""
-        self.compile_kernels()
+        """Compile every kernel variant (``compile_kernels``, once), then capture these steps' graphs."""
+        if not self._kernels_compiled:
+            self.compile_kernels()
+            self._kernels_compiled = True
         self.capture(batch_sizes, query_lens)
 
     @torch.inference_mode()

@@ -355,21 +355,6 @@ def test_engine_generates_same_tokens_with_and_without_graphs(tmp_path, monkeypa
     assert graphs == eager
 
 
-def _compiled_variants() -> dict[str, set[str]]:
-    """Every Triton kernel of tandem's modules → the keys of the variants compiled so far."""
-    import sys
-
-    out: dict[str, set[str]] = {}
-    for name, mod in list(sys.modules.items()):
-        if not name.startswith("tandem."):
-            continue
-        for attr, obj in vars(mod).items():
-            caches = getattr(obj, "device_caches", None)
-            if isinstance(caches, dict):
-                out[f"{name}.{attr}"] = {str(k) for c in caches.values() for k in c[0]}
-    return out
-
-
 @pytest.mark.parametrize("spec", [None, "ngram"])
 def test_nothing_is_captured_or_compiled_while_serving(tmp_path, spec):
     """The engine captures the graph of every batch bucket up to max_num_seqs when it starts (every
@@ -379,6 +364,7 @@ def test_nothing_is_captured_or_compiled_while_serving(tmp_path, spec):
     from engine_utils import greedy
     from tiny_models import write_tiny_hf_checkpoint
     from tandem import LLM
+    from tandem.worker.compile_state import compiled_variants as _compiled_variants
     from tandem.worker.cuda_graphs import warm_up_plan
 
     path = write_tiny_hf_checkpoint(tmp_path, "llama", vocab_size=256, hidden_size=128, intermediate_size=256,
