@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+__all__ = ["LLM", "SamplingParams", "RequestOutputKind", "RequestOutput", "CompletionOutput", "__version__"]
 
 if TYPE_CHECKING:
     from tandem.engine.llm import LLM
     from tandem.outputs import CompletionOutput, RequestOutput
-    from tandem.sampling_params import SamplingParams
+    from tandem.sampling_params import RequestOutputKind, SamplingParams
 
 
 def __getattr__(name: str) -> Any:
@@ -19,10 +19,10 @@ def __getattr__(name: str) -> Any:
         from tandem.engine.llm import LLM
 
         return LLM
-    if name == "SamplingParams":
-        from tandem.sampling_params import SamplingParams
+    if name in ("SamplingParams", "RequestOutputKind"):
+        from tandem import sampling_params
 
-        return SamplingParams
+        return getattr(sampling_params, name)
     if name in ("RequestOutput", "CompletionOutput"):
         from tandem import outputs
 

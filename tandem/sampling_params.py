@@ -4,19 +4,35 @@ Validation happens at construction and raises :class:`SamplingParamsError` namin
 request fails before it reaches the engine. Instances are frozen: the engine never mutates them.
 ``structured_outputs`` (a :class:`StructuredOutputsParams` or a dict of its fields) constrains the output
 to a JSON schema, regex, choice or grammar; it is checked here and compiled at request admission.
+
+``output_kind`` (vLLM's ``RequestOutputKind``) says which outputs a request gets while it runs:
+CUMULATIVE (the default: every step, the whole text and tokens so far), DELTA (every step, only what
+is new) or FINAL_ONLY (one output, when it finishes; ``LLM.generate`` asks for this, so an offline
+batch builds no per-step outputs). ``detokenize=False`` (as vLLM) leaves every output's text ""
+(the tokens are in ``token_ids``) and skips the per-token detokenizer; stop strings need text, so
+they are refused with it.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 from tandem.errors import SamplingParamsError
 from tandem.structured.params import StructuredOutputsParams, coerce
 
-__all__ = ["SamplingParams", "StructuredOutputsParams"]
+__all__ = ["RequestOutputKind", "SamplingParams", "StructuredOutputsParams"]
 
 _GREEDY_EPS = 1e-5
+
+
+class RequestOutputKind(IntEnum):
+    """vLLM's names and values."""
+
+    CUMULATIVE = 0  # every output carries everything generated so far
+    DELTA = 1  # every output carries what is new since the request's previous output
+    FINAL_ONLY = 2  # one output, when the request finishes
 
 
 @dataclass(frozen=True)
@@ -42,6 +58,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     # output constrained to a JSON schema / regex / choice / grammar (tandem/structured/)
     structured_outputs: StructuredOutputsParams | None = None
+    detokenize: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         # Normalise list-y inputs so callers can pass str/list; frozen → object.__setattr__.
@@ -70,6 +88,11 @@ class SamplingParams:
                 )
             object.__setattr__(self, "logit_bias", bias)
         object.__setattr__(self, "structured_outputs", coerce(self.structured_outputs))
+        kind = self.output_kind
+        if isinstance(kind, bool) or not isinstance(kind, int) or kind not in set(RequestOutputKind):
+            allowed = ", ".join(f"{k.name} ({k.value})" for k in RequestOutputKind)
+            raise SamplingParamsError("output_kind", f"must be one of {allowed}, got {kind!r}")
+        object.__setattr__(self, "output_kind", RequestOutputKind(kind))
         self._validate()
 
     def _validate(self) -> None:
@@ -121,6 +144,10 @@ class SamplingParams:
             v = integer(name, optional=True)
             if v is not None and not 0 <= v <= 20:
                 bad(name, "must be between 0 and 20")
+        if not isinstance(self.detokenize, bool):
+            bad("detokenize", "must be true or false")
+        if not self.detokenize and self.stop:
+            raise SamplingParamsError("stop", "stop strings need detokenize=True (the text is not made without it)")
 
     @property
     def greedy(self) -> bool:

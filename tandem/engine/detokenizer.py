@@ -82,6 +82,12 @@ class IncrementalDetokenizer:
         self._read = len(tail)
         self._max_stop = max((len(s) for s in self.stop), default=0)
 
+    @property
+    def stable_text_len(self) -> int:
+        """How much of ``text`` no later stop match can cut: all of it without stop strings, else
+        all but the last ``longest stop - 1`` characters (where a match may be starting)."""
+        return max(0, len(self.text) - self._max_stop + 1) if self.stop else len(self.text)
+
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 

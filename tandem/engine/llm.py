@@ -14,7 +14,7 @@ from tandem.errors import RequestError
 from tandem.loader.registry import DEFAULT_MODEL
 from tandem.loader.tokenizer import apply_chat_template
 from tandem.outputs import CompletionOutput, RequestOutput
-from tandem.sampling_params import SamplingParams
+from tandem.sampling_params import RequestOutputKind, SamplingParams
 
 PromptType = str | Sequence[int] | Mapping[str, Any]
 Message = Mapping[str, str]
@@ -62,6 +62,7 @@ class LLM:
             if len(params_list) != len(items):
                 raise ValueError(
                     f"got {len(params_list)} sampling_params for {len(items)} prompts; pass one or one per prompt")
+        params_list = _final_only(params_list)
         engine = self.engine
         ids: list[str] = []
         results: dict[str, RequestOutput] = {}
@@ -109,6 +110,18 @@ def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptTy
     if seq and all(isinstance(t, int) for t in seq):
         return [seq]  # a single token-id prompt
     return seq
+
+
+def _final_only(params_list: list[SamplingParams]) -> list[SamplingParams]:
+    """The params as given, asking for one output per request, when it finishes (as vLLM's
+    ``LLM.generate`` does): nothing here reads the outputs of unfinished requests."""
+    copies: dict[int, SamplingParams] = {}
+    out = []
+    for p in params_list:
+        if p.output_kind is not RequestOutputKind.FINAL_ONLY and id(p) not in copies:
+            copies[id(p)] = p.clone(output_kind=RequestOutputKind.FINAL_ONLY)
+        out.append(copies.get(id(p), p))
+    return out
 
 
 def _split_prompt(item: PromptType) -> tuple[str | None, list[int] | None]:

@@ -12,8 +12,11 @@ request is handed to ``finish`` (the engine frees its blocks); its tokens still 
 are discarded when they arrive.
 
 Requests are grouped as the user sent them: ``n > 1`` fans out into n child Requests, and one
-``RequestOutput`` per touched group carries all its children's ``CompletionOutput``s (cumulative
-text and tokens). Prompt logprobs arrive per prefill chunk and are appended after a leading None.
+``RequestOutput`` per touched group carries all its children's ``CompletionOutput``s. What a group's
+outputs hold follows its ``output_kind``: CUMULATIVE (text, tokens and logprobs so far, every step
+it got tokens), DELTA (only what is new since its previous output) or FINAL_ONLY (no output until it
+finishes: nothing is built per step). Without ``detokenize`` a child has no detokenizer and its text
+stays "". Prompt logprobs arrive per prefill chunk and are appended after a leading None.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from tandem.engine.detokenizer import IncrementalDetokenizer
 from tandem.engine.stats import EngineStats
 from tandem.outputs import CompletionOutput, ModelRunnerOutput, RequestOutput, SampleLogprobs
 from tandem.request import Request, RequestStatus
+from tandem.sampling_params import RequestOutputKind
 from tandem.scheduler import SchedulerOutput
 
 
@@ -41,14 +45,17 @@ class NewRequest:
 
 
 class _Group:
-    """The n sequences of one user request and their detokenizers."""
+    """The n sequences of one user request, their detokenizers (None: no text) and, for DELTA
+    outputs, how much of each child's text / tokens / logprobs earlier outputs carried."""
 
-    def __init__(self, new: NewRequest, detoks: list[IncrementalDetokenizer]) -> None:
+    def __init__(self, new: NewRequest, detoks: list[IncrementalDetokenizer | None]) -> None:
         self.request_id = new.request_id
         self.prompt = new.prompt
         self.prompt_ids = new.prompt_token_ids
         self.children = new.children
         self.detoks = detoks
+        self.kind = new.children[0].params.output_kind
+        self.sent = [(0, 0, 0)] * len(new.children)  # DELTA: (chars, tokens, logprob entries) sent
 
     @property
     def finished(self) -> bool:
@@ -67,8 +74,10 @@ class OutputProcessor:
 
     def add(self, new: NewRequest) -> None:
         p = new.children[0].params
-        detoks = [IncrementalDetokenizer(self.decoder, new.prompt_token_ids, p.skip_special_tokens, p.stop,
-                                         p.include_stop_str_in_output) for _ in new.children]
+        detoks: list[IncrementalDetokenizer | None] = [
+            IncrementalDetokenizer(self.decoder, new.prompt_token_ids, p.skip_special_tokens, p.stop,
+                                   p.include_stop_str_in_output) if p.detokenize else None
+            for _ in new.children]
         group = _Group(new, detoks)
         self.groups[new.request_id] = group
         for c, d in zip(new.children, detoks):
@@ -116,12 +125,14 @@ class OutputProcessor:
             touched[group.request_id] = group
         outputs = []
         for group in touched.values():
-            outputs.append(self._output(group))
-            if outputs[-1].finished:
+            if group.finished:
+                outputs.append(self._output(group))
                 self._drop(group)
+            elif group.kind is not RequestOutputKind.FINAL_ONLY:
+                outputs.append(self._output(group))
         return outputs
 
-    def _append(self, r: Request, detok: IncrementalDetokenizer, toks: tuple[int, ...],
+    def _append(self, r: Request, detok: IncrementalDetokenizer | None, toks: tuple[int, ...],
                 lps: SampleLogprobs | None) -> None:
         p = r.params
         for j, tok in enumerate(toks):
@@ -132,7 +143,7 @@ class OutputProcessor:
                 r.logprobs.append(entry)
                 if entry is not None and tok in entry:
                     r.cumulative_logprob += entry[tok].logprob
-            stop_str = detok.add_token(tok)
+            stop_str = detok.add_token(tok) if detok is not None else None
             n_out = len(r.token_ids) - r.num_prompt_tokens  # this token's place among the outputs
             status = None
             if r.grammar is not None and not r.grammar.accept(tok):  # masked out: a bug, not the user's
@@ -156,11 +167,19 @@ class OutputProcessor:
 
     def _output(self, group: _Group) -> RequestOutput:
         outs = []
+        delta = group.kind is RequestOutputKind.DELTA
         for i, (c, d) in enumerate(zip(group.children, group.detoks)):
+            text = d.text if d is not None else ""
+            n_prompt = c.num_prompt_tokens
+            chars, toks, lps = group.sent[i] if delta else (0, 0, 0)
+            if delta:  # text a stop string may still cut is held back until it cannot be
+                end = len(text) if c.status.finished or d is None else d.stable_text_len
+                group.sent[i] = (max(chars, end), len(c.token_ids) - n_prompt, len(c.logprobs))
+                text = text[chars:end]
             outs.append(CompletionOutput(
-                index=i, text=d.text, token_ids=c.output_token_ids,
+                index=i, text=text, token_ids=c.token_ids[n_prompt + toks:],
                 cumulative_logprob=c.cumulative_logprob if c.params.logprobs is not None else None,
-                logprobs=list(c.logprobs) if c.params.logprobs is not None else None,
+                logprobs=c.logprobs[lps:] if c.params.logprobs is not None else None,
                 finish_reason=c.status.value if c.status.finished else None,
                 stop_reason=c.stop_reason,
                 num_draft_tokens=c.num_draft_tokens, num_accepted_tokens=c.num_accepted_tokens,

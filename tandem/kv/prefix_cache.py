@@ -105,7 +105,9 @@ class PrefixCache:
         """Register the request's blocks that became full of computed KV since the last call."""
         if not self.enabled:
             return
-        st = self._state.setdefault(req, _ReqState())
+        st = self._state.get(req)
+        if st is None:
+            st = self._state[req] = _ReqState()
         num_full = min(req.num_computed_tokens, len(req.token_ids)) // self.block_size
         num_full = min(num_full, len(req.block_ids))
         if num_full <= st.num_registered:
