@@ -1,12 +1,21 @@
 #!/usr/bin/env python
-"""Engine host work per step at large batch, on CPU with a tiny model (so the forward is cheap and the
-engine's own Python work — scheduling, sampling bookkeeping, detokenization, outputs — shows).
+"""Engine host work per decode step at large batch: what building per-step outputs and detokenizing
+cost, side by side in one engine.
 
-Compares detokenizing through transformers' ``tokenizer.decode`` with the engine's default
-(``detokenizer.fast_decoder``: the fast tokenizer's Rust backend when it gives the same text). Both
-engines run in one process, alternating, same prompts (the tiny test checkpoint's tokenizer).
+Three ways to run the same requests (greedy, ``ignore_eos``, random prompt ids), alternating round by
+round in one process:
 
-Usage: python benchmarks/engine_host_overhead.py [--batch 128] [--rounds 3] [--max-tokens 64]
+- ``cumulative, text``: an output for every request at every step, with its text so far — what the
+  server streams, and what ``LLM.generate`` asked for before it asked for final outputs only;
+- ``final only, text``: ``output_kind=FINAL_ONLY`` (``LLM.generate`` now);
+- ``final only, no text``: also ``detokenize=False`` (``tandem train-draft`` generating its data).
+
+On CPU with the tiny test checkpoint (the default) the forward is cheap and the engine's own Python
+work shows; with ``--model smollm2-135m-instruct --device cuda`` this is the data-generation step of
+``train-draft`` on a GPU, where that host work is the step time.
+
+Usage: python benchmarks/engine_host_overhead.py [--batch 256] [--rounds 3] [--max-tokens 128]
+       [--model PATH_OR_ALIAS --device cuda]
 """
 
 from __future__ import annotations
@@ -16,36 +25,53 @@ import statistics
 
 import torch
 
+MODES = ("cumulative, text", "final only, text", "final only, no text")
+
+
+def params_for(mode: str, max_tokens: int):  # noqa: ANN201 - SamplingParams, imported lazily
+    from tandem.sampling_params import RequestOutputKind, SamplingParams
+
+    kind = RequestOutputKind.CUMULATIVE if mode.startswith("cumulative") else RequestOutputKind.FINAL_ONLY
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, output_kind=kind,
+                          detokenize=not mode.endswith("no text"))
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--model", default=None, help="default: the tiny random test checkpoint (CPU)")
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     from _common import decode_ms_per_step, tiny_model_dir
 
-    from tandem import LLM, SamplingParams
+    from tandem import LLM
 
-    torch.set_num_threads(1)
-    d = tiny_model_dir()
+    kw: dict = {"max_num_seqs": max(256, args.batch)}
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+        kw.update(dtype="float32", kv_cache_memory_bytes=512 << 20, block_size=16)
+    llm = LLM(args.model or str(tiny_model_dir()), device=args.device, **kw)
+    vocab = 500 if args.model is None else llm.engine.arch.vocab_size
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, 500, (64,), generator=g).tolist() for _ in range(args.batch)]
-    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    llms = {}
-    for name in ("transformers decode", "backend decode (default)"):
-        llm = LLM(str(d), device="cpu", dtype="float32", kv_cache_memory_bytes=256 << 20, block_size=16,
-                  max_num_seqs=max(256, args.batch))
-        if name.startswith("transformers"):
-            llm.engine.output_processor.decoder = llm.engine.tokenizer
-        llms[name] = llm
-    res: dict[str, list[float]] = {k: [] for k in llms}
+    prompts = [torch.randint(3, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(args.batch)]
+    decode_ms_per_step(llm.engine, prompts[:8], params_for(MODES[0], 8), "warm")
+    res: dict[str, list[float]] = {m: [] for m in MODES}
     for rep in range(args.rounds):
-        for name, llm in llms.items():
-            res[name].append(decode_ms_per_step(llm.engine, prompts, sp, str(rep))[0])
-    print(f"| batch | detokenizer | ms per decode step (median of {args.rounds}) | runs |\n|---|---|---|---|")
-    for k, v in res.items():
-        print(f"| {args.batch} | {k} | {statistics.median(v):.2f} | {', '.join(f'{x:.2f}' for x in v)} |")
+        for mode in (MODES if rep % 2 == 0 else MODES[::-1]):
+            res[mode].append(decode_ms_per_step(llm.engine, prompts, params_for(mode, args.max_tokens),
+                                                f"{rep}-{mode}")[0])
+    base = statistics.median(res[MODES[0]])
+    print(f"\n{args.model or 'tiny random Llama'} on {args.device}, batch {args.batch}, "
+          f"{args.max_tokens} tokens, {args.rounds} rounds alternating")
+    print("| outputs | ms per decode step (median) | µs per request-step | tok/s | vs cumulative | runs |")
+    print("|---|---|---|---|---|---|")
+    for mode, v in res.items():
+        ms = statistics.median(v)
+        print(f"| {mode} | {ms:.2f} | {ms * 1e3 / args.batch:.1f} | {args.batch / ms * 1e3:.0f} | "
+              f"{base / ms:.2f}× | {', '.join(f'{x:.2f}' for x in v)} |")
 
 
 if __name__ == "__main__":

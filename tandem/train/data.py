@@ -237,10 +237,11 @@ def generate(llm: Any, prompts: list[list[int]], cfg: TrainConfig) -> list[Seque
     """The target's answers, one ``generate`` call for all prompts (None: failed or < 2 tokens)."""
     from tandem.sampling_params import SamplingParams
 
-    if cfg.temperature == 0:
-        params: Any = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens)
+    if cfg.temperature == 0:  # token ids are all training reads: no text is made
+        params: Any = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, detokenize=False)
     else:
-        params = [SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed * 1_000_003 + i)
+        params = [SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens, detokenize=False,
+                                 seed=cfg.seed * 1_000_003 + i)
                   for i in range(len(prompts))]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=True)
     seqs: list[Sequence | None] = []

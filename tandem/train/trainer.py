@@ -140,8 +140,9 @@ class Trainer:
                 if now >= deadline:
                     stopped = "time budget"
                     break
-                planned = fit_total(self.planned, st.step - start_step, now - t0, deadline - now) + start_step
-                planned = min(planned, self.planned)
+                if cfg.max_steps is None:  # --max-steps fixes the schedule: the budget only stops it
+                    planned = fit_total(self.planned, st.step - start_step, now - t0, deadline - now) + start_step
+                    planned = min(planned, self.planned)
             groups = self._groups(st.epoch)
             if st.index >= len(groups):
                 st.epoch, st.index = st.epoch + 1, 0

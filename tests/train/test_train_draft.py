@@ -140,12 +140,25 @@ def test_resume_continues_to_the_same_weights(setup):
 def test_time_budget_stops_training_and_still_saves(setup):
     base = setup[0]
     out = base / "budget"
-    assert main(_args(setup, out, "--max-steps", "100000", "--time-budget-s", "6", "--eval-reserve-s", "0",
+    assert main(_args(setup, out, "--epochs", "5000", "--time-budget-s", "6", "--eval-reserve-s", "0",
                       "--eval-k", "", "--ttt-steps", "2")) == 0
     training = _report(out)["training"]
     assert training["stopped"] == "time budget" and 0 < training["steps"] < 100000
     assert training["planned_steps"] < 100000  # the schedule was fitted to the budget
     assert (out / "model.safetensors").is_file()
+
+
+def test_max_steps_schedule_survives_a_budget_stop_and_resumes(setup):
+    """--max-steps fixes the schedule: a budget stop keeps it, and --resume goes on with it."""
+    base = setup[0]
+    out = base / "budget_fixed"
+    common = ("--max-steps", "100000", "--eval-reserve-s", "0", "--eval-k", "", "--ttt-steps", "2")
+    assert main(_args(setup, out, *common, "--time-budget-s", "4")) == 0
+    first = _report(out)["training"]
+    assert first["stopped"] == "time budget" and first["planned_steps"] == 100000
+    assert main(_args(setup, out, *common, "--time-budget-s", "3", "--resume")) == 0
+    second = _report(out)["training"]
+    assert second["planned_steps"] == 100000 and second["steps"] > first["steps"]
 
 
 def test_bad_input_is_a_clear_error(setup, tmp_path, capsys):
