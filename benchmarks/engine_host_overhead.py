@@ -11,17 +11,20 @@ round in one process:
 - ``final only, no text``: also ``detokenize=False`` (``tandem train-draft`` generating its data).
 
 On CPU with the tiny test checkpoint (the default) the forward is cheap and the engine's own Python
-work shows; with ``--model smollm2-135m-instruct --device cuda`` this is the data-generation step of
-``train-draft`` on a GPU, where that host work is the step time.
+work shows; ``--host-only`` times with this process's CPU time and subtracts the runner's forward
+(prefill steps' forwards included, so it slightly under-reads), which a shared machine's noise
+disturbs less than wall time. With ``--model smollm2-135m-instruct --device cuda`` (wall time) this
+is the data-generation step of ``train-draft`` on a GPU, where that host work is the step time.
 
 Usage: python benchmarks/engine_host_overhead.py [--batch 256] [--rounds 3] [--max-tokens 128]
-       [--model PATH_OR_ALIAS --device cuda]
+       [--host-only] [--model PATH_OR_ALIAS --device cuda]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import time
 
 import torch
 
@@ -44,7 +47,11 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--model", default=None, help="default: the tiny random test checkpoint (CPU)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--host-only", action="store_true",
+                    help="process CPU time minus the runner's forward (CPU only)")
     args = ap.parse_args()
+    if args.host_only and args.device != "cpu":
+        ap.error("--host-only measures CPU time: use it with --device cpu")
     from _common import decode_ms_per_step, tiny_model_dir
 
     from tandem import LLM
@@ -57,16 +64,34 @@ def main() -> None:
     vocab = 500 if args.model is None else llm.engine.arch.vocab_size
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(args.batch)]
+    forward_s = [0.0]
+    if args.host_only:  # the runner's forwards, in process time, to subtract
+        runner = llm.engine.runner
+        forward = runner.forward_logits
+
+        def timed_forward(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+            t0 = time.process_time()
+            try:
+                return forward(*a, **kw)
+            finally:
+                forward_s[0] += time.process_time() - t0
+
+        runner.forward_logits = timed_forward
+    clock = time.process_time if args.host_only else time.perf_counter
     decode_ms_per_step(llm.engine, prompts[:8], params_for(MODES[0], 8), "warm")
     res: dict[str, list[float]] = {m: [] for m in MODES}
     for rep in range(args.rounds):
         for mode in (MODES if rep % 2 == 0 else MODES[::-1]):
-            res[mode].append(decode_ms_per_step(llm.engine, prompts, params_for(mode, args.max_tokens),
-                                                f"{rep}-{mode}")[0])
+            forward_s[0] = 0.0
+            ms, steps = decode_ms_per_step(llm.engine, prompts, params_for(mode, args.max_tokens),
+                                           f"{rep}-{mode}", clock=clock)
+            res[mode].append(ms - forward_s[0] / max(1, steps) * 1e3)
     base = statistics.median(res[MODES[0]])
+    what = "host CPU ms per decode step, forward excluded" if args.host_only else "ms per decode step"
     print(f"\n{args.model or 'tiny random Llama'} on {args.device}, batch {args.batch}, "
           f"{args.max_tokens} tokens, {args.rounds} rounds alternating")
-    print("| outputs | ms per decode step (median) | µs per request-step | tok/s | vs cumulative | runs |")
+    rate = "tok/s (host work alone)" if args.host_only else "tok/s"
+    print(f"| outputs | {what} (median) | µs per request-step | {rate} | vs cumulative | runs |")
     print("|---|---|---|---|---|---|")
     for mode, v in res.items():
         ms = statistics.median(v)
