@@ -18,8 +18,10 @@ still has the finished request's row, so the other requests' tokens of that one 
 batch one larger than the synchronous engine's; in bf16 that can round differently where the batch
 size changes the layer kernels (worker/cuda_kernels.default_skinny_rows), as any change of batch does.
 
-When (``can_schedule_ahead``): the step in flight holds every running request, none is waiting, and
-each continues with a steady decode — no length finish at its pending token, a greedy token with no
+When (``can_schedule_ahead``): the step in flight holds every running request, none is waiting that
+could be admitted now (a waiting request needs a free seat: with ``max_num_seqs`` running, the next
+step could not take it anyway, so a full batch keeps chaining while a queue waits), and each
+continues with a steady decode — no length finish at its pending token, a greedy token with no
 host-side logits processing (temperature, penalties, logit bias, logprobs, a grammar mask, ``min_tokens`` not yet
 reached) and no drafts (the speculator's ``will_draft``). Otherwise the step in flight is read first
 and the engine takes the ordinary path. A step is launched at all (``launchable``) only when it is
@@ -108,12 +110,13 @@ def launchable(sched: SchedulerOutput) -> bool:
     return bool(sched.scheduled)
 
 
-def can_schedule_ahead(running: Sequence[Request], num_waiting: int) -> bool:
+def can_schedule_ahead(running: Sequence[Request], num_waiting: int, max_num_seqs: int) -> bool:
     """The next step may be scheduled before the step in flight is read: every running request
-    carries a placeholder from it, none is waiting, and each one's placeholder decode is steady (no
-    length finish at the pending token, a plain greedy token next). Drafting is the speculator's
-    question (``will_draft``)."""
-    if num_waiting or not running:
+    carries a placeholder from it, no waiting request could be admitted (none waits, or
+    ``max_num_seqs`` are running), and each one's placeholder decode is steady (no length finish at
+    the pending token, a plain greedy token next). Drafting is the speculator's question
+    (``will_draft``)."""
+    if not running or (num_waiting and len(running) < max_num_seqs):
         return False
     for r in running:
         if (not r.num_output_placeholders or r.num_output_tokens >= r.max_output_tokens

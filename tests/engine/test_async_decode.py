@@ -144,3 +144,26 @@ def test_placeholder_decodes_go_through_the_scheduler_under_kv_pressure(llama_di
     assert ahead["steps"] == eng.num_chained_steps > 20
     assert ahead["preempted"] > 0 and eng.scheduler.num_preemptions >= ahead["preempted"]
     assert eng.pool.all_free() and all(r.num_output_placeholders == 0 for r in eng.scheduler.waiting)
+
+
+def test_full_batch_keeps_chaining_while_a_queue_waits(llama_dir):
+    """With ``max_num_seqs`` requests running, a waiting request could not be admitted by the next
+    step anyway: steps chain on (a throughput workload's queue no longer makes every step
+    synchronous) and the outputs stay the synchronous engine's."""
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(10, 100, lo=4, hi=20, seed=5)]
+    params = [greedy(12 + 3 * (i % 4)) for i in range(len(prompts))]
+    want = tokens_of(make_llm(llama_dir, async_scheduling=False, max_num_seqs=4).generate(
+        prompts, params, use_tqdm=False))
+    llm = make_llm(llama_dir, async_scheduling=True, max_num_seqs=4)
+    eng = llm.engine
+    chained_with_queue = 0
+    inner = eng.executor.launch
+
+    def launch(sched, feed=None):
+        nonlocal chained_with_queue
+        chained_with_queue += feed is not None and bool(eng.scheduler.waiting)
+        return inner(sched, feed)
+
+    eng.executor.launch = launch
+    assert tokens_of(llm.generate(prompts, params, use_tqdm=False)) == want
+    assert chained_with_queue >= 10, chained_with_queue  # 0 when any waiting request stopped chaining
