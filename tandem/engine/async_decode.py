@@ -12,7 +12,7 @@ packing the next inputs and launching its CUDA graph overlap the GPU's forward i
 it (vLLM's async scheduling).
 
 Outputs are the same tokens in the same order as the synchronous engine's. A request that stops
-(EOS, stop string) at step n has had step n + 1 computed for it already: that token is discarded
+(EOS, stop string, ``max_tokens``) at step n has had step n + 1 computed for it already: that token is discarded
 (the KV it wrote is the stop token's, correct and never read by the finished request). That step
 still has the finished request's row, so the other requests' tokens of that one step come from a
 batch one larger than the synchronous engine's; in bf16 that can round differently where the batch
@@ -21,7 +21,8 @@ size changes the layer kernels (worker/cuda_kernels.default_skinny_rows), as any
 When (``can_schedule_ahead``): the step in flight holds every running request, none is waiting that
 could be admitted now (a waiting request needs a free seat: with ``max_num_seqs`` running, the next
 step could not take it anyway, so a full batch keeps chaining while a queue waits), and each
-continues with a steady decode — no length finish at its pending token, a greedy token with no
+continues with a steady decode — its pending token not at ``max_model_len`` (the next one would have
+no KV slot; a ``max_tokens`` finish is discarded like a stop), a greedy token with no
 host-side logits processing (temperature, penalties, logit bias, logprobs, a grammar mask, ``min_tokens`` not yet
 reached) and no drafts (the speculator's ``will_draft``). Otherwise the step in flight is read first
 and the engine takes the ordinary path. A step is launched at all (``launchable``) only when it is
@@ -113,13 +114,13 @@ def launchable(sched: SchedulerOutput) -> bool:
 def can_schedule_ahead(running: Sequence[Request], num_waiting: int, max_num_seqs: int) -> bool:
     """The next step may be scheduled before the step in flight is read: every running request
     carries a placeholder from it, no waiting request could be admitted (none waits, or
-    ``max_num_seqs`` are running), and each one's placeholder decode is steady (no length finish at
-    the pending token, a plain greedy token next). Drafting is the speculator's question
+    ``max_num_seqs`` are running), and each one's placeholder decode is steady (the pending token
+    not at ``max_model_len``, a plain greedy token next). Drafting is the speculator's question
     (``will_draft``)."""
     if not running or (num_waiting and len(running) < max_num_seqs):
         return False
     for r in running:
-        if (not r.num_output_placeholders or r.num_output_tokens >= r.max_output_tokens
-                or r.num_tokens >= r.max_model_len or not device_greedy(r, r.num_output_tokens)):
+        if (not r.num_output_placeholders or r.num_tokens >= r.max_model_len
+                or not device_greedy(r, r.num_output_tokens)):
             return False
     return True

@@ -167,3 +167,17 @@ def test_full_batch_keeps_chaining_while_a_queue_waits(llama_dir):
     eng.executor.launch = launch
     assert tokens_of(llm.generate(prompts, params, use_tqdm=False)) == want
     assert chained_with_queue >= 10, chained_with_queue  # 0 when any waiting request stopped chaining
+
+
+def test_a_max_tokens_finish_does_not_stop_the_chain(engines):
+    """A request finishing by max_tokens at its pending token is decoded once more (the token is
+    discarded, as after a stop): the other requests' steps stay chained, outputs unchanged."""
+    sync, asy = engines
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(8, 100, lo=4, hi=12, seed=8)]
+    params = [greedy(4 + 2 * i) for i in range(len(prompts))]  # a length finish every other step
+    want = _summary(sync.generate(prompts, params, use_tqdm=False))
+    before = asy.engine.num_chained_steps
+    assert _summary(asy.generate(prompts, params, use_tqdm=False)) == want
+    assert [len(w[0]) for w in want] == [4 + 2 * i for i in range(len(prompts))]
+    assert asy.engine.num_chained_steps - before >= 14  # 9 when each length finish broke the chain
+    assert asy.engine.pool.all_free()
