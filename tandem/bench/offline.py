@@ -57,7 +57,7 @@ def _add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--output-json", default=None, help="write the results to this JSON file")
     p.add_argument("--disable-detokenize", action="store_true",
-                   help="accepted for vLLM compatibility; tandem always detokenizes")
+                   help="do not make the outputs' text (as vLLM: detokenization left out of the timing)")
     p.add_argument("--disable-tqdm", action="store_true")
     add_engine_args(p)
 
@@ -78,7 +78,7 @@ def _sampling_params(args: argparse.Namespace, max_tokens: int | None) -> Any:
     from tandem.sampling_params import SamplingParams
 
     return SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, ignore_eos=True,
-                          max_tokens=max_tokens)
+                          max_tokens=max_tokens, detokenize=not args.disable_detokenize)
 
 
 def spec_summary(before: Any, after: Any) -> dict[str, Any] | None:

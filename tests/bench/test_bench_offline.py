@@ -76,6 +76,21 @@ def test_throughput_random_json(model_dir, tmp_path, capsys):
     assert data["tokens_per_second"] == pytest.approx(data["total_num_tokens"] / data["elapsed_time"])
 
 
+def test_disable_detokenize_reaches_the_requests(model_dir, tmp_path):
+    import argparse
+
+    from tandem.bench.offline import _sampling_params
+
+    args = argparse.Namespace(n=1, temperature=0.0, top_p=1.0, disable_detokenize=True)
+    assert _sampling_params(args, 5).detokenize is False
+    assert _sampling_params(argparse.Namespace(**{**vars(args), "disable_detokenize": False}), 5).detokenize
+    out = tmp_path / "throughput_notext.json"
+    assert main(["bench", "throughput", "--model", str(model_dir), *ENGINE, "--dataset-name", "random",
+                 "--input-len", "10", "--output-len", "5", "--num-prompts", "4", "--output-json", str(out),
+                 "--disable-tqdm", "--disable-detokenize"]) == 0
+    assert json.loads(out.read_text())["total_output_tokens"] == 4 * 5
+
+
 def test_throughput_ngram_spec_stats(model_dir, tmp_path, capsys):
     out = tmp_path / "throughput_ngram.json"
     rc = main(["bench", "throughput", "--model", str(model_dir), *ENGINE, *NGRAM, "--temperature", "0",
