@@ -5,7 +5,9 @@ files, a ``.gguf`` file, or a directory holding exactly one ``.gguf``, and retur
 ``transformers`` tokenizer. GGUF tokenizers are rebuilt by transformers from the file's metadata,
 which is slow (≈6 s for SmolLM2, ≈40 s for Gemma's 262k vocabulary on 2 CPU cores), so the result
 is saved once under ``<cache>/.tokenizers/`` keyed by the file's path, size, mtime and the
-transformers version, and reloaded from there next time (≈0.5 s and ≈8 s). The cache entry is
+transformers version, and reloaded from there next time (≈0.5 s and ≈8 s). Before it is cached it is
+checked against the file (``gguf_tokenizer_check``: BOS/EOS flags applied, its vocabulary must
+encode back to itself), because some transformers versions build Gemma's wrong. The cache entry is
 written to a temporary directory and renamed into place, so a reader never sees a half-written one.
 
 ``apply_chat_template`` renders messages to text with the model's template and tokenizes it
@@ -28,6 +30,7 @@ import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from tandem.errors import ModelLoadError, RequestError
+from tandem.loader.gguf_tokenizer_check import checked_gguf_tokenizer
 from tandem.loader.registry import cache_dir, is_builtin, resolve_model
 
 logger = logging.getLogger(__name__)
@@ -95,7 +98,8 @@ def gguf_tokenizer_dir(gguf_path: str | Path) -> Path:
 
 def _cache_entry(gguf_path: Path) -> Path:
     st = gguf_path.stat()
-    key = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    # "checked": entries written before gguf_tokenizer_check existed are rebuilt (and checked)
+    key = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}|checked"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_dir() / ".tokenizers" / f"{gguf_path.stem}-{digest}"
 
@@ -108,7 +112,7 @@ def _load_gguf_tokenizer(path: Path, *, use_cache: bool) -> PreTrainedTokenizerB
         except Exception as e:  # noqa: BLE001 - a damaged cache entry of any kind: rebuild it
             logger.warning("tokenizer cache %s unreadable (%s); rebuilding", entry, e)
             shutil.rmtree(entry, ignore_errors=True)
-    tok = _from_pretrained(str(path.parent), gguf_file=path.name)
+    tok = checked_gguf_tokenizer(_from_pretrained(str(path.parent), gguf_file=path.name), path)
     if entry is not None:
         _save_entry(tok, entry)
     return tok
