@@ -7,7 +7,8 @@ on CUDA), ``ngram`` (k = 4, tandem's defaults), and ``eagle k=K`` for each ``--k
 ``code`` (HumanEval prompts, raw completion) and ``chat`` (ShareGPT first user turns through the
 chat template, skipping every prompt the head's training.json lists as trained on or validated on,
 or, for a head trained on a ``tandem.train.sources`` file, every conversation it used: rows of
-``--sharegpt-prompts`` then need their ``record``). Greedy, ``--max-tokens`` each, every prompt
+``--sharegpt-prompts`` then need their ``record``); for a target without a chat template (the base
+``gemma-3-270m``) the same prompts are continued as raw text, workload ``text``. Greedy, ``--max-tokens`` each, every prompt
 alone (batch 1), the order of engines alternating per prompt; each engine first runs 3 prompts untimed (graphs, JIT).
 
 Per engine and workload: decode time (sum of finish − first token), speedup over the baseline on
@@ -159,9 +160,13 @@ def main() -> None:
         work["code"] = load_humaneval_prompts(args.humaneval)[: args.num_prompts]
     if "chat" in args.workloads:
         used = [head_prompt_indices(h) for h in heads]  # every head's: the same prompts for all
-        work["chat"] = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-                        for p in load_chat_prompts(args.sharegpt_prompts, args.sharegpt_offset, args.num_prompts,
-                                                   set().union(*(u[0] for u in used)), set().union(*(u[1] for u in used)))]
+        texts = load_chat_prompts(args.sharegpt_prompts, args.sharegpt_offset, args.num_prompts,
+                                  set().union(*(u[0] for u in used)), set().union(*(u[1] for u in used)))
+        if getattr(tok, "chat_template", None):
+            work["chat"] = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                    add_generation_prompt=True) for p in texts]
+        else:  # a base model (gemma-3-270m): the same prompts, continued as raw text
+            work["text"] = texts
     dev = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or platform.machine()
     print(f"{date.today()} {dev}, torch {torch.__version__}, {dtype}, threads {torch.get_num_threads()}; engines built "
           f"in {time.perf_counter() - t0:.1f} s; {args.max_tokens} tokens per prompt, batch 1")

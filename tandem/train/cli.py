@@ -45,6 +45,8 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     h.add_argument("--intermediate-size", type=int, default=None)
     h.add_argument("--aux-layers", default=None, help="EAGLE-3 aux layers (inputs of), e.g. 2,15,27")
     h.add_argument("--norm-before-residual", action="store_true")
+    h.add_argument("--norm-before-fc", action="store_true",
+                   help="EAGLE-3: one RMSNorm over the concatenated aux hidden states before fc")
     h.add_argument("--norm-output", action="store_true")
     t = p.add_argument_group("training")
     t.add_argument("--ttt-steps", type=int, default=d.ttt_steps)
@@ -81,7 +83,8 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
         num_heads=ns.num_heads, num_kv_heads=ns.num_kv_heads, head_dim=ns.head_dim,
         intermediate_size=ns.intermediate_size,
         aux_layers=_ints("aux_layers", ns.aux_layers) if ns.aux_layers else None,
-        norm_before_residual=ns.norm_before_residual, norm_output=ns.norm_output, ttt_steps=ns.ttt_steps,
+        norm_before_residual=ns.norm_before_residual, norm_before_fc=ns.norm_before_fc,
+        norm_output=ns.norm_output, ttt_steps=ns.ttt_steps,
         step_decay=ns.step_decay, batch_tokens=ns.batch_tokens, lr=ns.lr, warmup=ns.warmup,
         weight_decay=ns.weight_decay, grad_clip=ns.grad_clip, epochs=ns.epochs, max_steps=ns.max_steps,
         val_every=ns.val_every, checkpoint_every=ns.checkpoint_every, time_budget_s=ns.time_budget_s,

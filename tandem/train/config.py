@@ -32,6 +32,7 @@ class TrainConfig:
     intermediate_size: int | None = None
     aux_layers: tuple[int, ...] | None = None
     norm_before_residual: bool = False
+    norm_before_fc: bool = False  # one RMSNorm over the concatenated aux states (Gemma's are ~10x Llama's)
     norm_output: bool = False
     # training
     ttt_steps: int = 5

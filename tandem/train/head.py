@@ -60,7 +60,8 @@ def head_config(target: ModelArch, cfg: TrainConfig, vocab: DraftVocab) -> Eagle
         raise ConfigError("aux_layers", f"{list(aux)} must be increasing ids in 0..{target.num_layers - 1}")
     return EagleConfig(kind="eagle3", layer=arch, target_hidden_size=target.hidden_size,
                        draft_vocab_size=vocab.size, aux_layer_ids=tuple(aux),
-                       norm_before_residual=cfg.norm_before_residual, norm_output=cfg.norm_output,
+                       norm_before_residual=cfg.norm_before_residual, norm_before_fc=cfg.norm_before_fc,
+                       norm_output=cfg.norm_output,
                        source="train-draft")
 
 

@@ -65,7 +65,7 @@ def test_trained_head_beats_untrained_and_keeps_greedy_output(setup):
     base, target, _, lines = setup
     trained, untrained = base / "trained", base / "untrained"
     assert main(_args(setup, trained, "--max-steps", "120", "--val-every", "60", "--eval-k", "3")) == 0
-    assert main(_args(setup, untrained, "--max-steps", "0", "--eval-k", "3")) == 0
+    assert main(_args(setup, untrained, "--max-steps", "0", "--eval-k", "3", "--norm-before-fc")) == 0
     rt, ru = _report(trained), _report(untrained)
     et, eu = rt["engine_eval"][0], ru["engine_eval"][0]
     assert et["k"] == 3 and et["num_drafts"] > 0
@@ -98,6 +98,11 @@ def test_trained_head_beats_untrained_and_keeps_greedy_output(setup):
     ecfg = read_eagle_config(trained, open_checkpoint(str(target)).arch)
     assert ecfg.kind == "eagle3" and ecfg.aux_layer_ids == (1, 2)
     load_eagle_head(ecfg, 64, torch.float32, torch.device("cpu"))
+    # --norm-before-fc: the Eagle-3.1 flag and its input_norm over the aux concat, read back by the loader
+    assert not cfg["norm_before_fc"] and json.loads((untrained / "config.json").read_text())["norm_before_fc"]
+    with safe_open(str(untrained / "model.safetensors"), framework="pt") as f:
+        assert f.get_tensor("input_norm.weight").shape == (ecfg.fc_in_features,) and "input_norm.weight" not in names
+    assert read_eagle_config(untrained, open_checkpoint(str(target)).arch).norm_before_fc
 
     # by path, method inferred; greedy output equals no speculation on the held-out prompts
     convs = [lines[i]["messages"] if "messages" in lines[i] else [{"role": "user", "content": lines[i]["prompt"]}]

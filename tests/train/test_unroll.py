@@ -63,7 +63,8 @@ def test_batched_unroll_equals_the_inference_chain(tmp_path, method):
     target_dir = write_tiny_hf_checkpoint(tmp_path, "llama", std=0.2, num_hidden_layers=4)
     ck = open_checkpoint(str(target_dir))
     model = build_model(ck.arch, ck.weights(), torch.float64, torch.device("cpu"), 64)
-    cfg = TrainConfig(target=str(target_dir), out=str(tmp_path), method=method, norm_output=method == "eagle3")
+    cfg = TrainConfig(target=str(target_dir), out=str(tmp_path), method=method, norm_output=method == "eagle3",
+                      norm_before_fc=method == "eagle3")
     vocab = full_vocab(ck.arch.vocab_size)
     ecfg = head_config(ck.arch, cfg, vocab)
     head = build_head(ecfg, model, vocab, 64, torch.device("cpu"), 0).double()
