@@ -78,5 +78,38 @@ class RowwiseKernels(TorchKernels):
         return _rows(norm.forward, stream.x)
 
 
+
+def _float(layer: object) -> bool:
+    """A float linear (``layers.linear``: a split GEMV for one row, a GEMM for several, which round
+    differently); the packed quantized kernels compute each row alone whatever the row count."""
+    return isinstance(layer, (Linear, PackedLinear))
+
+
+class LoneVerifyKernels(TorchKernels):
+    """A batch-1 verify (one request, a few rows) on the eager CPU path: float linears run row by row,
+    so each verify row is bitwise the decode at its position (``worker/attention.py`` does the same
+    for attention); packed quantized linears and norms stay batched (row-invariant). Without it a
+    model with some float layers (gemma-3-270m's GGUF: 9 Q6_K linears dequantized to float) drifted
+    from plain decoding under greedy speculation (13 of 16 HumanEval prompts identical with n-gram)."""
+
+    def linear(self, x: torch.Tensor, layer: Linear | PackedLinear) -> torch.Tensor:
+        return _rows(layer.forward, x) if _float(layer) else layer.forward(x)
+
+    def norm_linear(self, stream: ResidualStream, norm: RMSNorm, layer: Linear | PackedLinear) -> torch.Tensor:
+        return self.linear(norm.forward(stream.x), layer)
+
+    def linear_add(self, x: torch.Tensor, layer: Linear | PackedLinear, stream: ResidualStream) -> ResidualStream:
+        if not _float(layer):
+            return super().linear_add(x, layer, stream)
+        stream.x = stream.x + _rows(layer.forward, x)
+        return stream
+
+    def norm_gated_mlp_in(self, stream: ResidualStream, norm: RMSNorm, mlp: GatedMLP) -> torch.Tensor:
+        if not _float(mlp.gate_up_proj):
+            return super().norm_gated_mlp_in(stream, norm, mlp)
+        return mlp.act_mul(_rows(mlp.gate_up_proj.forward, norm.forward(stream.x)))
+
+
 TORCH_KERNELS = TorchKernels()
 ROWWISE_KERNELS = RowwiseKernels()
+LONE_VERIFY_KERNELS = LoneVerifyKernels()

@@ -18,7 +18,7 @@ import torch
 
 from tandem.models.decoder import CausalLM, KVCache
 from tandem.models.forward_context import ForwardContext
-from tandem.models.torch_kernels import ROWWISE_KERNELS, TORCH_KERNELS
+from tandem.models.torch_kernels import LONE_VERIFY_KERNELS, ROWWISE_KERNELS, TORCH_KERNELS
 from tandem.worker.attention import TorchAttention
 from tandem.worker.batch import SeqChunk
 from tandem.worker.input_packer import layout, pack, step_tensors
@@ -37,6 +37,13 @@ class TorchRunner:
         self.invariant = batch_invariant
         self.kernels = ROWWISE_KERNELS if batch_invariant else TORCH_KERNELS
         self.attention = TorchAttention(rowwise=batch_invariant)
+        # A batch-1 verify on the CPU runs its float linears row by row when the model also has packed
+        # quantized ones: their bf16 activations turn a float linear's row-count-dependent rounding
+        # (~1e-7) into different greedy tokens (gemma-3-270m's GGUF). An all-float model keeps one
+        # matmul per linear (4 GEMVs would read its weights 4 times; its fp32 rows differ by ~1e-7).
+        packed = any(hasattr(m, "forward_lowp") for m in model.modules())
+        self._verify_kernels = (LONE_VERIFY_KERNELS if packed and device.type == "cpu" and not batch_invariant
+                                else None)
         # batch-1 decode / verify steps of a packed int4 model run as one TorchScript function
         # (lone_decode.py; RunnerConfig.cpu_script). None: not built yet; False: not this model
         self._lone: LoneDecoder | None | bool = None if (script and device.type == "cpu" and not batch_invariant) else False
@@ -77,7 +84,10 @@ class TorchRunner:
         length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, n, None, w, rows)
         inputs = torch.from_numpy(buf[:length]).to(self.device)  # no copy on CPU
         ids, pos, meta = step_tensors(inputs, t, n, w, self.block_size, max(qlens))
-        ctx = ForwardContext(meta, self.kv_caches, self.kernels, self.attention)
+        kernels = self.kernels
+        if n == 1 and 1 < qlens[0] <= LoneDecoder.MAX_ROWS and self._verify_kernels is not None:
+            kernels = self._verify_kernels  # a batch-1 verify's rows bitwise its decodes (torch_kernels.py)
+        ctx = ForwardContext(meta, self.kv_caches, kernels, self.attention)
         hidden, aux = self.model(ids, pos, ctx, aux_layers)
         if self.model.arch.num_layers in aux_layers:
             aux.append(hidden)
