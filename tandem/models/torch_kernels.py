@@ -55,61 +55,54 @@ def _rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.
     return torch.cat([fn(x[i:i + 1]) for i in range(x.shape[0])])
 
 
-class RowwiseKernels(TorchKernels):
-    """Batch-invariant mode on the torch path: every matmul and norm runs on one row at a time, the
-    op a 1-row decode runs, so a row's result never depends on how many rows its step has (BLAS picks
-    its blocking by shape: a multi-row matmul and the 1-row product round differently). Costs one
-    call per row: a prefill chunk of P tokens makes P calls per linear."""
-
-    def linear(self, x: torch.Tensor, layer: Linear | PackedLinear) -> torch.Tensor:
-        return _rows(layer.forward, x)
-
-    def norm_linear(self, stream: ResidualStream, norm: RMSNorm, layer: Linear | PackedLinear) -> torch.Tensor:
-        return _rows(lambda r: layer.forward(norm.forward(r)), stream.x)
-
-    def linear_add(self, x: torch.Tensor, layer: Linear | PackedLinear, stream: ResidualStream) -> ResidualStream:
-        stream.x = stream.x + _rows(layer.forward, x)
-        return stream
-
-    def norm_gated_mlp_in(self, stream: ResidualStream, norm: RMSNorm, mlp: GatedMLP) -> torch.Tensor:
-        return _rows(lambda r: mlp.act_mul(mlp.gate_up_proj.forward(norm.forward(r))), stream.x)
-
-    def final_norm(self, stream: ResidualStream, norm: RMSNorm) -> torch.Tensor:
-        return _rows(norm.forward, stream.x)
-
-
-
 def _float(layer: object) -> bool:
     """A float linear (``layers.linear``: a split GEMV for one row, a GEMM for several, which round
     differently); the packed quantized kernels compute each row alone whatever the row count."""
     return isinstance(layer, (Linear, PackedLinear))
 
 
-class LoneVerifyKernels(TorchKernels):
-    """A batch-1 verify (one request, a few rows) on the eager CPU path: float linears run row by row,
-    so each verify row is bitwise the decode at its position (``worker/attention.py`` does the same
-    for attention); packed quantized linears and norms stay batched (row-invariant). Without it a
-    model with some float layers (gemma-3-270m's GGUF: 9 Q6_K linears dequantized to float) drifted
-    from plain decoding under greedy speculation (13 of 16 HumanEval prompts identical with n-gram)."""
+class RowwiseKernels(TorchKernels):
+    """Linears (those ``split`` picks) and, with ``norms``, norms run on one row at a time, the op a
+    1-row decode runs, so a row's result never depends on how many rows its step has (BLAS picks its
+    blocking by shape: a multi-row matmul and the 1-row product round differently). One call per row.
+
+    - ``ROWWISE_KERNELS``, batch-invariant mode on the torch path: every linear and norm, every step
+      (a prefill chunk of P tokens makes P calls per linear).
+    - ``LONE_VERIFY_KERNELS``, a batch-1 verify (one request, a few rows) on the eager CPU path of a
+      model with packed quantized linears: only its float linears (packed ones and norms are
+      row-invariant), so each verify row is bitwise the decode at its position (``worker/attention.py``
+      does the same for attention). Without it gemma-3-270m's GGUF (9 Q6_K linears dequantized to
+      float) drifted from plain decoding under greedy speculation (13 of 16 HumanEval prompts
+      identical with n-gram): the packed kernels' bf16 activations amplify the float rounding."""
+
+    def __init__(self, split: Callable[[object], bool] = lambda layer: True, norms: bool = True) -> None:
+        self.split = split
+        self.norms = norms
+
+    def _norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        return _rows(norm.forward, x) if self.norms else norm.forward(x)
 
     def linear(self, x: torch.Tensor, layer: Linear | PackedLinear) -> torch.Tensor:
-        return _rows(layer.forward, x) if _float(layer) else layer.forward(x)
+        return _rows(layer.forward, x) if self.split(layer) else layer.forward(x)
 
     def norm_linear(self, stream: ResidualStream, norm: RMSNorm, layer: Linear | PackedLinear) -> torch.Tensor:
-        return self.linear(norm.forward(stream.x), layer)
+        return self.linear(self._norm(norm, stream.x), layer)
 
     def linear_add(self, x: torch.Tensor, layer: Linear | PackedLinear, stream: ResidualStream) -> ResidualStream:
-        if not _float(layer):
+        if not self.split(layer):
             return super().linear_add(x, layer, stream)
         stream.x = stream.x + _rows(layer.forward, x)
         return stream
 
     def norm_gated_mlp_in(self, stream: ResidualStream, norm: RMSNorm, mlp: GatedMLP) -> torch.Tensor:
-        if not _float(mlp.gate_up_proj):
+        if not (self.norms or self.split(mlp.gate_up_proj)):
             return super().norm_gated_mlp_in(stream, norm, mlp)
-        return mlp.act_mul(_rows(mlp.gate_up_proj.forward, norm.forward(stream.x)))
+        return mlp.act_mul(self.linear(self._norm(norm, stream.x), mlp.gate_up_proj))
+
+    def final_norm(self, stream: ResidualStream, norm: RMSNorm) -> torch.Tensor:
+        return self._norm(norm, stream.x)
 
 
 TORCH_KERNELS = TorchKernels()
 ROWWISE_KERNELS = RowwiseKernels()
-LONE_VERIFY_KERNELS = LoneVerifyKernels()
+LONE_VERIFY_KERNELS = RowwiseKernels(split=_float, norms=False)

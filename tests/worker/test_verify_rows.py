@@ -5,7 +5,7 @@ the int4 matmuls, a 1e-7 difference in attention became visible in the outputs. 
 are row-invariant; the torch attention computes a batch-1 verify row by row over exactly a decode's
 context and op shapes. Float linears are not row-invariant on CPU (the 1-row GEMV split and the
 multi-row matmul round differently), so a lone verify runs them row by row
-(``torch_kernels.LoneVerifyKernels``): gemma-3-270m's GGUF keeps 9 Q6_K linears in float, and its
+(``torch_kernels.LONE_VERIFY_KERNELS``): gemma-3-270m's GGUF keeps 9 Q6_K linears in float, and its
 greedy output under n-gram speculation drifted on 3 of 16 HumanEval prompts before that."""
 
 from __future__ import annotations
