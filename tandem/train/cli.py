@@ -37,6 +37,9 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=d.temperature)
     g.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens, help="longer prompts are skipped")
     g.add_argument("--data-cache", default=None, help="generated-data file (default OUT/cache/data.pt)")
+    g.add_argument("--gen-procs", type=int, default=d.gen_procs,
+                   help="processes that answer the prompts, each with its own engine and KV cache on the device "
+                        "(a small target's generation is bound by the engine's host work: 4 on an H200)")
     h = p.add_argument_group("head shape (defaults: the target's)")
     h.add_argument("--draft-vocab-size", type=int, default=d.draft_vocab_size)
     h.add_argument("--num-heads", type=int, default=None)
@@ -79,7 +82,8 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         target=ns.target, out=ns.out, method=ns.method, data=ns.data, num_prompts=ns.num_prompts,
         val_prompts=ns.val_prompts, max_tokens=ns.max_tokens, temperature=ns.temperature,
-        max_prompt_tokens=ns.max_prompt_tokens, data_cache=ns.data_cache, draft_vocab_size=ns.draft_vocab_size,
+        max_prompt_tokens=ns.max_prompt_tokens, data_cache=ns.data_cache, gen_procs=ns.gen_procs,
+        draft_vocab_size=ns.draft_vocab_size,
         num_heads=ns.num_heads, num_kv_heads=ns.num_kv_heads, head_dim=ns.head_dim,
         intermediate_size=ns.intermediate_size,
         aux_layers=_ints("aux_layers", ns.aux_layers) if ns.aux_layers else None,

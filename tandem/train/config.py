@@ -24,6 +24,7 @@ class TrainConfig:
     temperature: float = 0.0
     max_prompt_tokens: int = 512
     data_cache: str | None = None  # generated-data file; None: OUT/cache/data.pt
+    gen_procs: int = 1  # processes that answer the prompts, each with its own engine on the device
     # head shape
     draft_vocab_size: int = 4096
     num_heads: int | None = None
@@ -60,7 +61,7 @@ class TrainConfig:
         positive = {"num_prompts": self.num_prompts, "max_tokens": self.max_tokens,
                     "max_prompt_tokens": self.max_prompt_tokens, "draft_vocab_size": self.draft_vocab_size,
                     "ttt_steps": self.ttt_steps, "epochs": self.epochs, "val_every": self.val_every,
-                    "checkpoint_every": self.checkpoint_every}
+                    "checkpoint_every": self.checkpoint_every, "gen_procs": self.gen_procs}
         for key in ("num_heads", "num_kv_heads", "head_dim", "intermediate_size", "batch_tokens", "eval_prompts"):
             if getattr(self, key) is not None:
                 positive[key] = getattr(self, key)

@@ -11,7 +11,8 @@ are shuffled with the seed and prompts longer than ``max_prompt_tokens`` are ski
 every given conversation trains. Indices are positions in the source list (and ``records`` the
 source records), recorded so a later evaluation can use unseen prompts.
 
-All prompts go through one ``LLM.generate`` call (the engine batches them). The result is cached in
+All prompts go through one ``LLM.generate`` call (the engine batches them), or, with
+``--gen-procs N``, one call in each of N spawned processes sharing the device. The result is cached in
 a file keyed by everything it depends on (``TrainConfig.generation_key``): a resumed run, or a run
 with other training flags into the same directory, skips generation.
 """
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -233,23 +236,73 @@ def select_prompts(rows: list[Row], tokenizer: Any, cfg: TrainConfig) -> Selecti
     return sel
 
 
-def generate(llm: Any, prompts: list[list[int]], cfg: TrainConfig) -> list[Sequence | None]:
-    """The target's answers, one ``generate`` call for all prompts (None: failed or < 2 tokens)."""
+def _params(cfg: TrainConfig, indices: list[int]) -> Any:
+    """Sampling settings for the prompts at ``indices`` (positions among all prompts answered: a
+    sampled answer's seed depends on its prompt, not on which process answers it)."""
     from tandem.sampling_params import SamplingParams
 
     if cfg.temperature == 0:  # token ids are all training reads: no text is made
-        params: Any = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, detokenize=False)
-    else:
-        params = [SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens, detokenize=False,
-                                 seed=cfg.seed * 1_000_003 + i)
-                  for i in range(len(prompts))]
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=True)
-    seqs: list[Sequence | None] = []
-    for p, o in zip(prompts, outs):
+        return SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, detokenize=False)
+    return [SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens, detokenize=False,
+                           seed=cfg.seed * 1_000_003 + i) for i in indices]
+
+
+def _answer(llm: Any, prompts: list[list[int]], indices: list[int], cfg: TrainConfig,
+            use_tqdm: bool) -> list[list[int] | None]:
+    """The target's generated tokens for ``prompts`` (None: failed or < 2 tokens), one ``generate``
+    call."""
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], _params(cfg, indices), use_tqdm=use_tqdm)
+    answers: list[list[int] | None] = []
+    for o in outs:
         gen = list(o.outputs[0].token_ids) if o.outputs else []
-        ok = not o.error and len(gen) >= 2
-        seqs.append(Sequence(torch.tensor(p + gen, dtype=torch.long), len(p)) if ok else None)
-    return seqs
+        answers.append(gen if not o.error and len(gen) >= 2 else None)
+    return answers
+
+
+@dataclass(frozen=True)
+class GenerationEngines:
+    """The engines that answer the prompts: ``LLM(target, **kwargs)``, in this process when
+    ``procs`` is 1, else one in each of ``procs`` spawned processes sharing the device (the engine's
+    per-step host work, not the device, bounds a small target's generation: processes multiply it).
+    Each process holds its own copy of the target and its own KV cache of ``kwargs``' size."""
+
+    target: str
+    kwargs: dict[str, Any]
+    procs: int = 1
+
+
+def _answer_shard(job: tuple[GenerationEngines, list[list[int]], list[int], TrainConfig, bool]
+                  ) -> list[list[int] | None]:
+    """One spawned process's share: its own engine answers its prompts."""
+    engines, prompts, indices, cfg, use_tqdm = job
+    if str(engines.kwargs.get("device", "cpu")).startswith("cpu"):  # share the cores, do not oversubscribe
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // engines.procs))
+    from tandem.engine.llm import LLM
+
+    return _answer(LLM(engines.target, **engines.kwargs), prompts, indices, cfg, use_tqdm)
+
+
+def answer_all(engines: GenerationEngines, prompts: list[list[int]], cfg: TrainConfig,
+               llm: Any = None) -> list[Sequence | None]:
+    """The target's answers to every prompt, as sequences (None: failed or < 2 tokens). With one
+    process, ``llm`` (or a new engine) answers all in one ``generate`` call; with several, prompt
+    ``i`` goes to process ``i % procs`` (interleaved, so every share has the same mix of lengths)."""
+    indices = list(range(len(prompts)))
+    if engines.procs == 1:
+        from tandem.engine.llm import LLM
+
+        answers = _answer(llm or LLM(engines.target, **engines.kwargs), prompts, indices, cfg, True)
+    else:
+        n = min(engines.procs, max(1, len(prompts)))
+        jobs = [(engines, prompts[r::n], indices[r::n], cfg, r == 0) for r in range(n)]
+        ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked; spawn everywhere for one behaviour
+        with ctx.Pool(n) as pool:
+            shares = pool.map(_answer_shard, jobs, chunksize=1)
+        answers = [None] * len(prompts)
+        for r, share in enumerate(shares):
+            answers[r::n] = share
+    return [Sequence(torch.tensor(p + a, dtype=torch.long), len(p)) if a is not None else None
+            for p, a in zip(prompts, answers)]
 
 
 def cache_path(cfg: TrainConfig) -> Path:
@@ -277,8 +330,8 @@ def load_cached(cfg: TrainConfig) -> DraftData | None:
                      int(state.get("num_given", 0)))
 
 
-def build_data(cfg: TrainConfig, llm_factory: Any) -> DraftData:
-    """The cached data if it matches ``cfg``, else generated now with ``llm_factory()`` and cached.
+def build_data(cfg: TrainConfig, engines: GenerationEngines) -> DraftData:
+    """The cached data if it matches ``cfg``, else generated now by ``engines`` and cached.
     Training sequences: the answered prompts, then the given conversations."""
     cached = load_cached(cfg)
     if cached is not None:
@@ -286,12 +339,22 @@ def build_data(cfg: TrainConfig, llm_factory: Any) -> DraftData:
                     len(cached.train), len(cached.val))
         return cached
     rows, source = load_prompts(cfg.data)
-    llm = llm_factory()
     t0 = time.perf_counter()
-    sel = select_prompts(rows, llm.get_tokenizer(), cfg)
+    llm = None
+    if engines.procs == 1:  # the engine that answers also tokenizes
+        from tandem.engine.llm import LLM
+
+        llm = LLM(engines.target, **engines.kwargs)
+        tokenizer = llm.get_tokenizer()
+    else:
+        from tandem.loader.checkpoint import open_checkpoint
+
+        tokenizer = open_checkpoint(engines.target).load_tokenizer()
+    sel = select_prompts(rows, tokenizer, cfg)
     logger.info("%d prompts to answer (%d held out), %d conversations as given", len(sel.val) + len(sel.train),
                 len(sel.val), len(sel.given))
-    seqs = generate(llm, sel.val + sel.train, cfg)
+    seqs = answer_all(engines, sel.val + sel.train, cfg, llm)
+    del llm
     elapsed = time.perf_counter() - t0
     val = list(zip(seqs[:len(sel.val)], sel.val_idx))
     train = list(zip(seqs[len(sel.val):], sel.train_idx)) + list(zip(sel.given, sel.given_idx))
@@ -307,6 +370,6 @@ def build_data(cfg: TrainConfig, llm_factory: Any) -> DraftData:
                 "train_indices": data.train_indices, "val_indices": data.val_indices, "records": records,
                 "num_given": data.num_given}, path)
     n_tok = sum(len(s.generated) for s in seqs if s is not None)
-    logger.info("generated %d tokens for %d prompts in %.1f s (%.0f tok/s)", n_tok, len(seqs), elapsed,
-                n_tok / max(elapsed, 1e-9))
+    logger.info("generated %d tokens for %d prompts in %.1f s (%.0f tok/s, %d process%s)", n_tok, len(seqs),
+                elapsed, n_tok / max(elapsed, 1e-9), engines.procs, "" if engines.procs == 1 else "es")
     return data

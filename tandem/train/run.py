@@ -41,10 +41,9 @@ def _verify_export(out: Path, arch: object, head: torch.nn.Module) -> None:
 
 
 def run_train(cfg: TrainConfig, command: str, stop_at_step: int | None = None) -> RunSummary:
-    from tandem.engine.llm import LLM
     from tandem.engine.model_loader import build_model
     from tandem.loader.checkpoint import open_checkpoint
-    from tandem.train.data import build_data
+    from tandem.train.data import GenerationEngines, build_data
     from tandem.train.evaluate import engine_eval, format_table
     from tandem.train.export import save_head
     from tandem.train.head import (
@@ -71,7 +70,7 @@ def run_train(cfg: TrainConfig, command: str, stop_at_step: int | None = None) -
     ckpt = open_checkpoint(cfg.target)
     arch = ckpt.arch
     max_model_len = min(arch.max_position_embeddings, cfg.max_prompt_tokens + cfg.max_tokens + 16)
-    data = build_data(cfg, lambda: LLM(cfg.target, **engine_kwargs(device, max_model_len)))
+    data = build_data(cfg, GenerationEngines(cfg.target, engine_kwargs(device, max_model_len), cfg.gen_procs))
     free_memory(device)
     if not data.val or not data.train:
         raise ConfigError("num_prompts", f"generation left {len(data.train)} training and {len(data.val)} "
