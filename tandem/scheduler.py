@@ -19,6 +19,13 @@ count as computed and each sampling request carries one output placeholder — a
 placeholder's decode like any other token (same budget, KV allocation and preemption rules); the
 executor feeds its id on the device. A preempted request keeps its placeholder until it is read.
 
+Admission in groups (``admission_group`` G > 1; ``SchedulerConfig.admission_group``): while some
+requests run and more wait than there are free seats, waiting requests are admitted only once G
+seats are free (or after G steps of waiting with a free seat). A step that admits carries prefill
+tokens, which on CUDA runs eagerly and breaks the asynchronous decode chain; admitting G at once
+leaves the steps between as chained graph replays. A queue that fits in the free seats is admitted
+at once, so nothing waits for company that is not coming.
+
 Prefix caching (``kv/prefix_cache.py`` has the rules): at the start of every ``schedule()`` — and
 before any request's blocks are released — the blocks that the last step filled with computed KV
 are registered in the cache. A waiting request (new or preempted) is admitted with the longest
@@ -64,7 +71,7 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, pool: BlockPool, block_size: int, max_num_batched_tokens: int,
                  max_num_seqs: int, max_model_len: int, lookahead: int = 0,
-                 enable_prefix_caching: bool = False) -> None:
+                 enable_prefix_caching: bool = False, admission_group: int = 1) -> None:
         self.pool = pool
         self.prefix_cache = PrefixCache(pool, block_size, enable_prefix_caching and pool.enable_caching)
         self.block_size = block_size
@@ -72,9 +79,11 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.lookahead = lookahead
+        self.admission_group = admission_group
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self._deferred_steps = 0  # steps a waiting request could have been admitted but was not (groups)
 
     # ---- queue management ----------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -95,6 +104,16 @@ class Scheduler:
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
+
+    def admission_open(self) -> bool:
+        """The next ``schedule()`` admits waiting requests (if the KV blocks and the token budget allow):
+        a seat is free, and nothing runs, or the queue fits in the free seats, or ``admission_group``
+        seats are free, or admission has been deferred for ``admission_group`` steps."""
+        free = self.max_num_seqs - len(self.running)
+        if not self.waiting or free <= 0:
+            return False
+        return (not self.running or free >= min(self.admission_group, len(self.waiting))
+                or self._deferred_steps >= self.admission_group)
 
     def _free(self, req: Request, finished: bool) -> None:
         if req.block_ids:
@@ -161,7 +180,10 @@ class Scheduler:
             budget -= num_new
             i += 1
 
-        if not preempted:
+        admit = not preempted and self.admission_open()
+        if self.waiting and len(self.running) < self.max_num_seqs:
+            self._deferred_steps = 0 if admit else self._deferred_steps + 1
+        if admit:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
                 hits = self.prefix_cache.lookup(req)

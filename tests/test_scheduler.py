@@ -171,3 +171,51 @@ def test_output_placeholders_are_scheduled_like_tokens():
     with pytest.raises(RuntimeError, match="drafts"):
         a.spec_token_ids = [3]
         s.add_output_placeholders(s.schedule())
+
+
+def _admitted(out) -> list[str]:
+    """Requests whose prefill this step begins (then the step is run)."""
+    ids = [x.request.request_id for x in out.scheduled if x.start == 0]
+    run_model(out)
+    return ids
+
+
+def test_admission_in_groups_waits_for_free_seats_then_admits_together():
+    pool = BlockPool(256)
+    s = Scheduler(pool, block_size=4, max_num_batched_tokens=256, max_num_seqs=4, max_model_len=1024,
+                  admission_group=2)
+    reqs = [make_req(f"r{i}", 3) for i in range(9)]
+    for r in reqs:
+        s.add(r)
+    assert _admitted(s.schedule()) == ["r0", "r1", "r2", "r3"]  # nothing runs: admitted at once
+    s.finish(reqs[0], RequestStatus.FINISHED_STOPPED)  # one seat free, five wait: admission waits
+    assert not s.admission_open()
+    assert _admitted(s.schedule()) == []
+    s.finish(reqs[1], RequestStatus.FINISHED_STOPPED)  # two seats: both taken in one step
+    assert s.admission_open()
+    assert _admitted(s.schedule()) == ["r4", "r5"]
+    s.finish(reqs[2], RequestStatus.FINISHED_STOPPED)
+    for _ in range(2):  # a free seat waits at most admission_group steps
+        assert _admitted(s.schedule()) == []
+    assert _admitted(s.schedule()) == ["r6"]
+    for r in (reqs[3], reqs[4]):
+        s.finish(r, RequestStatus.FINISHED_STOPPED)
+    assert _admitted(s.schedule()) == ["r7", "r8"]
+
+
+def test_admission_in_groups_admits_a_queue_that_fits_at_once():
+    pool = BlockPool(256)
+    s = Scheduler(pool, block_size=4, max_num_batched_tokens=256, max_num_seqs=8, max_model_len=1024,
+                  admission_group=4)
+    first = make_req("a", 3)
+    s.add(first)
+    assert _admitted(s.schedule()) == ["a"]
+    s.add(make_req("b", 3))  # one waits, seven seats free: no group to wait for
+    assert _admitted(s.schedule()) == ["b"]
+    one = Scheduler(BlockPool(64), block_size=4, max_num_batched_tokens=256, max_num_seqs=2, max_model_len=1024)
+    rs = [make_req(f"q{i}", 3) for i in range(4)]
+    for r in rs:
+        one.add(r)
+    assert _admitted(one.schedule()) == ["q0", "q1"]
+    one.finish(rs[0], RequestStatus.FINISHED_STOPPED)
+    assert _admitted(one.schedule()) == ["q2"]  # the default (1): a free seat is taken at once

@@ -80,6 +80,8 @@ _HELP: dict[str, str] = {
                               f"(default: {DEFAULT_TOKEN_BUDGET})",
     "async_scheduling": "queue the next decode step before reading this one's tokens "
                         "(default: on with CUDA, off on CPU)",
+    "admission_group": "while more requests wait than seats are free, admit them only once this many seats are "
+                       "free (default: max_num_seqs / 8 with CUDA graphs, else 1: at once)",
     # RunnerConfig (debugging and A/B benchmarks; all but cpu_script and screened_head are no-ops on CPU)
     "backend": "model runner: " + " | ".join(RUNNER_BACKENDS)
                + " (auto: the CUDA runner on CUDA devices, torch elsewhere)",

@@ -19,8 +19,9 @@ batch one larger than the synchronous engine's; in bf16 that can round different
 size changes the layer kernels (worker/cuda_kernels.default_skinny_rows), as any change of batch does.
 
 When (``can_schedule_ahead``): the step in flight holds every running request, none is waiting that
-could be admitted now (a waiting request needs a free seat: with ``max_num_seqs`` running, the next
-step could not take it anyway, so a full batch keeps chaining while a queue waits), and each
+the next step would admit (a waiting request needs a free seat: with ``max_num_seqs`` running, the
+next step could not take it anyway, so a full batch keeps chaining while a queue waits; nor while
+admission waits for a group of free seats, ``Scheduler.admission_open``), and each
 continues with a steady decode — its pending token not at ``max_model_len`` (the next one would have
 no KV slot; a ``max_tokens`` finish is discarded like a stop), a greedy token with no
 host-side logits processing (temperature, penalties, logit bias, logprobs, a grammar mask, ``min_tokens`` not yet
@@ -111,13 +112,13 @@ def launchable(sched: SchedulerOutput) -> bool:
     return bool(sched.scheduled)
 
 
-def can_schedule_ahead(running: Sequence[Request], num_waiting: int, max_num_seqs: int) -> bool:
+def can_schedule_ahead(running: Sequence[Request], admission_open: bool) -> bool:
     """The next step may be scheduled before the step in flight is read: every running request
-    carries a placeholder from it, no waiting request could be admitted (none waits, or
-    ``max_num_seqs`` are running), and each one's placeholder decode is steady (the pending token
-    not at ``max_model_len``, a plain greedy token next). Drafting is the speculator's question
-    (``will_draft``)."""
-    if not running or (num_waiting and len(running) < max_num_seqs):
+    carries a placeholder from it, the next step admits no waiting request (``admission_open``
+    false: none waits, ``max_num_seqs`` are running, or admission waits for a group), and each
+    one's placeholder decode is steady (the pending token not at ``max_model_len``, a plain greedy
+    token next). Drafting is the speculator's question (``will_draft``)."""
+    if not running or admission_open:
         return False
     for r in running:
         if (not r.num_output_placeholders or r.num_tokens >= r.max_model_len

@@ -190,7 +190,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
         # float path whose tokens are compared with HF's.
         return_free_memory()
     scheduler = Scheduler(pool, block_size, sched_cfg.token_budget(k), sched_cfg.max_num_seqs, max_model_len,
-                          lookahead=lookahead, enable_prefix_caching=cache.enable_prefix_caching)
+                          lookahead=lookahead, enable_prefix_caching=cache.enable_prefix_caching,
+                          admission_group=sched_cfg.resolved_admission_group(device.type == "cuda" and runner_cfg.cuda_graphs))
     return EngineParts(
         device=device, dtype=dtype, arch=arch, tokenizer=tokenizer,
         decoder=NO_TEXT if tokenizer is None else fast_decoder(tokenizer),

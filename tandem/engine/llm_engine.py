@@ -223,7 +223,7 @@ class LLMEngine:
     def _can_schedule_ahead(self) -> bool:
         """The next step may be scheduled and launched before the step in flight is read."""
         s = self.scheduler
-        return (self.async_scheduling and can_schedule_ahead(s.running, len(s.waiting), s.max_num_seqs)
+        return (self.async_scheduling and can_schedule_ahead(s.running, s.admission_open())
                 and not self.speculator.will_draft(s.running))
 
     def _process(self, sched: SchedulerOutput, out: ModelRunnerOutput, sampled: list[SampledTokens]

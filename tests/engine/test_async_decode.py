@@ -181,3 +181,39 @@ def test_a_max_tokens_finish_does_not_stop_the_chain(engines):
     assert [len(w[0]) for w in want] == [4 + 2 * i for i in range(len(prompts))]
     assert asy.engine.num_chained_steps - before >= 14  # 9 when each length finish broke the chain
     assert asy.engine.pool.all_free()
+
+
+def test_admission_in_groups_leaves_more_steps_chained_and_outputs_unchanged(llama_dir):
+    """With a queue longer than the free seats, admitting in groups of 4 makes fewer steps that
+    carry prefill (each one synchronous) and more chained ones; the tokens stay the synchronous
+    engine's."""
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(40, 100, lo=4, hi=20, seed=6)]
+    params = [greedy(6 + 5 * (i % 5)) for i in range(len(prompts))]
+    want = tokens_of(make_llm(llama_dir, async_scheduling=False, max_num_seqs=8).generate(
+        prompts, params, use_tqdm=False))
+    counts = {}
+    for group in (1, 4):
+        llm = make_llm(llama_dir, async_scheduling=True, max_num_seqs=8, admission_group=group)
+        admitting = 0
+        inner = llm.engine.scheduler.schedule
+
+        def schedule(inner=inner):
+            nonlocal admitting
+            out = inner()
+            admitting += any(s.start == 0 for s in out.scheduled)
+            return out
+
+        llm.engine.scheduler.schedule = schedule
+        assert tokens_of(llm.generate(prompts, params, use_tqdm=False)) == want
+        counts[group] = (admitting, llm.engine.num_chained_steps)
+    (adm1, chained1), (adm4, chained4) = counts[1], counts[4]
+    assert adm4 < adm1, counts
+    assert chained4 > chained1, counts
+
+
+def test_admission_group_config_value_is_checked():
+    with pytest.raises(ConfigError, match="admission_group"):
+        SchedulerConfig(admission_group=0)
+    assert SchedulerConfig(max_num_seqs=256).resolved_admission_group(graphs=True) == 32
+    assert SchedulerConfig(max_num_seqs=256).resolved_admission_group(graphs=False) == 1
+    assert SchedulerConfig(admission_group=3).resolved_admission_group(graphs=True) == 3
