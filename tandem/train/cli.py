@@ -41,6 +41,9 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="processes that answer the prompts, each with its own engine and KV cache on the device "
                         "(docs/training.md: measured, no gain shown on an H200 once steps admit in groups)")
     h = p.add_argument_group("head shape (defaults: the target's)")
+    h.add_argument("--init-head", default=None,
+                   help="start from this head (directory or alias): its shape, draft vocabulary and weights "
+                        "(the shape flags below must then be left out; --draft-vocab-size is ignored)")
     h.add_argument("--draft-vocab-size", type=int, default=d.draft_vocab_size)
     h.add_argument("--num-heads", type=int, default=None)
     h.add_argument("--num-kv-heads", type=int, default=None)
@@ -83,7 +86,7 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
         target=ns.target, out=ns.out, method=ns.method, data=ns.data, num_prompts=ns.num_prompts,
         val_prompts=ns.val_prompts, max_tokens=ns.max_tokens, temperature=ns.temperature,
         max_prompt_tokens=ns.max_prompt_tokens, data_cache=ns.data_cache, gen_procs=ns.gen_procs,
-        draft_vocab_size=ns.draft_vocab_size,
+        init_head=ns.init_head, draft_vocab_size=ns.draft_vocab_size,
         num_heads=ns.num_heads, num_kv_heads=ns.num_kv_heads, head_dim=ns.head_dim,
         intermediate_size=ns.intermediate_size,
         aux_layers=_ints("aux_layers", ns.aux_layers) if ns.aux_layers else None,

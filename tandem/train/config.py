@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from tandem.errors import ConfigError
@@ -26,6 +26,7 @@ class TrainConfig:
     data_cache: str | None = None  # generated-data file; None: OUT/cache/data.pt
     gen_procs: int = 1  # processes that answer the prompts, each with its own engine on the device
     # head shape
+    init_head: str | None = None  # a head (directory or alias) to start from: its shape, vocabulary and weights
     draft_vocab_size: int = 4096
     num_heads: int | None = None
     num_kv_heads: int | None = None
@@ -88,8 +89,25 @@ class TrainConfig:
             raise ConfigError("eval_k", f"speculative token counts must be >= 1, got {list(self.eval_k)}")
         if self.aux_layers is not None and self.method == "eagle":
             raise ConfigError("aux_layers", "only EAGLE-3 heads read aux layers (method eagle3)")
+        if self.init_head is not None:
+            shaped = [k for k in ("num_heads", "num_kv_heads", "head_dim", "intermediate_size", "aux_layers")
+                      if getattr(self, k) is not None]
+            shaped += [k for k in ("norm_before_residual", "norm_before_fc", "norm_output") if getattr(self, k)]
+            if shaped:
+                raise ConfigError(shaped[0], f"the head's shape comes from init_head {self.init_head!r}; "
+                                  f"drop {', '.join(shaped)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError("device", f"unknown device {self.device!r}", ("auto", "cpu", "cuda"))
+
+    def with_shape_of(self, head: Any) -> TrainConfig:
+        """This config with the head-shape fields of ``head`` (an ``EagleConfig``): what ``init_head``
+        fixes (the draft vocabulary comes from its ``d2t``)."""
+        layer = head.layer
+        return replace(self, num_heads=layer.num_heads, num_kv_heads=layer.num_kv_heads, head_dim=layer.head_dim,
+                       intermediate_size=layer.intermediate_size,
+                       aux_layers=tuple(head.aux_layer_ids) if head.kind == "eagle3" else None,
+                       norm_before_residual=head.norm_before_residual, norm_before_fc=head.norm_before_fc,
+                       norm_output=head.norm_output, init_head=None)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -100,5 +100,33 @@ def build_head(ecfg: EagleConfig, target: CausalLM, vocab: DraftVocab, max_posit
     return head
 
 
+def load_init_head(cfg: TrainConfig, target: ModelArch) -> tuple[EagleConfig, EagleHead]:
+    """``cfg.init_head``'s config (checked against the target and the method) and its weights, float32 on the CPU."""
+    from tandem.errors import ConfigError
+    from tandem.loader.eagle import load_eagle_head, read_eagle_config
+
+    assert cfg.init_head is not None
+    ecfg = read_eagle_config(cfg.init_head, target, method=cfg.method)
+    if ecfg.kind != cfg.method:
+        raise ConfigError("init_head", f"{cfg.init_head!r} is an {ecfg.kind!r} head, not {cfg.method!r}",
+                          allowed=[ecfg.kind])
+    return ecfg, load_eagle_head(ecfg, 64, torch.float32, torch.device("cpu"))
+
+
+def copy_weights(head: EagleHead, source: EagleHead) -> None:
+    """``source``'s trainable weights into ``head`` (same shapes: built from the same config)."""
+    from tandem.errors import ModelLoadError
+
+    theirs, mine = trainable_parameters(source), trainable_parameters(head)
+    odd = sorted(n for n in set(theirs) | set(mine)
+                 if n not in theirs or n not in mine or theirs[n].shape != mine[n].shape)
+    if odd:
+        raise ModelLoadError(f"init_head {source.cfg.source}: a head of its config has other weights "
+                             f"({', '.join(odd[:4])}); train-draft cannot start from it")
+    with torch.no_grad():
+        for name, p in mine.items():
+            p.copy_(theirs[name].to(p.device, p.dtype))
+
+
 def count_parameters(head: EagleHead) -> int:
     return sum(p.numel() for p in trainable_parameters(head).values())

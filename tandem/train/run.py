@@ -48,14 +48,16 @@ def run_train(cfg: TrainConfig, command: str, stop_at_step: int | None = None) -
     from tandem.train.export import save_head
     from tandem.train.head import (
         build_head,
+        copy_weights,
         count_parameters,
         head_config,
         layer_config,
+        load_init_head,
     )
     from tandem.train.report import write_report
     from tandem.train.target import FrozenTarget
     from tandem.train.trainer import Trainer
-    from tandem.train.vocab import build_draft_vocab, full_vocab
+    from tandem.train.vocab import build_draft_vocab, full_vocab, given_vocab
 
     t_start = time.monotonic()
     deadline = t_start + cfg.time_budget_s if cfg.time_budget_s is not None else None
@@ -83,14 +85,24 @@ def run_train(cfg: TrainConfig, command: str, stop_at_step: int | None = None) -
     max_positions = longest + cfg.ttt_steps + 2
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(arch, ckpt.weights(), dtype, device, max(max_positions, 16))
+    shape_cfg, init = cfg, None
+    if cfg.init_head is not None:  # its shape, vocabulary and weights
+        init_cfg, init = load_init_head(cfg, arch)
+        shape_cfg = cfg.with_shape_of(init_cfg)
     if cfg.method == "eagle3":
-        vocab = build_draft_vocab([s.generated for s in data.train], arch.vocab_size, cfg.draft_vocab_size)
+        generated = [s.generated for s in data.train]
+        vocab = (given_vocab(init.draft_to_target, generated, arch.vocab_size) if init is not None
+                 else build_draft_vocab(generated, arch.vocab_size, cfg.draft_vocab_size))
         logger.info("draft vocabulary: %d ids cover %.2f %% of the generated training tokens", vocab.size,
                     100 * vocab.coverage)
     else:
         vocab = full_vocab(arch.vocab_size)
-    ecfg = head_config(arch, cfg, vocab)
+    ecfg = head_config(arch, shape_cfg, vocab)
     head = build_head(ecfg, model, vocab, max_positions, device, cfg.seed)
+    if init is not None:
+        copy_weights(head, init)
+        logger.info("head initialised from %s", cfg.init_head)
+        del init
     n_params = count_parameters(head)
     logger.info("head: %s, %d parameters (%.1f MiB in bf16)", ecfg.kind, n_params, 2 * n_params / 2**20)
     target = FrozenTarget(model, ecfg.feature_layers(arch.num_layers))
@@ -107,7 +119,7 @@ def run_train(cfg: TrainConfig, command: str, stop_at_step: int | None = None) -
     result = trainer.train(train_deadline)
     seconds["train"] = time.monotonic() - t
 
-    save_head(out, head, vocab, layer_config(arch, cfg), cfg.target,
+    save_head(out, head, vocab, layer_config(arch, shape_cfg), cfg.target,
               list(ckpt.config.get("architectures") or []), max(cfg.eval_k, default=3))
     _verify_export(out, arch, head)
     logger.info("wrote %s (%s layout), verified through loader/eagle.py", out,

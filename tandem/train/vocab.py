@@ -34,18 +34,32 @@ class DraftVocab:
         return mask
 
 
-def build_draft_vocab(generated: list[torch.Tensor], target_vocab_size: int, size: int) -> DraftVocab:
-    """Top-``size`` most frequent ids of ``generated`` (the loss-masked tokens)."""
-    size = min(size, target_vocab_size)
+def _counts(generated: list[torch.Tensor], target_vocab_size: int) -> torch.Tensor:
     counts = torch.zeros(target_vocab_size, dtype=torch.float64)
     for g in generated:
         counts += torch.bincount(g.long(), minlength=target_vocab_size).to(torch.float64)
+    return counts
+
+
+def build_draft_vocab(generated: list[torch.Tensor], target_vocab_size: int, size: int) -> DraftVocab:
+    """Top-``size`` most frequent ids of ``generated`` (the loss-masked tokens)."""
+    size = min(size, target_vocab_size)
+    counts = _counts(generated, target_vocab_size)
     # stable sort on -count: equal counts keep ascending id order
     order = torch.sort(-counts, stable=True).indices
     kept = torch.sort(order[:size]).values
     total = float(counts.sum())
     coverage = float(counts[kept].sum()) / total if total else 0.0
     return DraftVocab(kept, target_vocab_size, coverage)
+
+
+def given_vocab(kept: torch.Tensor, generated: list[torch.Tensor], target_vocab_size: int) -> DraftVocab:
+    """The draft vocabulary of an existing head (its draft ids' target ids, in draft-id order), with
+    its coverage of ``generated``."""
+    kept = kept.long().cpu()
+    counts = _counts(generated, target_vocab_size)
+    total = float(counts.sum())
+    return DraftVocab(kept, target_vocab_size, float(counts[kept].sum()) / total if total else 0.0)
 
 
 def full_vocab(target_vocab_size: int) -> DraftVocab:

@@ -186,3 +186,32 @@ def test_cuda_path_trains_and_the_engine_accepts(setup):
     assert main([*_args(setup, out, "--max-steps", "120", "--eval-k", "3"), "--device", "cuda"]) == 0
     ev = _report(out)["engine_eval"][0]
     assert ev["acceptance_rate"] >= 0.6, ev
+
+
+def test_init_head_starts_from_a_trained_head(setup, tmp_path, capsys):
+    """--init-head: the head keeps the given head's shape, draft vocabulary and weights (0 steps:
+    the same head back), and training on from it keeps its acceptance."""
+    base, target, _, _ = setup
+    start, same, more = base / "init_start", base / "init_same", base / "init_more"
+    assert main(_args(setup, start, "--max-steps", "60", "--eval-k", "3", "--num-heads", "2",
+                      "--norm-before-fc")) == 0
+    assert main(_args(setup, same, "--init-head", str(start), "--max-steps", "0", "--eval-k", "3",
+                      "--draft-vocab-size", "40")) == 0
+    for name in ("fc.weight", "lm_head.weight", "d2t", "input_norm.weight", "layers.0.self_attn.q_proj.weight"):
+        with safe_open(str(start / "model.safetensors"), framework="pt") as a, \
+                safe_open(str(same / "model.safetensors"), framework="pt") as b:
+            assert torch.equal(a.get_tensor(name), b.get_tensor(name)), name
+    cfg_a, cfg_b = (json.loads((d / "config.json").read_text()) for d in (start, same))
+    assert cfg_b["draft_vocab_size"] == 48 and cfg_b["norm_before_fc"]
+    assert cfg_b["transformer_layer_config"]["num_attention_heads"] == 2 == cfg_a["transformer_layer_config"]["num_attention_heads"]
+    e0, e1 = _report(start)["engine_eval"][0], _report(same)["engine_eval"][0]
+    assert e1["per_position"] == e0["per_position"]
+    assert main(_args(setup, more, "--init-head", str(start), "--max-steps", "30", "--eval-k", "3")) == 0
+    assert _report(more)["engine_eval"][0]["acceptance_rate"] >= e0["acceptance_rate"] - 0.1
+    assert _report(more)["config"]["init_head"] == str(start)
+    # bad combinations are one clear error naming the key
+    assert main(_args(setup, tmp_path / "x", "--init-head", str(start), "--num-heads", "4")) == 2
+    assert "num_heads" in capsys.readouterr().err
+    assert main(_args(setup, tmp_path / "y", "--init-head", str(start), "--method", "eagle")) == 2
+    err = capsys.readouterr().err
+    assert "init_head" in err and "eagle3" in err, err
