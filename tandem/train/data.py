@@ -262,8 +262,8 @@ def _answer(llm: Any, prompts: list[list[int]], indices: list[int], cfg: TrainCo
 @dataclass(frozen=True)
 class GenerationEngines:
     """The engines that answer the prompts: ``LLM(target, **kwargs)``, in this process when
-    ``procs`` is 1, else one in each of ``procs`` spawned processes sharing the device (the engine's
-    per-step host work, not the device, bounds a small target's generation: processes multiply it).
+    ``procs`` is 1, else one in each of ``procs`` spawned processes sharing the device (for a target
+    whose generation is bound by the engine's per-step host work; measured in docs/training.md).
     Each process holds its own copy of the target and its own KV cache of ``kwargs``' size."""
 
     target: str
