@@ -162,3 +162,21 @@ def test_sources_command_writes_rows_a_run_can_read(tmp_path, capsys):
     rows, _ = load_prompts(str(out))
     assert [r.record for r in rows] == [1, 2, 3, 3] and rows[-1].given
     assert rows[0].messages[0]["content"] == "q1\u2028more"
+
+
+def test_data_cache_round_trip_is_flat_and_small(tmp_path):
+    """The cache holds one flat tensor (uint16 when every id fits, else int32) and reads back the
+    same sequences; caches in the older per-sequence layout still load."""
+    from tandem.train.data import _from_state, _to_state
+
+    seqs = [Sequence(torch.tensor([5, 60000, 7]), 1), Sequence(torch.tensor([1, 2, 3, 4, 9]), 3)]
+    state = _to_state(seqs)
+    assert state["flat"].dtype == torch.uint16 and state["flat"].numel() == 8
+    path = tmp_path / "c.pt"
+    torch.save(state, path)
+    back = _from_state(torch.load(path, weights_only=True))
+    assert [(s.tokens.tolist(), s.prompt_len) for s in back] == [(s.tokens.tolist(), s.prompt_len) for s in seqs]
+    assert all(s.tokens.dtype == torch.long for s in back)
+    big = [Sequence(torch.tensor([1, 262143]), 1)]  # Gemma-sized ids keep int32
+    assert _to_state(big)["flat"].dtype == torch.int32 and _from_state(_to_state(big))[0].tokens.tolist() == [1, 262143]
+    assert _from_state(_to_state([])) == []
