@@ -466,3 +466,24 @@ def test_ngram_acceptance_gate_on_cuda(tmp_path):
     assert sum(gated.engine.stats.spec.chosen_k) > 0  # the policy decided (drafting where it pays)
     policy = gated.engine.policy
     assert policy.acceptance.num_scored > 0 and not policy._pending and not policy.acceptance._reqs
+
+
+def test_admission_groups_default_on_with_cuda_graphs(tmp_path):
+    """With CUDA graphs a queue longer than the free seats is admitted in groups of max_num_seqs // 8
+    (each admitting step is an eager prefill that breaks the asynchronous chain); eager engines admit at
+    once. Every request still gets its tokens."""
+    from engine_utils import greedy
+    from tiny_models import write_tiny_hf_checkpoint
+    from tandem import LLM
+
+    path = write_tiny_hf_checkpoint(tmp_path, "llama", vocab_size=256, hidden_size=128, intermediate_size=256,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    kw = {"device": "cuda", "dtype": "bfloat16", "kv_cache_memory_bytes": 128 << 20, "max_num_seqs": 32}
+    assert LLM(str(path), enforce_eager=True, **kw).engine.scheduler.admission_group == 1
+    llm = LLM(str(path), **kw)
+    assert llm.engine.scheduler.admission_group == 4
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(4, 40))] for _ in range(100)]
+    outs = llm.generate(prompts, [greedy(6 + i % 13) for i in range(100)], use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [6 + i % 13 for i in range(100)]
+    assert llm.engine.num_chained_steps > 0 and llm.engine.pool.all_free()
