@@ -41,25 +41,24 @@ def _counts(generated: list[torch.Tensor], target_vocab_size: int) -> torch.Tens
     return counts
 
 
+def _covering(kept: torch.Tensor, counts: torch.Tensor) -> DraftVocab:
+    total = float(counts.sum())
+    return DraftVocab(kept, counts.numel(), float(counts[kept].sum()) / total if total else 0.0)
+
+
 def build_draft_vocab(generated: list[torch.Tensor], target_vocab_size: int, size: int) -> DraftVocab:
     """Top-``size`` most frequent ids of ``generated`` (the loss-masked tokens)."""
     size = min(size, target_vocab_size)
     counts = _counts(generated, target_vocab_size)
     # stable sort on -count: equal counts keep ascending id order
     order = torch.sort(-counts, stable=True).indices
-    kept = torch.sort(order[:size]).values
-    total = float(counts.sum())
-    coverage = float(counts[kept].sum()) / total if total else 0.0
-    return DraftVocab(kept, target_vocab_size, coverage)
+    return _covering(torch.sort(order[:size]).values, counts)
 
 
 def given_vocab(kept: torch.Tensor, generated: list[torch.Tensor], target_vocab_size: int) -> DraftVocab:
     """The draft vocabulary of an existing head (its draft ids' target ids, in draft-id order), with
     its coverage of ``generated``."""
-    kept = kept.long().cpu()
-    counts = _counts(generated, target_vocab_size)
-    total = float(counts.sum())
-    return DraftVocab(kept, target_vocab_size, float(counts[kept].sum()) / total if total else 0.0)
+    return _covering(kept.long().cpu(), _counts(generated, target_vocab_size))
 
 
 def full_vocab(target_vocab_size: int) -> DraftVocab:
