@@ -23,6 +23,17 @@ import statistics
 import time
 
 
+def prompts_from_file(path: str) -> list[str]:
+    """The ``prompt`` of each non-empty line of a JSONL file (gzip when it ends in .gz)."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    raw = Path(path).read_bytes()
+    text = (gzip.decompress(raw) if path.endswith(".gz") else raw).decode()
+    return [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -34,6 +45,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--kv-cache-gib", type=float, default=8.0)
     ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--prompts", default=None,
+                    help="JSONL of {'prompt': ...} (.gz allowed) instead of the ShareGPT package: the first "
+                         "--num-prompts whose tokens fit max_model_len - max_tokens, in file order")
     args = ap.parse_args()
 
     from tandem import LLM, SamplingParams
@@ -42,8 +56,16 @@ def main() -> None:
 
     groups = [None if g == "default" else int(g) for g in args.groups.split(",")]
     tokenizer = open_checkpoint(args.model).load_tokenizer()
-    prompts = [{"prompt_token_ids": tokenizer(r.prompt, add_special_tokens=False)["input_ids"]}
-               for r in sample_sharegpt(tokenizer, args.num_prompts)]
+    texts = (prompts_from_file(args.prompts) if args.prompts
+             else [r.prompt for r in sample_sharegpt(tokenizer, args.num_prompts)])
+    fit = args.max_model_len - args.max_tokens
+    prompts: list[dict[str, list[int]]] = []
+    for text in texts:
+        if len(prompts) == args.num_prompts:
+            break
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if 0 < len(ids) <= fit:
+            prompts.append({"prompt_token_ids": ids})
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, detokenize=False)
     rows: dict[str, list[tuple[float, int, int, int]]] = {}
     for _ in range(args.rounds):
