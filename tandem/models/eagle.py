@@ -31,7 +31,7 @@ from tandem.errors import ModelLoadError
 from tandem.loader.arch import ModelArch
 from tandem.models.decoder import Attention
 from tandem.models.forward_context import ForwardContext, ResidualStream
-from tandem.models.layers import GatedMLP, Linear, RMSNorm, Rotary
+from tandem.models.layers import GatedMLP, Linear, RMSNorm, Rotary, linear
 
 EAGLE_KINDS: tuple[str, ...] = ("eagle", "eagle3")
 
@@ -189,7 +189,7 @@ class EagleHead(nn.Module):
         w = self.lm_head.weight if self.lm_head is not None else self._target_lm_head
         if w is None:
             raise RuntimeError("EAGLE head has no lm_head and is not bound to a target")
-        return torch.nn.functional.linear(out, w).float()
+        return linear(out, w).float()  # on CPU, few rows: the split GEMV (layers.linear), 4-5x faster here
 
     # ---- inference ------------------------------------------------------------------------------
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,

@@ -97,3 +97,14 @@ def test_heads_that_do_not_fit_fail_clearly(tmp_path, target):
         read_eagle_config(head_dir, _arch(target))
     with pytest.raises(ModelLoadError, match="no config.json"):
         read_eagle_config(tmp_path / "nowhere", _arch(target))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 20])
+def test_head_logits_equal_the_plain_product(tmp_path, target, rows):
+    """``EagleHead.logits`` takes the CPU small-row matmul path (the split GEMV for one row): the same
+    logits as ``F.linear`` over the normed rows, to float32 rounding."""
+    head_dir, _ = write_eagle_head(tmp_path, "speculators", target, draft_vocab=40)
+    head = _load(head_dir, target)
+    out = torch.randn(rows, head.cfg.hidden_size, generator=torch.Generator().manual_seed(rows))
+    want = torch.nn.functional.linear(head.norm(out), head.lm_head.weight)
+    torch.testing.assert_close(head.logits(out), want, rtol=1e-5, atol=1e-5)
