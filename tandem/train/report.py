@@ -83,6 +83,10 @@ def write_report(out: Path, s: RunSummary) -> None:
         "## Held-out validation (training unroll, teacher-forced greedy agreement)", "",
         f"Acceptance per position: {acc}; expected tau {r.final.tau:.3f}; loss {r.final.loss:.4f}.", "",
     ]
+    # what a draft tree branching w wide at a position could accept there (teacher-forced)
+    lines += [f"- The target's token among the head's top {w}, per position: {', '.join(f'{a:.3f}' for a in rates)}"
+              for w, rates in r.final.top_acceptance.items()]
+    lines += [""] if r.final.top_acceptance else []
     if s.evals:
         lines += ["## Engine measurement (held-out prompts, greedy)", "", format_table(s.evals), ""]
     (out / "TRAINING.md").write_text("\n".join(lines))

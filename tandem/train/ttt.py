@@ -12,13 +12,15 @@ the draft vocabulary. Loss at step ``j``: soft cross-entropy of the head's log-s
 target's softmax over the draft columns (renormalised; EAGLE-1: the full vocabulary), averaged over
 the counted rows, weighted ``decay ** j``. Only counted rows reach the lm_head, in chunks under
 activation checkpointing (the ``[rows, vocab]`` logits are recomputed in backward, never stored).
-Agreement (validation): the head's argmax, mapped to target ids, equals the target's argmax.
+Agreement (validation): the head's argmax, mapped to target ids, equals the target's argmax; also
+counted for the head's top ``TOP_WIDTHS`` candidates (the target's argmax among them: what a draft
+tree that branches that wide at this step could accept, teacher-forced).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -31,6 +33,8 @@ from tandem.worker.attention import split_qkv
 
 # Elements of one [rows, vocab] logits chunk in the loss.
 LOSS_CHUNK_ELEMENTS = 1 << 26
+# Widths at which validation also counts the target's argmax among the head's top candidates.
+TOP_WIDTHS = (2, 4)
 
 
 @dataclass
@@ -39,6 +43,8 @@ class UnrollResult:
     step_losses: list[torch.Tensor]  # detached, per step
     correct: list[torch.Tensor]  # per step: rows where head argmax == target argmax (eval rows)
     counted: list[torch.Tensor]  # per step: eval rows
+    # per step: [len(TOP_WIDTHS)] rows whose target argmax is among the head's top-w (eval rows)
+    correct_top: list[torch.Tensor] = field(default_factory=list)
 
 
 def shift(x: torch.Tensor, s: int) -> torch.Tensor:
@@ -62,7 +68,7 @@ def _chunk_loss(head: EagleHead, target: FrozenTarget, columns: torch.Tensor | N
     with torch.no_grad():
         p = torch.softmax(target.logits(tgt_hidden, columns), dim=-1)
     ce = -(p * logq).sum(-1)
-    return (ce * weight).sum(), logq.detach().argmax(-1)
+    return (ce * weight).sum(), logq.detach().topk(max(TOP_WIDTHS), dim=-1).indices
 
 
 def head_steps(head: EagleHead, features: torch.Tensor, ids: torch.Tensor, steps: int) -> Iterator[torch.Tensor]:
@@ -114,6 +120,7 @@ def unroll(head: EagleHead, target: FrozenTarget, tout: TargetOutput, batch: Bat
         out_rows = out[idx]
         loss_sum = torch.zeros((), device=out.device)
         correct = torch.zeros((), dtype=torch.long, device=out.device)
+        top = torch.zeros(len(TOP_WIDTHS), dtype=torch.long, device=out.device)
         for s in range(0, idx.numel(), chunk):
             args = (out_rows[s:s + chunk], t_hid[s:s + chunk], weight[s:s + chunk])
             if grad:
@@ -121,11 +128,15 @@ def unroll(head: EagleHead, target: FrozenTarget, tout: TargetOutput, batch: Bat
             else:
                 ls, am = _chunk_loss(head, target, columns, *args)
             loss_sum = loss_sum + ls
-            correct = correct + (head.draft_to_target[am] == t_arg[s:s + chunk]).sum()
+            hit = head.draft_to_target[am] == t_arg[s:s + chunk, None]  # [rows, max width], ranked
+            correct = correct + hit[:, 0].sum()
+            if not grad:  # validation only
+                top = top + torch.stack([hit[:, :w].any(-1).sum() for w in TOP_WIDTHS])
         step_loss = loss_sum / weight.sum().clamp(min=1.0)
         total = total + decay ** j * step_loss
         result.step_losses.append(step_loss.detach())
         result.correct.append(correct)
+        result.correct_top.append(top)
         result.counted.append(torch.tensor(idx.numel(), device=out.device))
     result.loss = total
     return result

@@ -7,7 +7,7 @@ given the earlier drafts were accepted, so a chain of ``k`` drafts is expected t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,7 +16,7 @@ from tandem.train.batches import group_by_length, make_batch
 from tandem.train.data import Sequence
 from tandem.train.device import autocast
 from tandem.train.target import FrozenTarget
-from tandem.train.ttt import unroll
+from tandem.train.ttt import TOP_WIDTHS, unroll
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,8 @@ class ValMetrics:
     loss: float
     acceptance: tuple[float, ...]  # per draft position (teacher-forced, conditional)
     rows: int
+    # per width w of TOP_WIDTHS, per position: the target's argmax among the head's top-w
+    top_acceptance: dict[int, tuple[float, ...]] = field(default_factory=dict)
 
     @property
     def tau(self) -> float:
@@ -31,10 +33,12 @@ class ValMetrics:
 
     def line(self) -> str:
         acc = " ".join(f"{a:.3f}" for a in self.acceptance)
-        return f"val loss {self.loss:.4f}  acceptance per position [{acc}]  expected tau {self.tau:.3f}"
+        top = "".join(f"  top-{w} [{' '.join(f'{a:.3f}' for a in rates)}]" for w, rates in self.top_acceptance.items())
+        return f"val loss {self.loss:.4f}  acceptance per position [{acc}]  expected tau {self.tau:.3f}{top}"
 
     def to_dict(self) -> dict[str, object]:
-        return {"loss": self.loss, "acceptance": list(self.acceptance), "expected_tau": self.tau, "rows": self.rows}
+        return {"loss": self.loss, "acceptance": list(self.acceptance), "expected_tau": self.tau, "rows": self.rows,
+                "top_acceptance": {str(w): list(r) for w, r in self.top_acceptance.items()}}
 
 
 def expected_tau(acceptance: tuple[float, ...] | list[float]) -> float:
@@ -52,6 +56,7 @@ def validate(head: EagleHead, target: FrozenTarget, seqs: list[Sequence], batch_
     was_training = head.training
     head.eval()
     correct = torch.zeros(steps, dtype=torch.long, device=device)
+    top = torch.zeros(steps, len(TOP_WIDTHS), dtype=torch.long, device=device)
     counted = torch.zeros(steps, dtype=torch.long, device=device)
     loss = torch.zeros((), device=device)
     n_batches = 0
@@ -60,10 +65,12 @@ def validate(head: EagleHead, target: FrozenTarget, seqs: list[Sequence], batch_
         with autocast(device):
             res = unroll(head, target, target.run(batch), batch, t2d, columns, steps, decay, grad=False)
         correct += torch.stack(res.correct)
+        top += torch.stack(res.correct_top)
         counted += torch.stack(res.counted)
         loss += res.loss.float()
         n_batches += 1
     head.train(was_training)
     c, n = correct.tolist(), counted.tolist()
     acc = tuple(ci / ni if ni else 0.0 for ci, ni in zip(c, n))
-    return ValMetrics(float(loss) / max(1, n_batches), acc, int(n[0]) if n else 0)
+    tops = {w: tuple(ti / ni if ni else 0.0 for ti, ni in zip(top[:, i].tolist(), n)) for i, w in enumerate(TOP_WIDTHS)}
+    return ValMetrics(float(loss) / max(1, n_batches), acc, int(n[0]) if n else 0, tops)

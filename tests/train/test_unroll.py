@@ -15,7 +15,7 @@ from tandem.train.batches import Batch
 from tandem.train.config import TrainConfig
 from tandem.train.head import build_head, head_config, trainable_parameters
 from tandem.train.target import FrozenTarget
-from tandem.train.ttt import head_steps
+from tandem.train.ttt import TOP_WIDTHS, head_steps, loss_positions, shift, unroll
 from tandem.train.vocab import full_vocab
 from tandem.worker.attention import split_qkv
 
@@ -58,8 +58,8 @@ def _chain_reference(head, features, ids, steps):
     return outs
 
 
-@pytest.mark.parametrize("method", ["eagle3", "eagle"])
-def test_batched_unroll_equals_the_inference_chain(tmp_path, method):
+def _tiny_head(tmp_path, method):
+    """A tiny float64 target, a head on its full vocabulary with large random weights, the frozen target."""
     target_dir = write_tiny_hf_checkpoint(tmp_path, "llama", std=0.2, num_hidden_layers=4)
     ck = open_checkpoint(str(target_dir))
     model = build_model(ck.arch, ck.weights(), torch.float64, torch.device("cpu"), 64)
@@ -73,7 +73,12 @@ def test_batched_unroll_equals_the_inference_chain(tmp_path, method):
     with torch.no_grad():  # larger weights than the 0.02 init, so every path moves the outputs
         for p in trainable_parameters(head).values():
             p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.2)
-    target = FrozenTarget(model, ecfg.feature_layers(ck.arch.num_layers))
+    return head, FrozenTarget(model, ecfg.feature_layers(ck.arch.num_layers)), g
+
+
+@pytest.mark.parametrize("method", ["eagle3", "eagle"])
+def test_batched_unroll_equals_the_inference_chain(tmp_path, method):
+    head, target, g = _tiny_head(tmp_path, method)
     ids = torch.randint(6, 100, (2, 7), generator=g)
     tout = target.run(Batch(ids, torch.tensor([7, 7]), torch.tensor([2, 2])))
     steps = 3
@@ -82,3 +87,28 @@ def test_batched_unroll_equals_the_inference_chain(tmp_path, method):
         want = _chain_reference(head, tout.features, ids, steps)
     # float64 throughout except RMSNorm, which computes in float32 (differences ~1e-7 of |x| ~ 40)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_validation_counts_the_targets_token_among_the_heads_top_candidates(tmp_path):
+    """``unroll(grad=False)`` counts, per step, the rows whose target argmax is the head's argmax and
+    those where it is among the head's top 2 / top 4 (what a draft tree could accept): equal to the
+    same counts made directly from the head's logits over the counted rows."""
+    head, target, g = _tiny_head(tmp_path, "eagle")
+    ids = torch.randint(6, 100, (3, 9), generator=g)
+    batch = Batch(ids, torch.tensor([9, 9, 8]), torch.tensor([2, 3, 2]))
+    tout = target.run(batch)
+    steps = 3
+    with torch.no_grad():
+        res = unroll(head, target, tout, batch, None, None, steps, 0.8, grad=False)
+        outs = list(head_steps(head, tout.features, ids, steps))
+    counts = []
+    for j, out in enumerate(outs):
+        counted = shift(loss_positions(batch), 1 + j).reshape(-1)
+        t_arg = shift(tout.argmax.view(ids.shape), 1 + j).reshape(-1)[counted]
+        ranked = head.draft_to_target[head.logits(out[counted]).topk(max(TOP_WIDTHS), dim=-1).indices]
+        hit = ranked == t_arg[:, None]
+        assert int(res.correct[j]) == int(hit[:, 0].sum())
+        assert res.correct_top[j].tolist() == [int(hit[:, :w].any(-1).sum()) for w in TOP_WIDTHS]
+        counts.append([int(res.correct[j]), *res.correct_top[j].tolist(), int(res.counted[j])])
+    # the random head agrees sometimes, and a wider top finds more: the counts are not all trivial
+    assert all(c[0] <= c[1] <= c[2] <= c[3] for c in counts) and any(c[2] > c[0] for c in counts), counts
