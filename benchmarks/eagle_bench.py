@@ -167,6 +167,10 @@ def main() -> None:
                                                     add_generation_prompt=True) for p in texts]
         else:  # a base model (gemma-3-270m): the same prompts, continued as raw text
             work["text"] = texts
+    empty = [w for w, prompts in work.items() if not prompts]
+    if empty:
+        raise SystemExit(f"no prompts for workload(s) {', '.join(empty)}: check --humaneval / --sharegpt-prompts "
+                         f"(an empty file, or every prompt excluded as trained on)")
     dev = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or platform.machine()
     print(f"{date.today()} {dev}, torch {torch.__version__}, {dtype}, threads {torch.get_num_threads()}; engines built "
           f"in {time.perf_counter() - t0:.1f} s; {args.max_tokens} tokens per prompt, batch 1")
