@@ -35,6 +35,9 @@ The decision uses only the estimates as they stand: outcomes may arrive one step
 steps) without changing anything but the freshness of the estimates. The outcome is checked as well:
 the goodput guard (``policy_guard.py``) compares what the steps speculation touched delivered with
 what plain decoding would have in the same time, and blocks drafting at a batch size where it lost.
+A model proposer's exploration rounds are not judged: they are no choice of the estimates (their
+cost is bounded by the doubling schedule), and judging them let cold first verifies block drafting
+the estimates later chose.
 
 Safety valves: ``disable_by_batch_size`` (vLLM's key: no drafts once the batch reaches it); while
 no proposal is made (asynchronous decode), a proposal round is forced every ``probe_every`` steps for
@@ -134,6 +137,9 @@ class GoodputPolicy:
         # model proposers: steps since any request drafted; the first round explores (full k for all)
         self._steps_since_draft = probe_every
         self._explore_every = probe_every  # doubles after each exploration while the estimates say no
+        # the last proposal round was an exploration (not the estimates' choice): its steps are no
+        # trial of the policy, so the guard does not judge them (its cost is bounded by the schedule)
+        self._exploring = False
 
     # ---- decisions ------------------------------------------------------------------------------
     def choose(self, batch: int, candidates: Sequence[Candidate]) -> list[int]:
@@ -150,11 +156,13 @@ class GoodputPolicy:
             self._count(ks)
             return ks
         ks = self._optimise(batch, candidates, with_reach=False)
+        self._exploring = False
         if any(ks):
             self._explore_every = self.probe_every  # drafting pays on the estimates: explore at the base rate
         elif not self.free and self._steps_since_draft >= self._explore_every:
             ks = [c.max_tokens for c in candidates]  # explore: a model proposer has no shadow drafts
             self._explore_every = min(MAX_EXPLORE_EVERY, 2 * self._explore_every)
+            self._exploring = True
         elif (self.free and self._steps_since_draft >= self.probe_every
               and self.cost.verify_is_stale(batch, self.verify_probe_every)
               and any(self._optimise(batch, candidates, with_reach=False, cost=self.cost.prior_overhead()))):
@@ -360,7 +368,7 @@ class GoodputPolicy:
         # the guard's evidence: every step speculation touched — verifies, proposal rounds (even
         # those that drafted nothing: on an asynchronous engine they drain the pipeline) and the
         # restarts after them
-        if num_tokens is not None and self._steps_since_event <= TRANSITION_SPAN:
+        if num_tokens is not None and self._steps_since_event <= TRANSITION_SPAN and not self._exploring:
             self.guard.observe(batch, num_tokens, seconds, self.cost.decode_seconds(batch))
         if self.measure_draft_cost and draft_steps > 0 and draft_seconds > 0:
             d = self.cost.decode_seconds(batch)

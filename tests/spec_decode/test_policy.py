@@ -331,6 +331,24 @@ def test_recovers_from_slow_first_verifies():
     assert seen[0] > 3 and sim.drafting_share(100) > 0.9
 
 
+def test_model_proposer_explorations_are_not_judged_by_the_guard():
+    """A model proposer's explorations are not the estimates' choice, so the goodput guard does not
+    judge them: cold first verifies (8x their cost, as on the CPU's first TorchScript verify shapes)
+    must not block the batch size for a cooldown once the estimates say drafting pays (before: two
+    blocks, drafting from step ~810 of this run; now from ~480)."""
+    seen = [0]
+
+    def device(batch: int, n: int) -> float:
+        if n:
+            seen[0] += 1
+        return GPU_SMALL(batch, n) * (8.0 if n and seen[0] <= 3 else 1.0)
+
+    policy = GoodputPolicy(K, free=False, stats=SpecStats(), probe_every=16)
+    sim = Sim(policy, 1, device, lambda: 0.8, draft_step=0.05 * GPU_SMALL(1, 0)).run(800)
+    assert policy.guard.num_blocks == 0
+    assert sum(1 for ks in sim.ks[500:800] if any(ks)) > 0.9 * 300
+
+
 def test_decode_probe_ends_even_if_no_plain_step_is_timed():
     policy = _policy(decode_probe_every=20, decode_probe_steps=2)
     sim = Sim(policy, 1, GPU_SMALL, lambda: 0.95)
