@@ -127,7 +127,8 @@ class GoodputPolicy:
         self._step = 0  # engine steps seen
         # wants_any's cached "no": until which step, for which bucket, with which acceptance evidence
         self._no_until, self._no_batch, self._no_scored = 0, 0, 0
-        self._steps_since_event = TRANSITION_SPAN + 1  # steps since a proposal round or a verify
+        self._steps_since_event = TRANSITION_SPAN + 1  # steps since a round that drafted, or a verify
+        self._steps_since_round = TRANSITION_SPAN + 1  # steps since any proposal round
         self.measure_draft_cost = draft_cost is None and not free
         self.draft_cost = 0.0 if free else (PRIOR_DRAFT_COST if draft_cost is None else draft_cost)
         self._pending: dict[str, _Pending] = {}
@@ -145,7 +146,7 @@ class GoodputPolicy:
     def choose(self, batch: int, candidates: Sequence[Candidate]) -> list[int]:
         """k per candidate for a step of ``batch`` running requests (a proposal round)."""
         self._steps_since_proposal = 0
-        self._steps_since_event = -1  # this step is speculation's (a round, drafted or not)
+        self._steps_since_round = -1  # this step is speculation's (a round, drafted or not)
         ks = [0] * len(candidates)
         if self._off(batch):
             self._count(ks)
@@ -171,6 +172,7 @@ class GoodputPolicy:
             ks = [min(c.max_tokens, len(c.draft or ())) for c in candidates]
         if any(ks):
             self._steps_since_draft = 0
+            self._steps_since_event = -1
         self._count(ks)
         return ks
 
@@ -361,14 +363,18 @@ class GoodputPolicy:
             self._shadow_credit -= self._shadows_left
         verify = num_query_tokens > batch
         self._steps_since_event = 0 if verify else self._steps_since_event + 1
+        self._steps_since_round += 1
         if not timed:
             return
         verify_seconds = seconds - (draft_seconds if not self.free else 0.0)
         self.cost.observe(batch, num_query_tokens, verify_seconds, steady)
-        # the guard's evidence: every step speculation touched — verifies, proposal rounds (even
-        # those that drafted nothing: on an asynchronous engine they drain the pipeline) and the
-        # restarts after them
-        if num_tokens is not None and self._steps_since_event <= TRANSITION_SPAN and not self._exploring:
+        # the guard's evidence: every step speculation touched — verifies, rounds that drafted, the
+        # steps after them, and a round that drafted nothing where it drained an asynchronous
+        # pipeline (its steps are then not steady). On a synchronous engine such a round is a plain
+        # step: judging it would let timing noise around E = 1 block drafting.
+        touched = (self._steps_since_event <= TRANSITION_SPAN
+                   or (not steady and self._steps_since_round <= TRANSITION_SPAN))
+        if num_tokens is not None and touched and not self._exploring:
             self.guard.observe(batch, num_tokens, seconds, self.cost.decode_seconds(batch))
         if self.measure_draft_cost and draft_steps > 0 and draft_seconds > 0:
             d = self.cost.decode_seconds(batch)
