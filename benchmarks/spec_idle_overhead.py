@@ -19,9 +19,9 @@ drafts / request-steps).
 ``--engines``: a comma-separated subset of none, ngram, ngram-every, eagle3 (default: all).
 ``--profile NAME``: instead of the table, cProfile the decode steps of one engine (after one warm-up
 round) and print its 25 most expensive functions by own time. ``--breakdown``: after the table, the
-wall time per decode step of each engine's stages (the target forward, the features handed to the
-proposer, the speculator's three calls, and within them the proposer's proposals and catch-ups),
-timed around each call in every round.
+wall time per decode step of each engine's stages (the target forward — for EAGLE with the write
+of its features to the feature cache —, the speculator's three calls, and within them the proposer's
+proposals), timed around each call in every round.
 
 ``--repetitive F``: that fraction of the prompts repeats a 6-token motif (n-gram matches there, so a
 few requests want to draft while the rest do not — the case where one drafting request turns the
@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 ENGINES = ("none", "ngram", "ngram-every", "eagle3")
-STAGES = ("target forward", "features", "drafts_for", "will_draft", "observe", "proposer")
+STAGES = ("target forward", "drafts_for", "will_draft", "observe", "proposer")
 
 
 class Stages:
@@ -59,14 +59,11 @@ class Stages:
         self._stack: list[str] = []
         self._wrap(engine.runner, "forward_logits", "target forward")
         self._wrap(engine.runner, "forward", "target forward")
-        if engine.executor.feature_sink is not None:
-            self._wrap(engine.executor, "feature_sink", "features")
         for name in ("drafts_for", "will_draft", "observe"):
             self._wrap(engine.speculator, name, name)
         proposer = engine.speculator.proposer
-        for name in ("propose_requests", "catch_up"):  # head / draft-model forwards, proposals
-            if proposer is not None and hasattr(proposer, name):
-                self._wrap(proposer, name, "proposer")
+        if proposer is not None:  # head / draft-model forwards, proposals
+            self._wrap(proposer, "propose_requests", "proposer")
 
     def _wrap(self, obj: Any, attr: str, stage: str) -> None:
         fn = getattr(obj, attr)

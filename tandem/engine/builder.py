@@ -32,6 +32,7 @@ from tandem.engine.model_loader import build_model
 from tandem.engine.stats import EngineStats
 from tandem.errors import ConfigError
 from tandem.kv.block_pool import BlockPool
+from tandem.kv.feature_cache import FeatureCache
 from tandem.kv.kv_cache import allocate_kv_cache, bytes_per_block, kv_budget_bytes
 from tandem.loader.arch import ModelArch
 from tandem.loader.checkpoint import open_checkpoint, resolve_quantization
@@ -66,8 +67,6 @@ class EngineParts:
     stats: EngineStats
     proposer: EngineProposer | None
     speculator: AnySpeculator
-    # target layers whose input hidden states each target step returns for the proposer (EAGLE)
-    target_features: tuple[int, ...]
     async_scheduling: bool
 
 
@@ -131,8 +130,10 @@ def build_engine(config: EngineConfig) -> EngineParts:
     bpb = bytes_per_block(arch, block_size, dtype)
     if draft_arch is not None:
         bpb += bytes_per_block(draft_arch, block_size, dtype)
+    feature_width = len(features) * arch.hidden_size  # EAGLE: the target's features per position
     if head_cfg is not None:
         bpb += bytes_per_block(head_cfg.layer, block_size, dtype)
+        bpb += FeatureCache.bytes_per_block(feature_width, block_size, dtype)
     lookahead = k if draft_arch is not None or head_cfg is not None else 0
     need = -(-(max_model_len + lookahead) // block_size)
     budget, source = kv_budget_bytes(device, cache.gpu_memory_utilization, cache.kv_cache_memory_bytes,
@@ -149,9 +150,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
     logger.info("KV cache sized by %s: %d blocks × %d tokens = %d tokens (%.1f MiB)",
                 source, num_blocks, block_size, num_blocks * block_size, num_blocks * bpb / 2**20)
     pool = BlockPool(num_blocks, enable_caching=cache.enable_prefix_caching)
+    feature_cache = FeatureCache(feature_width, num_blocks, block_size, dtype, device) if features else None
     runner = make_runner(model, allocate_kv_cache(arch, num_blocks, block_size, dtype, device), block_size,
                          device, runner_cfg, max_model_len=max_model_len, lookahead=lookahead,
-                         feature_layers=features, batch_invariant=model_cfg.batch_invariant)
+                         feature_layers=features, feature_cache=feature_cache,
+                         batch_invariant=model_cfg.batch_invariant)
     runners = [runner]
     draft_runner = None
     if draft_arch is not None and spec is not None:
@@ -173,7 +176,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         runners.append(head_runner)
 
     stats = EngineStats()
-    proposer = build_proposer(spec, draft_runner, generator, head_runner)
+    proposer = build_proposer(spec, draft_runner, generator, head_runner, feature_cache)
     use_async = sched_cfg.async_scheduling
     use_async = device.type == "cuda" if use_async is None else bool(use_async)
     speculator = build_speculator(spec, proposer, stats.spec, device, asynchronous=use_async)
@@ -197,6 +200,6 @@ def build_engine(config: EngineConfig) -> EngineParts:
         decoder=NO_TEXT if tokenizer is None else fast_decoder(tokenizer),
         max_model_len=max_model_len, eos_token_ids=tuple(sorted(eos)), generator=generator, model=model,
         runner=runner, num_blocks=num_blocks, pool=pool, scheduler=scheduler, stats=stats, proposer=proposer,
-        speculator=speculator, target_features=features,
+        speculator=speculator,
         async_scheduling=use_async,
     )

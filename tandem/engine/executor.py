@@ -23,7 +23,7 @@ step sampled — whose ids are fed on the device from it (``feed``), never read 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -69,32 +69,14 @@ class Executor:
         self.generator = generator  # for random rows of requests without their own seed
         # benchmark mode: drafts accepted at this rate whatever the models say (outputs not lossless)
         self.synthetic_acceptance_rate = synthetic_acceptance_rate
-        # EAGLE: every target forward also returns these layers' input hidden states for every query
-        # row, handed with the step's schedule to ``feature_sink`` (the proposer's record_features) as
-        # a tensor of its own (the sink may keep it)
-        self.feature_layers: tuple[int, ...] = ()
-        self.feature_sink: Callable[[SchedulerOutput, torch.Tensor], None] | None = None
 
-    def attach_features(self, layers: tuple[int, ...],
-                        sink: Callable[[SchedulerOutput, torch.Tensor], None] | None) -> None:
-        """Hand ``layers``' features of every target forward to ``sink`` (``()``, None: stop)."""
-        self.feature_layers, self.feature_sink = tuple(layers), sink
-
-    def _forward(self, sched: SchedulerOutput, chunks: list[SeqChunk], rows: Sequence[int],
-                 token_ids: torch.Tensor | None = None, argmax: bool = False) -> torch.Tensor:
-        """The target forward: logits of ``rows`` (``argmax``: only their argmax is read); with
-        features attached, also hands the features of every query row to the sink."""
-        if not self.feature_layers or self.feature_sink is None:
-            if token_ids is None:
-                return self.runner.forward_logits(chunks, rows, argmax_only=argmax)
-            return self.runner.forward_logits(chunks, rows, token_ids=token_ids, argmax_only=argmax)
-        step = self.runner.forward(chunks, rows, token_ids=token_ids, aux_layers=self.feature_layers,
-                                   argmax_only=argmax)
-        aux = step.aux_hidden
-        # the sink keeps the tensor: a copy (the CUDA runner's are views of graph outputs, which its
-        # next step overwrites), made by the concatenation where there is one
-        self.feature_sink(sched, aux[0].clone() if len(aux) == 1 else torch.cat(aux, dim=-1))
-        return step.logits
+    def _forward(self, chunks: list[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
+                 argmax: bool = False) -> torch.Tensor:
+        """The target forward: logits of ``rows`` (``argmax``: only their argmax is read). (An EAGLE
+        target's runner writes its features to the feature cache inside the forward.)"""
+        if token_ids is None:
+            return self.runner.forward_logits(chunks, rows, argmax_only=argmax)
+        return self.runner.forward_logits(chunks, rows, token_ids=token_ids, argmax_only=argmax)
 
     # ---- synchronous: sample on the host ---------------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -114,7 +96,7 @@ class Executor:
                 rows.extend(range(t + s.num_new_tokens - n, t + s.num_new_tokens))
             t += s.num_new_tokens
         # [len(rows), V] float32
-        logits = self._forward(sched, chunks, rows, argmax=self.synthetic_acceptance_rate is None and argmax_only(sched))
+        logits = self._forward(chunks, rows, argmax=self.synthetic_acceptance_rate is None and argmax_only(sched))
 
         n = len(sched.scheduled)
         prompt_lps: list[PromptLogprobs | None] = [None] * n
@@ -217,11 +199,11 @@ class Executor:
         if feed is None:
             chunks = [SeqChunk(r.token_ids[s.start:s.start + 1], s.start, r.block_ids)
                       for s, r in zip(sched.scheduled, reqs)]
-            logits = self._forward(sched, chunks, range(len(chunks)), argmax=True)
+            logits = self._forward(chunks, range(len(chunks)), argmax=True)
             return InflightStep.launch(sched, logits)
         if any(s.start != len(r.token_ids) or s.num_new_tokens != 1 for s, r in zip(sched.scheduled, reqs)):
             raise RuntimeError("a step fed on the device must decode one placeholder per request")
         chunks = [SeqChunk((0,), s.start, r.block_ids) for s, r in zip(sched.scheduled, reqs)]  # ids fed below
-        logits = self._forward(sched, chunks, range(len(chunks)), token_ids=feed.device_ids(reqs), argmax=True)
+        logits = self._forward(chunks, range(len(chunks)), token_ids=feed.device_ids(reqs), argmax=True)
         return InflightStep.launch(sched, logits)
 

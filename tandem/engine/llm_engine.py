@@ -66,7 +66,6 @@ class LLMEngine:
         # Decode steps may run asynchronously (settable between runs; benchmarks compare both).
         self.async_scheduling = p.async_scheduling
         self.executor = Executor(self.runner, self.generator)
-        self._target_features = p.target_features if p.proposer is not None else ()
         self.input_processor = InputProcessor(self.tokenizer, self.arch.vocab_size, self.max_model_len,
                                               self.eos_token_ids)
         self.output_processor = OutputProcessor(p.decoder, self.stats, self._finish)
@@ -80,12 +79,6 @@ class LLMEngine:
     # ---- speculation ---------------------------------------------------------------------------
     def _use(self, speculator: AnySpeculator) -> None:
         self.speculator = speculator
-        # EAGLE: target features go to the proposer only while a speculator that uses it is on
-        # (speculation switched off: no feature copies, and none kept for requests it never forgets)
-        if self._target_features and speculator.config is not None:
-            self.executor.attach_features(self._target_features, self.proposer.record_features)  # type: ignore[union-attr]
-        else:
-            self.executor.attach_features((), None)
         self.executor.synthetic_acceptance_rate = speculator.synthetic_acceptance_rate
         self.output_processor.synthetic = speculator.synthetic_acceptance_rate is not None
 

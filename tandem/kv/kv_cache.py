@@ -67,14 +67,14 @@ def allocate_kv_cache(arch: ModelArch, num_blocks: int, block_size: int, dtype: 
                       device: torch.device) -> list[KVCache]:
     shape = (num_blocks * block_size, arch.num_kv_heads, arch.head_dim)
     if torch.device(device).type == "cpu":
-        return [(_lazy_zeros(shape, dtype), _lazy_zeros(shape, dtype)) for _ in range(arch.num_layers)]
+        return [(lazy_zeros(shape, dtype), lazy_zeros(shape, dtype)) for _ in range(arch.num_layers)]
     return [
         (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
         for _ in range(arch.num_layers)
     ]
 
 
-def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A CPU tensor of zeros whose pages become resident only when written (anonymous mmap; the
     tensor keeps the map alive)."""
     n = 1

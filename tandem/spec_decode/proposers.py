@@ -9,17 +9,18 @@ requests' block tables and counters, so they take Request objects directly.
 
 Every engine proposer declares ``drafts_on_host_for_free`` (see ``base.py``); those that do also
 answer ``propose_one(tokens, k)``, the single-sequence question the acceptance gate's shadow drafts
-ask. A proposer that keeps state from every target step (EAGLE) also implements ``CatchesUp``.
+ask.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import torch
 
 from tandem.config.speculative import EAGLE_METHODS, SpeculativeConfig
+from tandem.kv.feature_cache import FeatureCache
 from tandem.request import Request
 from tandem.spec_decode.base import DraftProposal, ProposalInput, Proposer
 from tandem.spec_decode.draft_model import DraftModelProposer
@@ -36,19 +37,6 @@ class EngineProposer(Protocol):
     def propose_requests(self, reqs: Sequence[Request], ks: Sequence[int]) -> DraftProposal: ...
 
     def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None: ...
-
-
-@runtime_checkable
-class CatchesUp(Protocol):
-    """A proposer whose per-step state piles up while nobody drafts (EAGLE: the target's features)
-    and must be consumed now and then: the speculator asks ``catch_up_due`` after every step (O(1))
-    and, when true, calls ``catch_up`` with the requests that got tokens (no drafts; nothing read
-    from a step still in flight)."""
-
-    @property
-    def catch_up_due(self) -> bool: ...
-
-    def catch_up(self, reqs: Sequence[Request]) -> None: ...
 
 
 class TokenProposerAdapter:
@@ -76,7 +64,8 @@ class TokenProposerAdapter:
 
 
 def build_proposer(cfg: SpeculativeConfig | None, draft_runner: ModelRunner | None,
-                   generator: torch.Generator, head_runner: AnyHeadRunner | None = None) -> EngineProposer | None:
+                   generator: torch.Generator, head_runner: AnyHeadRunner | None = None,
+                   feature_cache: FeatureCache | None = None) -> EngineProposer | None:
     if cfg is None:
         return None
     if cfg.method == "ngram":
@@ -88,7 +77,7 @@ def build_proposer(cfg: SpeculativeConfig | None, draft_runner: ModelRunner | No
             raise RuntimeError("draft_model speculation needs a loaded draft model")
         return DraftModelProposer(draft_runner, cfg.draft_sample_method == "probabilistic", generator)
     if cfg.method in EAGLE_METHODS:
-        if head_runner is None:
-            raise RuntimeError(f"{cfg.method} speculation needs a loaded head")
-        return EagleProposer(head_runner)
+        if head_runner is None or feature_cache is None:
+            raise RuntimeError(f"{cfg.method} speculation needs a loaded head and the target's feature cache")
+        return EagleProposer(head_runner, feature_cache)
     raise NotImplementedError(f"speculative method {cfg.method!r}")

@@ -22,10 +22,6 @@ three points:
    finished (``forget``: the proposer gets their output, which the suffix proposer caches); the
    step's kind, size, tokens, steadiness and wall time — this bookkeeping included — (``on_step``:
    the policy's step-cost model and goodput guard).
-   Last, a proposer that keeps per-step state while nobody drafts (EAGLE's features) and says its
-   ``catch_up_due`` catches up on the requests that got tokens (``catch_up``: no drafts, nothing
-   read from a step in flight, so an asynchronous pipeline is not drained; not part of the step's
-   timing: it is what keeping the proposer current costs, drafting or not).
 
 ``disable_by_acceptance: false`` turns the policy off: every request drafts up to k every step, as
 vLLM does (the policy is on by default). Without speculation the engine holds a ``NoSpeculation``: no drafts, never in the way of
@@ -47,7 +43,7 @@ from tandem.request import Request
 from tandem.scheduler import SchedulerOutput
 from tandem.spec_decode.policy import Candidate, GoodputPolicy
 from tandem.spec_decode.policy_cost import ASYNC_PRIOR_SIGMA, PRIOR_SIGMA, StepCostModel
-from tandem.spec_decode.proposers import CatchesUp, EngineProposer, TokenProposerAdapter
+from tandem.spec_decode.proposers import EngineProposer, TokenProposerAdapter
 
 
 # Where the policy is on without ``disable_by_acceptance``: everywhere. (On the 2-core CPU, drafting
@@ -111,8 +107,6 @@ class Speculator:
         self.k = config.num_speculative_tokens
         self._new_tokens: set[str] = set()  # requests that got tokens since their last proposal
         self._draft_seconds, self._draft_steps = 0.0, 0  # model drafting in the step being timed
-        # a proposer whose per-step state must be consumed now and then (EAGLE: the target's features)
-        self._catcher = proposer if isinstance(proposer, CatchesUp) else None
 
     @property
     def synthetic_acceptance_rate(self) -> float | None:
@@ -143,7 +137,7 @@ class Speculator:
                                                for r, room, toks in zip(reqs, rooms, proposal.token_ids)])
         else:  # drafting costs forwards: choose first, draft what was granted
             ks = policy.choose(len(requests), [Candidate(r.request_id, room) for r, room in zip(reqs, rooms)])
-            if not any(ks):  # no forward for nobody's drafts (a proposer catches up in observe)
+            if not any(ks):  # no forward for nobody's drafts
                 return {r.request_id: Draft(()) for r in reqs}
             t0 = time.perf_counter()
             proposal = self.proposer.propose_requests(reqs, ks)
@@ -191,10 +185,6 @@ class Speculator:
         for r in record.finished:
             self.forget(r)
         self.on_step(record, time.perf_counter() - t0)
-        if self._catcher is not None and self._catcher.catch_up_due:
-            live = [s.request for s in sampled if not s.request.status.finished]
-            if live:
-                self._catcher.catch_up(live)
 
     # ---- what observe() is made of -------------------------------------------------------------
     def on_step(self, record: StepRecord, bookkeeping: float = 0.0) -> None:

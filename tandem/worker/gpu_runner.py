@@ -32,6 +32,7 @@ import torch
 
 from tandem.config.runner import RunnerConfig
 from tandem.errors import ConfigError
+from tandem.kv.feature_cache import FeatureCache
 from tandem.models.decoder import CausalLM, KVCache
 from tandem.models.forward_context import ForwardContext, LayerKernels
 from tandem.models.torch_kernels import TORCH_KERNELS
@@ -66,11 +67,14 @@ class GpuModelRunner:
     def __init__(self, model: CausalLM, kv_caches: list[KVCache], block_size: int, device: torch.device,
                  cfg: RunnerConfig = RunnerConfig(), *, max_model_len: int | None = None, lookahead: int = 0,
                  pad_to_buckets: bool | None = None, max_graph_q: int = MAX_GRAPH_Q,
-                 feature_layers: tuple[int, ...] = (), batch_invariant: bool = False) -> None:
+                 feature_layers: tuple[int, ...] = (), feature_cache: FeatureCache | None = None,
+                 batch_invariant: bool = False) -> None:
         self.model = model
         # EAGLE: every step (graphs included) also computes these layers' input hidden states for all
-        # query rows (id num_layers: the final post-norm hidden state); ``forward`` returns them
+        # query rows (id num_layers: the final post-norm hidden state), writes them to their slots
+        # in ``feature_cache`` (the head reads them there) and ``forward`` returns them
         self.feature_layers = tuple(feature_layers)
+        self.feature_cache = feature_cache
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
@@ -117,6 +121,7 @@ class GpuModelRunner:
         self.num_eager_steps = 0
         self._step_features: torch.Tensor | None = None  # set by _hidden inside a forward
         self._features: torch.Tensor | None = None  # the last forward's features, unpadded rows
+        self._want_features = False  # ``forward`` asks for them (the engine reads the feature cache)
 
     # ---- public ------------------------------------------------------------------------------
     def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
@@ -125,8 +130,11 @@ class GpuModelRunner:
         runner's ``feature_layers`` (fixed at construction: the graphs compute them)."""
         if tuple(aux_layers) != self.feature_layers:
             raise ValueError(f"this runner computes features of layers {self.feature_layers}, not {aux_layers}")
-        self._features = None
-        logits = self.forward_logits(chunks, rows, token_ids)
+        self._features, self._want_features = None, True
+        try:
+            logits = self.forward_logits(chunks, rows, token_ids)
+        finally:
+            self._want_features = False
         return StepOutput(logits, [] if self._features is None else [self._features])
 
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
@@ -177,6 +185,8 @@ class GpuModelRunner:
             if self.model.arch.num_layers in layers:
                 aux.append(hidden)
             self._step_features = aux[0] if len(aux) == 1 else torch.cat(aux, dim=-1)
+            if self.feature_cache is not None:
+                self.feature_cache.write(meta.slot_mapping, self._step_features)
         return hidden
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -204,7 +214,7 @@ class GpuModelRunner:
         max_seq = max(c.start + q for c, q in zip(chunks, qlens))
         ids, pos, meta = self._meta(self._eager, t, n, w, max(qlens), self._splits(n, max(qlens), max_seq))
         hidden = self._hidden(ids, pos, meta)
-        if self.feature_layers:
+        if self._want_features:
             self._features = self._step_features
         if not identity:
             hidden = hidden.index_select(0, self._eager[r_off:r_off + len(rows)])
@@ -288,7 +298,7 @@ class GpuModelRunner:
             logits, features = step.logits, step.features
         else:  # padded layout without graphs (tests on CPU)
             logits, features = self._static_step(b, q)
-        if features is not None:  # padded rows: request i's at i*q .. i*q + qlens[i]
+        if features is not None and self._want_features:  # padded rows: request i's at i*q .. i*q + qlens[i]
             n = len(chunks)
             if all(ql == q for ql in qlens):
                 self._features = features[: n * q]

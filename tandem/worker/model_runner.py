@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from tandem.kv.feature_cache import FeatureCache
 from tandem.models.decoder import CausalLM, KVCache
 from tandem.models.forward_context import ForwardContext
 from tandem.models.torch_kernels import LONE_VERIFY_KERNELS, ROWWISE_KERNELS, TORCH_KERNELS
@@ -28,8 +29,13 @@ from tandem.worker.step_output import StepOutput
 
 class TorchRunner:
     def __init__(self, model: CausalLM, kv_caches: list[KVCache], block_size: int,
-                 device: torch.device, batch_invariant: bool = False, script: bool = True) -> None:
+                 device: torch.device, batch_invariant: bool = False, script: bool = True,
+                 feature_layers: tuple[int, ...] = (), feature_cache: FeatureCache | None = None) -> None:
         self.model = model
+        # EAGLE: with a feature cache, every forward also computes these layers' input hidden states
+        # for all query rows and writes them to their slots there (the head reads them there)
+        self.feature_layers = tuple(feature_layers) if feature_cache is not None else ()
+        self.feature_cache = feature_cache
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
@@ -62,7 +68,13 @@ class TorchRunner:
         ``token_ids`` ([len(chunks)] int64 on the model's device), for chunks of one token each:
         the tokens to run instead of the chunks' own (placeholders), so a caller can feed tokens it
         sampled on the device without reading them on the host (the draft loop does).
+
+        With a feature cache, ``aux_layers`` must be empty or the runner's ``feature_layers``.
         """
+        if self.feature_cache is not None:
+            if aux_layers and tuple(aux_layers) != self.feature_layers:
+                raise ValueError(f"this runner computes features of layers {self.feature_layers}, not {aux_layers}")
+            aux_layers = self.feature_layers
         if token_ids is not None:
             if any(len(c.token_ids) != 1 for c in chunks) or token_ids.shape != (len(chunks),):
                 raise ValueError("token_ids needs one token per single-token chunk")
@@ -74,7 +86,10 @@ class TorchRunner:
                 self._lone = LoneDecoder.build(self.model, self.kv_caches, self.block_size) or False
             if self._lone:
                 c = chunks[0]
-                return StepOutput(*self._lone.logits(c.token_ids, c.start, c.block_ids, argmax_only, aux_layers))
+                logits, aux = self._lone.logits(c.token_ids, c.start, c.block_ids, argmax_only, aux_layers)
+                if self.feature_cache is not None:
+                    self.feature_cache.write_positions(c.block_ids, c.start, _concat(aux))
+                return StepOutput(logits, aux)
         vocab = self.model.arch.vocab_size
         if not chunks:
             return StepOutput(torch.empty((0, vocab), dtype=torch.float32, device=self.device), [])
@@ -91,6 +106,8 @@ class TorchRunner:
         hidden, aux = self.model(ids, pos, ctx, aux_layers)
         if self.model.arch.num_layers in aux_layers:
             aux.append(hidden)
+        if self.feature_cache is not None:
+            self.feature_cache.write(meta.slot_mapping, _concat(aux))
         if not identity:
             hidden = hidden.index_select(0, inputs[r_off:r_off + len(rows)])
         if self.invariant and hidden.shape[0] > 1:
@@ -101,3 +118,7 @@ class TorchRunner:
 
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:
         """Nothing to compile or capture on the torch path."""
+
+
+def _concat(aux: list[torch.Tensor]) -> torch.Tensor:
+    return aux[0] if len(aux) == 1 else torch.cat(aux, dim=-1)

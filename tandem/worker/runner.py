@@ -18,6 +18,7 @@ from tandem.worker.batch import SeqChunk
 from tandem.worker.step_output import StepOutput
 
 if TYPE_CHECKING:
+    from tandem.kv.feature_cache import FeatureCache
     from tandem.models.decoder import CausalLM, KVCache
 
 
@@ -53,20 +54,23 @@ class ModelRunner(Protocol):
 
 def make_runner(model: CausalLM, kv_caches: list[KVCache], block_size: int, device: torch.device,
                 cfg: RunnerConfig, *, max_model_len: int | None = None, lookahead: int = 0,
-                feature_layers: tuple[int, ...] = (), batch_invariant: bool = False) -> ModelRunner:
+                feature_layers: tuple[int, ...] = (), feature_cache: FeatureCache | None = None,
+                batch_invariant: bool = False) -> ModelRunner:
     """The CUDA runner on CUDA devices unless ``cfg.backend == "torch"``; the torch runner otherwise.
 
     ``max_model_len`` + ``lookahead`` (draft slots past it) bound a request's KV blocks: the CUDA
     runner sizes its graphs' block tables from them (None: the model's rope table length).
     ``feature_layers``: what an EAGLE head reads; the CUDA runner computes them in every step (its
-    graphs included), the torch runner when ``forward`` asks. ``batch_invariant``
+    graphs included), the torch runner when it has a ``feature_cache`` or ``forward`` asks. With a
+    ``feature_cache`` (kv/feature_cache.py) every forward writes them to their slots there. ``batch_invariant``
     (``ModelConfig.batch_invariant``, checked by the builder): the CUDA runner's batch-invariant mode."""
     if device.type == "cuda" and cfg.backend != "torch":
         from tandem.worker.gpu_runner import GpuModelRunner  # imports Triton: CUDA only
 
         return GpuModelRunner(model, kv_caches, block_size, device, cfg, max_model_len=max_model_len,
-                              lookahead=lookahead, feature_layers=feature_layers, batch_invariant=batch_invariant)
+                              lookahead=lookahead, feature_layers=feature_layers, feature_cache=feature_cache,
+                              batch_invariant=batch_invariant)
     from tandem.worker.model_runner import TorchRunner
 
     return TorchRunner(model, kv_caches, block_size, device, batch_invariant=batch_invariant,
-                       script=cfg.cpu_script)
+                       script=cfg.cpu_script, feature_layers=feature_layers, feature_cache=feature_cache)

@@ -15,8 +15,12 @@ pytestmark = [
 ]
 
 
-def test_target_runner_returns_features_of_every_row():
+def test_target_runner_returns_and_caches_features_of_every_row():
+    """The runner returns the features of every query row, and writes them to their slots in the
+    feature cache — from its graphs (padded rows write only the spare row) and its eager steps —
+    whether or not ``forward`` asked for them (the engine calls ``forward_logits``)."""
     from tandem.config import RunnerConfig
+    from tandem.kv.feature_cache import FeatureCache
     from tandem.kv.kv_cache import allocate_kv_cache
     from tandem.worker.runner import make_runner
 
@@ -25,24 +29,34 @@ def test_target_runner_returns_features_of_every_row():
     layers = (1, 2, arch.num_layers)  # two aux layers and the final post-norm hidden state
 
     def runner(**cfg):
+        cache = FeatureCache(3 * arch.hidden_size, 64, bs, torch.bfloat16, dev)
         return make_runner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev,
-                           RunnerConfig(**cfg), feature_layers=layers)
+                           RunnerConfig(**cfg), feature_layers=layers, feature_cache=cache)
 
     ref, fast, eager = runner(backend="torch"), runner(), runner(cuda_graphs=False)
     seqs = Seqs(0, (40, 17, 3))
-    for plan in ([(0, 40), (1, 17), (2, 3)], [(0, 1), (1, 1), (2, 1)], [(0, 4), (1, 4), (2, 4)],
-                 [(0, 1), (1, 3)], [(2, 1)]):
+    for n, plan in enumerate(([(0, 40), (1, 17), (2, 3)], [(0, 1), (1, 1), (2, 1)], [(0, 4), (1, 4), (2, 4)],
+                              [(0, 1), (1, 3)], [(2, 1)])):
         chunks, rows = seqs.step(plan)
         sampled = rows[-1:]  # logits of one row only: features still cover every query row
         want = ref.forward(chunks, sampled, aux_layers=layers)
         want_f = torch.cat(want.aux_hidden, dim=-1)
+        spans = [(c.block_ids, c.start, c.start + len(c.token_ids)) for c in chunks]
         for r in (fast, eager):
-            got = r.forward(chunks, sampled, aux_layers=layers)
-            assert len(got.aux_hidden) == 1 and got.aux_hidden[0].shape == want_f.shape, plan
-            assert rel(got.aux_hidden[0], want_f) < 2e-2, plan
-            assert rel(got.logits, want.logits) < 2e-2, plan
+            if n % 2:
+                got = r.forward(chunks, sampled, aux_layers=layers)
+                assert len(got.aux_hidden) == 1 and got.aux_hidden[0].shape == want_f.shape, plan
+                assert rel(got.aux_hidden[0], want_f) < 2e-2, plan
+                logits = got.logits
+            else:
+                logits = r.forward_logits(chunks, sampled)
+            assert rel(logits, want.logits) < 2e-2, plan
+            assert rel(r.feature_cache.read(spans), want_f) < 2e-2, plan
         seqs.advance(plan)
     assert fast.num_graph_steps > 0
+    used = {s for b in seqs.blocks for s in range(b[0] * bs, (b[-1] + 1) * bs)}
+    spare = [s for s in range(fast.feature_cache.num_slots) if s not in used]
+    assert not fast.feature_cache.rows[spare].any()  # padding rows wrote only the spare row
 
 
 def test_gpu_head_runner_drafts_like_the_torch_head_runner(tmp_path):
