@@ -172,11 +172,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
         head.bind_target(model.model.embed_tokens, model.model.embed_scale, model.lm_head_weight)
         head_runner = make_head_runner(head, allocate_kv_cache(head_cfg.layer, num_blocks, block_size, dtype, device)[0],
                                        block_size, device, spec.draft_runner_config(runner_cfg),
-                                       max_model_len=max_model_len, lookahead=lookahead)
+                                       max_model_len=max_model_len, lookahead=lookahead, features=feature_cache)
         runners.append(head_runner)
 
     stats = EngineStats()
-    proposer = build_proposer(spec, draft_runner, generator, head_runner, feature_cache)
+    proposer = build_proposer(spec, draft_runner, generator, head_runner)
     use_async = sched_cfg.async_scheduling
     use_async = device.type == "cuda" if use_async is None else bool(use_async)
     speculator = build_speculator(spec, proposer, stats.spec, device, asynchronous=use_async)

@@ -4,8 +4,9 @@ An EAGLE head at position ``p`` reads the target's features at ``p`` (EAGLE-3: t
 entering its three aux layers, concatenated; EAGLE-1: the final post-norm hidden state). Every target
 forward writes the features of each query row to the row's KV slot, inside the forward — in the CUDA
 graph where there is one — as it writes K and V. So a target step hands nothing to the host and does
-no per-request work, and the proposer reads a request's positions through its block table when its
-head catches up (``read``).
+no per-request work. The EAGLE head's first step of a proposal reads them back by its own slot
+mapping (``gather``: head position ``p`` lives in the same slot as target position ``p``), inside the
+head's graph too.
 
 The rows follow the blocks' life, as the KV does: a later write at a position (a rejected draft's row
 overwritten, a recompute after preemption) replaces it; the features of a prefix-cache block stay
@@ -49,6 +50,11 @@ class FeatureCache:
         slots = torch.where(slot_mapping < 0, self.num_slots, slot_mapping)
         self.rows.index_copy_(0, slots, features.to(self.rows.dtype))
 
+    def gather(self, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """The rows of a step's slots ([T] int64, -1: padding reads the spare row): [T, width]. No
+        host work: safe inside a CUDA graph (the EAGLE head's first step reads its inputs so)."""
+        return self.rows.index_select(0, torch.where(slot_mapping < 0, self.num_slots, slot_mapping))
+
     def write_positions(self, block_ids: Sequence[int], start: int, features: torch.Tensor) -> None:
         """Features of positions ``start ..`` of one request (a host step that has no slot tensor)."""
         slots = torch.from_numpy(self.slots(block_ids, start, start + features.shape[0])).to(self.device)
@@ -59,9 +65,3 @@ class FeatureCache:
         bs = self.block_size
         pos = np.arange(lo, hi, dtype=np.int64)
         return np.asarray(block_ids, dtype=np.int64)[pos // bs] * bs + pos % bs
-
-    def read(self, spans: Sequence[tuple[Sequence[int], int, int]]) -> torch.Tensor:
-        """The rows of each span ``(block_ids, lo, hi)`` — positions ``lo .. hi - 1`` of a request —
-        concatenated in order: [sum(hi - lo), width] (one host→device copy of the slots, one gather)."""
-        idx = np.concatenate([self.slots(b, lo, hi) for b, lo, hi in spans]) if spans else np.empty(0, np.int64)
-        return self.rows.index_select(0, torch.from_numpy(idx).to(self.device))

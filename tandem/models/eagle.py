@@ -149,6 +149,12 @@ class EagleHead(nn.Module):
             features = self.input_norm(features)
         return self.fc(features)
 
+    def step0_hidden(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features [T, F] → the hidden input of a proposal's first step (EAGLE-3: ``fuse``;
+        EAGLE-1: the final hidden state as it is)."""
+        features = features.to(self.fc.weight.dtype)
+        return self.fuse(features) if self.cfg.kind == "eagle3" else features
+
     def qkv(self, embeds: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext | None = None
             ) -> tuple[torch.Tensor, torch.Tensor]:
         """The packed q/k/v projection and the residual for token embeddings and hidden inputs."""

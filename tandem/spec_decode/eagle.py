@@ -7,8 +7,9 @@ Data flow per request (head position ``p`` = target feature at ``p`` + token ``p
    (``kv/feature_cache.py``), inside the forward: a target step hands nothing to the proposer and
    costs no host work for it, drafting or not.
 2. ``propose_requests`` first catches the head up on the positions it has not seen,
-   ``[draft_num_computed, num_tokens - 1)``: their features are read from the cache through the
-   request's block table and their next tokens are accepted tokens; the last row predicts draft 1
+   ``[draft_num_computed, num_tokens - 1)``: the head runner reads their features from the cache by
+   the step's slot mapping (head position ``p`` sits in the slot of target position ``p``; inside the
+   head's graph on CUDA) and their next tokens are accepted tokens; the last row predicts draft 1
    (and gives the hidden state fed back). Then k − 1 single-token steps, each fed the previous draft
    (kept on the device) and the previous feedback. All drafts come to the host in one read at the end.
 3. Only requests granted drafts run. While the policy grants a request nothing its head does not run
@@ -27,7 +28,6 @@ from collections.abc import Sequence
 
 import torch
 
-from tandem.kv.feature_cache import FeatureCache
 from tandem.request import Request
 from tandem.spec_decode.base import DraftProposal
 from tandem.spec_decode.chain import collect_chain
@@ -38,10 +38,9 @@ from tandem.worker.head_runner import AnyHeadRunner
 class EagleProposer:
     drafts_on_host_for_free = False  # every draft costs a head forward
 
-    def __init__(self, runner: AnyHeadRunner, features: FeatureCache) -> None:
+    def __init__(self, runner: AnyHeadRunner) -> None:
         self.runner = runner
         self.head = runner.head
-        self.features = features
 
     def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None:
         """(Nothing is kept per request: the features live in the request's blocks.)"""
@@ -50,7 +49,6 @@ class EagleProposer:
         """Up to ``ks[i]`` drafts per request (greedy); a request granted 0 runs nothing."""
         drafts: list[list[int]] = [[] for _ in reqs]
         chunks: list[SeqChunk] = []
-        spans: list[tuple[list[int], int, int]] = []  # (blocks, lo, hi): feature rows to read
         rows: list[int] = []
         active: list[int] = []  # requests that draft, in row order
         t = 0
@@ -60,24 +58,16 @@ class EagleProposer:
                 continue
             lo = min(r.draft_num_computed, hi - 1)  # at least the last position: it yields draft 1
             chunks.append(SeqChunk(r.token_ids[lo + 1:hi + 1], lo, r.block_ids))
-            spans.append((r.block_ids, lo, hi))
             t += hi - lo
             r.draft_num_computed = hi
             rows.append(t - 1)
             active.append(i)
         if not chunks:
             return DraftProposal(drafts, None)
-        step = self.runner.forward(chunks, rows, self.head_inputs(self.features.read(spans)))
+        step = self.runner.forward(chunks, rows, None)  # hidden inputs: the target's features
         # (clone: a CUDA runner's outputs are graph buffers the next step overwrites)
         self._chain(reqs, ks, active, step.token_ids.clone(), step.feedback, drafts)
         return DraftProposal(drafts, None)
-
-    def head_inputs(self, features: torch.Tensor) -> torch.Tensor:
-        """Target features → the head's hidden input at step 0 (EAGLE-3: ``fc`` over the aux concat)."""
-        if self.head.cfg.kind == "eagle3":
-            with torch.inference_mode():
-                return self.head.fuse(features.to(self.head.fc.weight.dtype))
-        return features
 
     def _chain(self, reqs: Sequence[Request], ks: Sequence[int], active: list[int], tok: torch.Tensor,
                feedback: torch.Tensor, drafts: list[list[int]]) -> None:

@@ -20,7 +20,6 @@ from typing import Protocol
 import torch
 
 from tandem.config.speculative import EAGLE_METHODS, SpeculativeConfig
-from tandem.kv.feature_cache import FeatureCache
 from tandem.request import Request
 from tandem.spec_decode.base import DraftProposal, ProposalInput, Proposer
 from tandem.spec_decode.draft_model import DraftModelProposer
@@ -64,8 +63,7 @@ class TokenProposerAdapter:
 
 
 def build_proposer(cfg: SpeculativeConfig | None, draft_runner: ModelRunner | None,
-                   generator: torch.Generator, head_runner: AnyHeadRunner | None = None,
-                   feature_cache: FeatureCache | None = None) -> EngineProposer | None:
+                   generator: torch.Generator, head_runner: AnyHeadRunner | None = None) -> EngineProposer | None:
     if cfg is None:
         return None
     if cfg.method == "ngram":
@@ -77,7 +75,7 @@ def build_proposer(cfg: SpeculativeConfig | None, draft_runner: ModelRunner | No
             raise RuntimeError("draft_model speculation needs a loaded draft model")
         return DraftModelProposer(draft_runner, cfg.draft_sample_method == "probabilistic", generator)
     if cfg.method in EAGLE_METHODS:
-        if head_runner is None or feature_cache is None:
-            raise RuntimeError(f"{cfg.method} speculation needs a loaded head and the target's feature cache")
-        return EagleProposer(head_runner, feature_cache)
+        if head_runner is None:
+            raise RuntimeError(f"{cfg.method} speculation needs a loaded head")
+        return EagleProposer(head_runner)
     raise NotImplementedError(f"speculative method {cfg.method!r}")

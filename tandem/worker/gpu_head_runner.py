@@ -5,9 +5,11 @@ runner (one pinned int64 buffer, one host→device copy per step), plus a static
 
 - **bucketed** (every request ≤ ``max_graph_q`` query rows — chain steps are 1 row, catch-ups after
   a verify 1..k+1 — and ≤ ``max_graph_batch`` requests): requests padded to the step's longest query
-  and the batch to a bucket; the hidden rows are copied to their padded places, and a graph captured
-  for ``(bucket, q)`` runs the head, its argmax over the draft vocabulary and the id map, leaving the
-  draft ids and the feedback rows in static outputs.
+  and the batch to a bucket, and a graph captured for ``(bucket, q)`` runs the head, its argmax over
+  the draft vocabulary and the id map, leaving the draft ids and the feedback rows in static outputs.
+  Two sets of graphs: a proposal's first step (``hidden`` None) gathers the target's features by the
+  step's slot mapping from the feature cache and fuses them inside its graph (no host work, no copy);
+  a chain step's feedback rows are copied to their padded places first.
 - **eager** (a catch-up over a whole prompt): exact layout, the same ops without a graph.
 
 The linears are cuBLAS (torch ops); the head is one layer, its cost is launches, which the graph
@@ -21,11 +23,13 @@ from collections.abc import Sequence
 
 import torch
 
+from tandem.kv.feature_cache import FeatureCache
 from tandem.models.eagle import EagleHead
 from tandem.models.forward_context import ForwardContext, KVCache
 from tandem.models.torch_kernels import TORCH_KERNELS
 from tandem.worker.batch import SeqChunk
-from tandem.worker.cuda_graphs import GraphCache, batch_bucket
+from tandem.worker.cuda_graphs import CapturedStep, GraphCache, batch_bucket
+from tandem.worker.head_runner import target_features
 from tandem.worker.head_step import HeadStep
 from tandem.worker.input_packer import HostStaging, layout, pack, step_tensors
 from tandem.worker.triton_attention import MAX_SPLITS, num_sms, pick_num_splits, tile_shape
@@ -37,8 +41,9 @@ MAX_GRAPH_Q = 8
 class GpuHeadRunner:
     def __init__(self, head: EagleHead, kv_cache: KVCache, block_size: int, device: torch.device, *,
                  max_model_len: int, lookahead: int, use_graphs: bool = True, max_graph_batch: int = 256,
-                 max_graph_q: int = MAX_GRAPH_Q) -> None:
+                 max_graph_q: int = MAX_GRAPH_Q, features: FeatureCache | None = None) -> None:
         self.head = head
+        self.features = features  # the target's features (a proposal's first step reads them)
         self.kv_caches = [kv_cache]
         self.block_size = block_size
         self.device = device
@@ -48,7 +53,9 @@ class GpuHeadRunner:
         self.attention = TritonAttention(fused_rope=arch.head_dim % 2 == 0)
         self.table_width = -(-(max_model_len + lookahead) // block_size)
         self.max_graph_batch, self.max_graph_q = max_graph_batch, max_graph_q
+        # (bucket, q) → graph: fed hidden rows (chain steps) / reading the feature cache (first steps)
         self.graphs = GraphCache(device) if use_graphs else None
+        self.graphs_f = GraphCache(device) if use_graphs else None
         tmax = max_graph_batch * max_graph_q
         self._static = torch.zeros(layout(tmax, max_graph_batch, self.table_width)[-1] + tmax,
                                    dtype=torch.int64, device=device)
@@ -62,26 +69,30 @@ class GpuHeadRunner:
         q_tiles = -(-qmax // tile_shape(qmax, self.group)[1])
         return min(MAX_SPLITS, pick_num_splits(b, self.kv_heads, q_tiles, max_seq, self.sms))
 
-    def _run(self, buf: torch.Tensor, t: int, b: int, w: int, q: int, splits: int, hidden: torch.Tensor
+    def _run(self, buf: torch.Tensor, t: int, b: int, w: int, q: int, splits: int, hidden: torch.Tensor | None
              ) -> tuple[torch.Tensor, torch.Tensor]:
         ids, pos, meta = step_tensors(buf, t, b, w, self.block_size, q, splits)
+        if hidden is None:
+            hidden = self.head.step0_hidden(target_features(self.features).gather(meta.slot_mapping))
         out = self.head(ids, pos, hidden, ForwardContext(meta, self.kv_caches, TORCH_KERNELS, self.attention))
         tok = self.head.draft_to_target[self.head.logits(out).argmax(dim=-1)]
         return tok, self.head.feedback(out)
 
     @torch.inference_mode()
-    def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], hidden: torch.Tensor,
+    def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], hidden: torch.Tensor | None,
                 token_ids: torch.Tensor | None = None) -> HeadStep:
         qlens = [len(c.token_ids) for c in chunks]
         n, qmax = len(chunks), max(qlens)
-        hidden = hidden.to(self._hidden_in.dtype)
+        if hidden is not None:
+            hidden = hidden.to(self._hidden_in.dtype)
         b = batch_bucket(n, self.max_graph_batch) if qmax <= self.max_graph_q else None
         if b is None or max(len(c.block_ids) for c in chunks) > self.table_width:
             return self._forward_eager(chunks, qlens, rows, hidden, token_ids)
         self.num_graph_steps += 1
         q, w = qmax, self.table_width
-        if self.graphs is not None and self.graphs.get((b, q)) is None:
-            fit = self.graphs.best_fit(b, q)  # captured at start (warm_up_plan): no capture while serving
+        graphs = self.graphs if hidden is not None else self.graphs_f
+        if graphs is not None and graphs.get((b, q)) is None:
+            fit = graphs.best_fit(b, q)  # captured at start (warm_up_plan): no capture while serving
             if fit is not None:
                 b, q = fit
         i, buf = self._host.acquire(layout(b * q, b, w)[-1] + len(rows))
@@ -89,28 +100,33 @@ class GpuHeadRunner:
         self._host.send(i, length, self._static)
         if token_ids is not None:
             self._static[: n * q: q].copy_(token_ids, non_blocking=True)
-        if all(ql == q for ql in qlens):
-            self._hidden_in[: n * q].copy_(hidden)
-        else:
-            dest = [i * q + j for i, ql in enumerate(qlens) for j in range(ql)]
-            self._hidden_in.index_copy_(0, torch.tensor(dest, device=self.device), hidden)
-        if self.graphs is not None:
-            step = self.graphs.get((b, q))
-            if step is None:
-                step = self.graphs.capture((b, q), lambda: self._run(
-                    self._static, b * q, b, w, q, self._splits(b, q, None), self._hidden_in[: b * q]))
+        if hidden is not None:
+            if all(ql == q for ql in qlens):
+                self._hidden_in[: n * q].copy_(hidden)
+            else:
+                dest = [i * q + j for i, ql in enumerate(qlens) for j in range(ql)]
+                self._hidden_in.index_copy_(0, torch.tensor(dest, device=self.device), hidden)
+        if graphs is not None:
+            step = graphs.get((b, q)) or self._capture(graphs, b, q, hidden is not None)
             step.graph.replay()
             tok, fb = step.logits, step.features
             assert fb is not None
         else:
-            tok, fb = self._run(self._static, b * q, b, w, q, self._splits(b, q, None), self._hidden_in[: b * q])
+            tok, fb = self._run(self._static, b * q, b, w, q, self._splits(b, q, None),
+                                None if hidden is None else self._hidden_in[: b * q])
         if not identity:
             sel = self._static[r_off:r_off + len(rows)]
             tok, fb = tok.index_select(0, sel), fb.index_select(0, sel)
         return HeadStep(tok, fb, None)
 
+    def _capture(self, graphs: GraphCache, b: int, q: int, fed: bool) -> CapturedStep:
+        """The graph of a (bucket, q) step: ``fed`` hidden rows from ``_hidden_in``, else the features."""
+        w = self.table_width
+        return graphs.capture((b, q), lambda: self._run(
+            self._static, b * q, b, w, q, self._splits(b, q, None), self._hidden_in[: b * q] if fed else None))
+
     def _forward_eager(self, chunks: Sequence[SeqChunk], qlens: list[int], rows: Sequence[int],
-                       hidden: torch.Tensor, token_ids: torch.Tensor | None) -> HeadStep:
+                       hidden: torch.Tensor | None, token_ids: torch.Tensor | None) -> HeadStep:
         self.num_eager_steps += 1
         n = len(chunks)
         w = max(1, max(len(c.block_ids) for c in chunks))
@@ -130,18 +146,20 @@ class GpuHeadRunner:
         return HeadStep(tok, fb, None)
 
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:
-        """Capture the small steps' graphs now (chain steps: q = 1; catch-ups: 1..k+1)."""
-        if self.graphs is None:
+        """Capture the small steps' graphs now: first steps (catch-ups of 1..k+1 rows, from the
+        features) for every query length, chain steps (fed, q = 1)."""
+        if self.graphs is None or self.graphs_f is None:
             return
         w = self.table_width
         with torch.inference_mode():
             for n in batch_sizes:
                 b = batch_bucket(n, self.max_graph_batch)
                 for q in query_lens:
-                    if b is None or q > self.max_graph_q or self.graphs.get((b, q)) is not None:
-                        continue
-                    i, buf = self._host.acquire(layout(b * q, b, w)[-1])
-                    length, _, _, _ = pack(self.block_size, buf, [], [], b, q, w, None)
-                    self._host.send(i, length, self._static)
-                    self.graphs.capture((b, q), lambda b=b, q=q: self._run(
-                        self._static, b * q, b, w, q, self._splits(b, q, None), self._hidden_in[: b * q]))
+                    for graphs, fed in ((self.graphs_f, False), (self.graphs, True)):
+                        if (b is None or q > self.max_graph_q or graphs.get((b, q)) is not None
+                                or (fed and q != 1) or (not fed and self.features is None)):
+                            continue
+                        i, buf = self._host.acquire(layout(b * q, b, w)[-1])
+                        length, _, _, _ = pack(self.block_size, buf, [], [], b, q, w, None)
+                        self._host.send(i, length, self._static)
+                        self._capture(graphs, b, q, fed)

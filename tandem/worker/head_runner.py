@@ -5,9 +5,11 @@ draft model's), so the scheduler's allocation — with ``lookahead = k`` spare s
 position ``p`` holds the head's attention state for "target feature at p, token at p + 1".
 
 ``forward(chunks, rows, hidden)`` runs one step over a flat batch: each chunk's tokens (the *next*
-tokens of its positions), ``hidden`` [T, H] the hidden input per query row (fused target features
-or the previous step's feedback). It returns, for the flat rows ``rows``, the greedy draft token (a
-target id, on the device) and the feedback for the next step. Torch ops on any device; the CUDA
+tokens of its positions), ``hidden`` [T, H] the hidden input per query row — the previous step's
+feedback, or ``None`` for a proposal's first step: the target's features of the rows' positions,
+gathered from the feature cache by the step's own slot mapping (head position ``p`` sits in the slot
+of target position ``p``) and fused (``EagleHead.step0_hidden``). It returns, for the flat rows
+``rows``, the greedy draft token (a target id, on the device) and the feedback for the next step. Torch ops on any device; the CUDA
 runner's fused kernels are not used for the head (its one layer is small next to the target).
 """
 
@@ -20,6 +22,7 @@ import numpy as np
 import torch
 
 from tandem.config.runner import RunnerConfig
+from tandem.kv.feature_cache import FeatureCache
 from tandem.models.eagle import EagleHead
 from tandem.models.forward_context import ForwardContext, KVCache
 from tandem.models.torch_kernels import TORCH_KERNELS
@@ -30,8 +33,10 @@ from tandem.worker.input_packer import layout, pack, step_tensors
 
 
 class HeadRunner:
-    def __init__(self, head: EagleHead, kv_cache: KVCache, block_size: int, device: torch.device) -> None:
+    def __init__(self, head: EagleHead, kv_cache: KVCache, block_size: int, device: torch.device,
+                 features: FeatureCache | None = None) -> None:
         self.head = head
+        self.features = features  # the target's features (a proposal's first step reads them)
         self.kv_caches = [kv_cache]
         self.block_size = block_size
         self.device = device
@@ -41,13 +46,14 @@ class HeadRunner:
         """Nothing to compile or capture on the torch path."""
 
     @torch.inference_mode()
-    def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], hidden: torch.Tensor,
+    def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], hidden: torch.Tensor | None,
                 token_ids: torch.Tensor | None = None) -> HeadStep:
-        """``token_ids`` ([len(chunks)] on the device) replaces the tokens of single-token chunks
-        (the previous step's drafts, kept on the device)."""
+        """``hidden`` None: the target's features from the feature cache. ``token_ids`` ([len(chunks)]
+        on the device) replaces the tokens of single-token chunks (the previous step's drafts, kept
+        on the device)."""
         qlens = [len(c.token_ids) for c in chunks]
         t_total = sum(qlens)
-        if hidden.shape[0] != t_total:
+        if hidden is not None and hidden.shape[0] != t_total:
             raise ValueError(f"hidden has {hidden.shape[0]} rows for {t_total} query tokens")
         n, w = len(chunks), max(1, max(len(c.block_ids) for c in chunks))
         buf = np.empty(layout(t_total, n, w)[-1] + len(rows), dtype=np.int64)
@@ -58,6 +64,8 @@ class HeadRunner:
             if any(q != 1 for q in qlens):
                 raise ValueError("token_ids needs one token per single-token chunk")
             ids = token_ids
+        if hidden is None:
+            hidden = self.head.step0_hidden(target_features(self.features).gather(meta.slot_mapping))
         ctx = ForwardContext(meta, self.kv_caches, TORCH_KERNELS, self.attention)
         out = self.head(ids, pos, hidden.to(self.head.fc.weight.dtype), ctx)
         if not identity:
@@ -69,19 +77,27 @@ class HeadRunner:
 class AnyHeadRunner(Protocol):
     head: EagleHead
 
-    def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], hidden: torch.Tensor,
+    def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], hidden: torch.Tensor | None,
                 token_ids: torch.Tensor | None = None) -> HeadStep: ...
 
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None: ...
 
 
 def make_head_runner(head: EagleHead, kv_cache: KVCache, block_size: int, device: torch.device,
-                     cfg: RunnerConfig, *, max_model_len: int, lookahead: int) -> AnyHeadRunner:
+                     cfg: RunnerConfig, *, max_model_len: int, lookahead: int,
+                     features: FeatureCache | None = None) -> AnyHeadRunner:
     """The CUDA head runner (Triton attention, graphs unless ``cfg.cuda_graphs`` is off) on CUDA
     unless ``cfg.backend == "torch"``; this torch runner otherwise."""
     if device.type == "cuda" and cfg.backend != "torch":
         from tandem.worker.gpu_head_runner import GpuHeadRunner  # imports Triton: CUDA only
 
         return GpuHeadRunner(head, kv_cache, block_size, device, max_model_len=max_model_len,
-                             lookahead=lookahead, use_graphs=cfg.cuda_graphs, max_graph_batch=cfg.max_graph_batch)
-    return HeadRunner(head, kv_cache, block_size, device)
+                             lookahead=lookahead, use_graphs=cfg.cuda_graphs, max_graph_batch=cfg.max_graph_batch,
+                             features=features)
+    return HeadRunner(head, kv_cache, block_size, device, features)
+
+
+def target_features(features: FeatureCache | None) -> FeatureCache:
+    if features is None:
+        raise ValueError("a head step without hidden inputs reads the target's features: this runner has none")
+    return features

@@ -1,5 +1,6 @@
 """The EAGLE feature cache (kv/feature_cache.py): rows land in their requests' KV slots, padding
-tokens (slot -1) write only the spare row, and reads follow block tables across block boundaries."""
+tokens (slot -1) write only the spare row, and a step's gather by slot mapping follows block tables
+across block boundaries (padding rows read the spare row)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 from tandem.kv.feature_cache import FeatureCache
 
 
-def test_writes_land_in_slots_and_reads_follow_block_tables():
+def test_writes_land_in_slots_and_gathers_follow_block_tables():
     fc = FeatureCache(width=3, num_blocks=6, block_size=4, dtype=torch.float32, device=torch.device("cpu"))
     blocks_a, blocks_b = [5, 2], [0, 3, 1]  # request a: positions 0..7, b: 0..11
     feats = {"a": torch.randn(8, 3), "b": torch.randn(12, 3)}
@@ -19,12 +20,13 @@ def test_writes_land_in_slots_and_reads_follow_block_tables():
     fc.write_positions(blocks_a, 6, feats["a"][6:])  # a host step with no slot tensor
     fc.write_positions(blocks_b, 5, feats["b"][5:])
     assert fc.slots(blocks_b, 3, 6).tolist() == [3, 12, 13]
-    got = fc.read([(blocks_b, 2, 11), (blocks_a, 0, 8), (blocks_a, 7, 8)])
-    assert torch.equal(got, torch.cat([feats["b"][2:11], feats["a"], feats["a"][7:]]))
+    step = torch.cat([torch.from_numpy(fc.slots(blocks_b, 2, 11)), torch.tensor([-1]),
+                      torch.from_numpy(fc.slots(blocks_a, 0, 8))])
+    got = fc.gather(step)
+    assert torch.equal(got, torch.cat([feats["b"][2:11], torch.full((1, 3), 9.0), feats["a"]]))
     assert torch.equal(fc.rows[fc.num_slots], torch.full((3,), 9.0))  # padding wrote only the spare row
     untouched = [s for s in range(fc.num_slots) if s // 4 == 4]  # block 4: nobody's
     assert not fc.rows[untouched].any()
-    assert fc.read([]).shape == (0, 3)
 
 
 def test_bytes_per_block():

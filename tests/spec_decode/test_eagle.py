@@ -252,8 +252,9 @@ def test_speculation_switched_off_and_on_again(target, heads, prompts, reference
 
 
 def _features_checker(llm, monkeypatch):
-    """Spy on every read of the feature cache; returns a function that checks each read against the
-    features a fresh forward of the target computes over the same tokens (its own KV, no cache)."""
+    """Spy on every head step that reads the target's features from the feature cache (a proposal's
+    first step); returns a function that checks the rows of those positions, as they were then,
+    against the features a fresh forward of the target computes over the same tokens (its own KV)."""
     import torch
 
     from tandem.kv.kv_cache import allocate_kv_cache
@@ -263,39 +264,37 @@ def _features_checker(llm, monkeypatch):
 
     proposer = llm.engine.speculator.proposer
     assert isinstance(proposer, EagleProposer)
-    reads: list[tuple[list[tuple[list[int], int, int]], torch.Tensor]] = []
+    cache = proposer.runner.features
+    reads: list[tuple[list[int], int, int, torch.Tensor]] = []
     tokens_of_blocks: dict[int, list[int]] = {}
-    orig_propose, orig_read = proposer.propose_requests, proposer.features.read
+    orig_propose, orig_forward = proposer.propose_requests, proposer.runner.forward
 
     def propose(reqs, ks):
         tokens_of_blocks.update((id(r.block_ids), list(r.token_ids)) for r in reqs)
         return orig_propose(reqs, ks)
 
-    def read(spans):
-        out = orig_read(spans)
-        reads.append(([(tokens_of_blocks[id(b)], lo, hi) for b, lo, hi in spans], out.clone()))
-        return out
+    def forward(chunks, rows, hidden, token_ids=None):
+        if hidden is None:  # the rows this step gathers: the chunks' positions' slots
+            for c in chunks:
+                lo, hi = c.start, c.start + len(c.token_ids)
+                slots = torch.from_numpy(cache.slots(c.block_ids, lo, hi))
+                reads.append((tokens_of_blocks[id(c.block_ids)], lo, hi, cache.rows[slots].clone()))
+        return orig_forward(chunks, rows, hidden, token_ids)
 
     monkeypatch.setattr(proposer, "propose_requests", propose)
-    monkeypatch.setattr(proposer.features, "read", read)
+    monkeypatch.setattr(proposer.runner, "forward", forward)
     model = llm.engine.model
     layers = llm.engine.runner.feature_layers
 
     def check() -> list[int]:
-        """Checks every read; returns the rows each span read."""
-        widths = []
-        for spans, got in reads:
-            off = 0
-            for toks, lo, hi in spans:
-                ref = TorchRunner(model, allocate_kv_cache(model.arch, 64, 4, torch.float32, torch.device("cpu")),
-                                  4, torch.device("cpu"), script=False)
-                aux = ref.forward([SeqChunk(toks[:hi], 0, list(range(64)))], [hi - 1], aux_layers=layers).aux_hidden
-                want = torch.cat(aux, dim=-1)[lo:hi]
-                torch.testing.assert_close(got[off:off + hi - lo], want, rtol=1e-4, atol=1e-4)
-                off += hi - lo
-                widths.append(hi - lo)
-            assert off == got.shape[0]
-        return widths
+        """Checks every read; returns the rows each read."""
+        for toks, lo, hi, got in reads:
+            ref = TorchRunner(model, allocate_kv_cache(model.arch, 64, 4, torch.float32, torch.device("cpu")),
+                              4, torch.device("cpu"), script=False)
+            aux = ref.forward([SeqChunk(toks[:hi], 0, list(range(64)))], [hi - 1], aux_layers=layers).aux_hidden
+            torch.testing.assert_close(got, torch.cat(aux, dim=-1)[lo:hi], rtol=1e-4, atol=1e-4)
+            assert toks[lo + 1:hi + 1]  # (the head's tokens at those positions are known)
+        return [hi - lo for _, lo, hi, _ in reads]
 
     return check
 

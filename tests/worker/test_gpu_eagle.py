@@ -61,6 +61,7 @@ def test_target_runner_returns_and_caches_features_of_every_row():
 
 def test_gpu_head_runner_drafts_like_the_torch_head_runner(tmp_path):
     from eagle_heads import write_eagle_head
+    from tandem.kv.feature_cache import FeatureCache
     from tandem.kv.kv_cache import allocate_kv_cache
     from tandem.loader.arch import ModelArch
     from tandem.loader.eagle import load_eagle_head, read_eagle_config
@@ -80,23 +81,30 @@ def test_gpu_head_runner_drafts_like_the_torch_head_runner(tmp_path):
     emb = torch.nn.Embedding(256, 128).to(dev)
     head.bind_target(emb, None, emb.weight)
     kv = lambda: allocate_kv_cache(cfg.layer, 64, bs, torch.float32, dev)[0]  # noqa: E731
-    torch_r = HeadRunner(head, kv(), bs, dev)
-    gpu_r = GpuHeadRunner(head, kv(), bs, dev, max_model_len=512, lookahead=4)
     g = torch.Generator(device=dev).manual_seed(0)
+    features = FeatureCache(3 * 128, 64, bs, torch.float32, dev)  # the target's features, random here
+    features.rows.copy_(torch.randn(features.rows.shape, generator=g, device=dev))
+    torch_r = HeadRunner(head, kv(), bs, dev, features)
+    gpu_r = GpuHeadRunner(head, kv(), bs, dev, max_model_len=512, lookahead=4, features=features)
+    gpu_r.warm_up([1, 3], [1, 2, 3, 4])
     blocks = [list(range(i * 20, i * 20 + 20)) for i in range(3)]
     toks = [[(7 * i + 3 * j) % 250 + 3 for j in range(60)] for i in range(3)]
-    # catch-up over prompts (eager), then ragged catch-ups (graph, padded), then chain steps (graph)
+    # catch-up over prompts (eager), then ragged catch-ups (graph, padded), then chain steps (graph);
+    # "features": the step reads its hidden inputs from the feature cache (a proposal's first step)
     done = [0, 0, 0]
-    for lens in ([30, 12, 5], [2, 4, 1], [1, 1, 1], [3, 1, 2], [1, 1, 1]):
+    for lens, source in (([30, 12, 5], "features"), ([2, 4, 1], "features"), ([1, 1, 1], "fed"),
+                         ([3, 1, 2], "fed"), ([1, 1, 1], "features"), ([1, 1, 1], "fed")):
         chunks = [SeqChunk(toks[i][done[i] + 1:done[i] + 1 + n], done[i], blocks[i]) for i, n in enumerate(lens)]
-        hidden = torch.randn(sum(lens), 128, generator=g, device=dev)
+        hidden = torch.randn(sum(lens), 128, generator=g, device=dev) if source == "fed" else None
         rows = list(torch.cumsum(torch.tensor(lens), 0) - 1)
         a = torch_r.forward(chunks, rows, hidden)
         b = gpu_r.forward(chunks, rows, hidden)
         assert torch.equal(a.token_ids, b.token_ids), lens
         assert rel(b.feedback, a.feedback) < 2e-3, lens  # float32 matmuls on CUDA may use TF32
         done = [d + n for d, n in zip(done, lens)]
-    assert gpu_r.num_graph_steps >= 3 and gpu_r.num_eager_steps >= 1
+    assert gpu_r.num_graph_steps >= 4 and gpu_r.num_eager_steps >= 1
+    assert gpu_r.graphs_f.get((1, 4)) is not None and gpu_r.graphs.get((1, 1)) is not None
+    assert gpu_r.graphs.get((1, 4)) is None  # chain steps are one row: fed graphs only for q = 1
 
 
 @pytest.mark.parametrize("layout", ["eagle", "speculators"])
