@@ -20,6 +20,7 @@ same runner.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -88,7 +89,8 @@ class GraphCache:
 
     def capture(self, key: tuple[int, int],
                 run: Callable[[], torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]]) -> CapturedStep:
-        """Warm up ``run`` (which reads only static buffers) on a side stream, then capture it."""
+        """Warm up ``run`` (which reads only static buffers) on a side stream, then capture it (with
+        Python's cyclic garbage collector off)."""
         import time
 
         t0 = time.perf_counter()
@@ -102,8 +104,20 @@ class GraphCache:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = run()
+        # No cyclic garbage collection inside a capture: since torch 2.9 ``torch.cuda.graph`` no longer
+        # collects before capturing, so a collection triggered mid-capture could finalize a dead
+        # engine's graphs, pools or Triton kernels — CUDA calls that invalidate this capture
+        # ("operation failed due to a previous error during capture"; pytorch/pytorch#161037, vLLM's
+        # freeze_gc_for_cudagraph_capture). Seen on the H200 as intermittent capture failures in
+        # test processes that build many engines.
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = run()
+        finally:
+            if gc_was_on:
+                gc.enable()
         torch.cuda.synchronize(self.device)
         logits, features = out if isinstance(out, tuple) else (out, None)
         step = CapturedStep(graph, logits, features)

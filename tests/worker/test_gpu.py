@@ -487,3 +487,33 @@ def test_admission_groups_default_on_with_cuda_graphs(tmp_path):
     outs = llm.generate(prompts, [greedy(6 + i % 13) for i in range(100)], use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in outs] == [6 + i % 13 for i in range(100)]
     assert llm.engine.num_chained_steps > 0 and llm.engine.pool.all_free()
+
+
+def test_graph_capture_runs_without_cyclic_garbage_collection():
+    """A dead engine's graphs (or Triton kernels) finalized by an automatic cyclic collection
+    mid-capture invalidate the capture (torch >= 2.9 no longer collects before capturing):
+    GraphCache turns the automatic collector off for the capture and restores it after."""
+    import gc
+
+    from tandem.worker.cuda_graphs import GraphCache
+
+    x = torch.zeros(4, device="cuda")
+    seen = []
+
+    def run():
+        seen.append(gc.isenabled())
+        return x * 2
+
+    cache = GraphCache(torch.device("cuda"))
+    assert gc.isenabled()
+    step = cache.capture((1, 1), run)
+    assert seen == [True, False] and gc.isenabled()  # the warm-up run outside the capture, then inside
+    gc.disable()
+    try:
+        cache.capture((2, 1), run)
+        assert not gc.isenabled()  # a caller's disabled collector stays disabled
+    finally:
+        gc.enable()
+    x.fill_(3.0)
+    step.graph.replay()
+    assert step.logits.tolist() == [6.0] * 4

@@ -41,7 +41,8 @@ def test_target_runner_returns_and_caches_features_of_every_row():
         sampled = rows[-1:]  # logits of one row only: features still cover every query row
         want = ref.forward(chunks, sampled, aux_layers=layers)
         want_f = torch.cat(want.aux_hidden, dim=-1)
-        spans = [(c.block_ids, c.start, c.start + len(c.token_ids)) for c in chunks]
+        slots = torch.cat([torch.from_numpy(fast.feature_cache.slots(c.block_ids, c.start, c.start + len(c.token_ids)))
+                           for c in chunks]).to(dev)
         for r in (fast, eager):
             if n % 2:
                 got = r.forward(chunks, sampled, aux_layers=layers)
@@ -51,7 +52,7 @@ def test_target_runner_returns_and_caches_features_of_every_row():
             else:
                 logits = r.forward_logits(chunks, sampled)
             assert rel(logits, want.logits) < 2e-2, plan
-            assert rel(r.feature_cache.read(spans), want_f) < 2e-2, plan
+            assert rel(r.feature_cache.gather(slots), want_f) < 2e-2, plan
         seqs.advance(plan)
     assert fast.num_graph_steps > 0
     used = {s for b in seqs.blocks for s in range(b[0] * bs, (b[-1] + 1) * bs)}
