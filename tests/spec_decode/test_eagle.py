@@ -331,16 +331,13 @@ def test_features_read_from_the_cache_equal_a_fresh_forward(target, heads, promp
     assert llm.engine.pool.all_free()
 
 
-def test_no_head_forward_while_the_policy_grants_nothing(target, heads, prompts):
-    """Once the policy stops granting drafts (an untrained head: nothing accepted), a step runs no
-    head forward: every head forward belongs to a round that drafted."""
+def _count_head_forwards(llm) -> list[int]:
+    """The EAGLE engine's head forwards from now on (one entry each)."""
     from tandem.spec_decode.eagle import EagleProposer
 
-    llm = make_llm(target, speculative_config={"method": "eagle3", "model": str(heads["eagle3"]),
-                                               "num_speculative_tokens": 3, "disable_by_acceptance": True})
     proposer = llm.engine.speculator.proposer
-    assert isinstance(proposer, EagleProposer) and llm.engine.speculator.policy is not None
-    calls = []
+    assert isinstance(proposer, EagleProposer)
+    calls: list[int] = []
     forward = proposer.runner.forward
 
     def counting(*a, **kw):
@@ -348,6 +345,16 @@ def test_no_head_forward_while_the_policy_grants_nothing(target, heads, prompts)
         return forward(*a, **kw)
 
     proposer.runner.forward = counting
+    return calls
+
+
+def test_no_head_forward_while_the_policy_grants_nothing(target, heads, prompts):
+    """Once the policy stops granting drafts (an untrained head: nothing accepted), a step runs no
+    head forward: every head forward belongs to a round that drafted."""
+    llm = make_llm(target, speculative_config={"method": "eagle3", "model": str(heads["eagle3"]),
+                                               "num_speculative_tokens": 3, "disable_by_acceptance": True})
+    assert llm.engine.speculator.policy is not None
+    calls = _count_head_forwards(llm)
     want = tokens_of(make_llm(target).generate(prompts[:1], greedy(190), use_tqdm=False))
     assert tokens_of(llm.generate(prompts[:1], greedy(190), use_tqdm=False)) == want
     drafted = llm.engine.stats.spec.num_draft_tokens
@@ -361,8 +368,6 @@ def test_an_idle_head_keeps_the_asynchronous_pipeline_chained(target, heads, pro
     ahead that a plain engine launches and runs no head forward at all: the target's features go to
     the feature cache inside its forward (each drain or forced round cost the H200 ~1-2 % at batch 1,
     docs/performance.md §24a; the per-step hand-off of features ~5 %, §29). Output is the target's."""
-    from tandem.spec_decode.eagle import EagleProposer
-
     cfg = {"method": "eagle3", "model": str(heads["eagle3"]), "num_speculative_tokens": 3,
            "disable_by_acceptance": True}
     llm = make_llm(target, async_scheduling=True, speculative_config=cfg)
@@ -370,16 +375,7 @@ def test_an_idle_head_keeps_the_asynchronous_pipeline_chained(target, heads, pro
     policy = llm.engine.policy
     assert policy is not None
     policy._steps_since_draft, policy._explore_every = 0, 10**9  # no exploration round: nobody drafts
-    proposer = llm.engine.speculator.proposer
-    assert isinstance(proposer, EagleProposer)
-    calls = []
-    forward = proposer.runner.forward
-
-    def counting(*a, **kw):
-        calls.append(1)
-        return forward(*a, **kw)
-
-    proposer.runner.forward = counting
+    calls = _count_head_forwards(llm)
     long = greedy(200)  # prompts of up to 50 tokens: within the tiny target's 256 positions
     want = tokens_of(plain.generate(prompts[:2], long, use_tqdm=False))
     assert tokens_of(llm.generate(prompts[:2], long, use_tqdm=False)) == want
