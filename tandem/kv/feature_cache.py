@@ -65,3 +65,10 @@ class FeatureCache:
         bs = self.block_size
         pos = np.arange(lo, hi, dtype=np.int64)
         return np.asarray(block_ids, dtype=np.int64)[pos // bs] * bs + pos % bs
+
+
+def require_features(features: FeatureCache | None) -> FeatureCache:
+    """A head runner's feature cache, for a step without hidden inputs (a proposal's first step)."""
+    if features is None:
+        raise ValueError("a head step without hidden inputs reads the target's features: this runner has none")
+    return features

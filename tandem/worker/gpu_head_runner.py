@@ -23,13 +23,12 @@ from collections.abc import Sequence
 
 import torch
 
-from tandem.kv.feature_cache import FeatureCache
+from tandem.kv.feature_cache import FeatureCache, require_features
 from tandem.models.eagle import EagleHead
 from tandem.models.forward_context import ForwardContext, KVCache
 from tandem.models.torch_kernels import TORCH_KERNELS
 from tandem.worker.batch import SeqChunk
 from tandem.worker.cuda_graphs import CapturedStep, GraphCache, batch_bucket
-from tandem.worker.head_runner import target_features
 from tandem.worker.head_step import HeadStep
 from tandem.worker.input_packer import HostStaging, layout, pack, step_tensors
 from tandem.worker.triton_attention import MAX_SPLITS, num_sms, pick_num_splits, tile_shape
@@ -73,7 +72,7 @@ class GpuHeadRunner:
              ) -> tuple[torch.Tensor, torch.Tensor]:
         ids, pos, meta = step_tensors(buf, t, b, w, self.block_size, q, splits)
         if hidden is None:
-            hidden = self.head.step0_hidden(target_features(self.features).gather(meta.slot_mapping))
+            hidden = self.head.step0_hidden(require_features(self.features).gather(meta.slot_mapping))
         out = self.head(ids, pos, hidden, ForwardContext(meta, self.kv_caches, TORCH_KERNELS, self.attention))
         tok = self.head.draft_to_target[self.head.logits(out).argmax(dim=-1)]
         return tok, self.head.feedback(out)

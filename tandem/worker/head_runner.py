@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from tandem.config.runner import RunnerConfig
-from tandem.kv.feature_cache import FeatureCache
+from tandem.kv.feature_cache import FeatureCache, require_features
 from tandem.models.eagle import EagleHead
 from tandem.models.forward_context import ForwardContext, KVCache
 from tandem.models.torch_kernels import TORCH_KERNELS
@@ -65,7 +65,7 @@ class HeadRunner:
                 raise ValueError("token_ids needs one token per single-token chunk")
             ids = token_ids
         if hidden is None:
-            hidden = self.head.step0_hidden(target_features(self.features).gather(meta.slot_mapping))
+            hidden = self.head.step0_hidden(require_features(self.features).gather(meta.slot_mapping))
         ctx = ForwardContext(meta, self.kv_caches, TORCH_KERNELS, self.attention)
         out = self.head(ids, pos, hidden.to(self.head.fc.weight.dtype), ctx)
         if not identity:
@@ -96,8 +96,3 @@ def make_head_runner(head: EagleHead, kv_cache: KVCache, block_size: int, device
                              features=features)
     return HeadRunner(head, kv_cache, block_size, device, features)
 
-
-def target_features(features: FeatureCache | None) -> FeatureCache:
-    if features is None:
-        raise ValueError("a head step without hidden inputs reads the target's features: this runner has none")
-    return features
