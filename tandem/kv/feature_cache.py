@@ -47,18 +47,20 @@ class FeatureCache:
     def write(self, slot_mapping: torch.Tensor, features: torch.Tensor) -> None:
         """Features [T, width] of a step's query rows to their slots ([T] int64, -1: padding). No host
         work that depends on the values: safe inside a CUDA graph."""
-        slots = torch.where(slot_mapping < 0, self.num_slots, slot_mapping)
-        self.rows.index_copy_(0, slots, features.to(self.rows.dtype))
+        self.rows.index_copy_(0, self._row_index(slot_mapping), features.to(self.rows.dtype))
 
     def gather(self, slot_mapping: torch.Tensor) -> torch.Tensor:
         """The rows of a step's slots ([T] int64, -1: padding reads the spare row): [T, width]. No
         host work: safe inside a CUDA graph (the EAGLE head's first step reads its inputs so)."""
-        return self.rows.index_select(0, torch.where(slot_mapping < 0, self.num_slots, slot_mapping))
+        return self.rows.index_select(0, self._row_index(slot_mapping))
 
     def write_positions(self, block_ids: Sequence[int], start: int, features: torch.Tensor) -> None:
         """Features of positions ``start ..`` of one request (a host step that has no slot tensor)."""
-        slots = torch.from_numpy(self.slots(block_ids, start, start + features.shape[0])).to(self.device)
-        self.rows.index_copy_(0, slots, features.to(self.rows.dtype))
+        self.write(torch.from_numpy(self.slots(block_ids, start, start + features.shape[0])).to(self.device), features)
+
+    def _row_index(self, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """Slots → rows of ``rows``: padding (-1) → the spare last row."""
+        return torch.where(slot_mapping < 0, self.num_slots, slot_mapping)
 
     def slots(self, block_ids: Sequence[int], lo: int, hi: int) -> np.ndarray:
         """The slots of positions ``lo .. hi - 1`` in a request's blocks."""
