@@ -24,6 +24,7 @@ step sampled — whose ids are fed on the device from it (``feed``), never read 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -36,7 +37,8 @@ from tandem.sample.rejection import greedy_verify, rejection_sample
 from tandem.sample.rows import SamplingRow
 from tandem.scheduler import ScheduledRequest, SchedulerOutput
 from tandem.structured.step_masks import step_bitmask
-from tandem.worker.batch import SeqChunk
+from tandem.spec_decode.device_drafts import DeviceDrafts
+from tandem.worker.batch import FedTokens, SeqChunk
 from tandem.worker.runner import ModelRunner
 
 
@@ -62,6 +64,15 @@ def _prompt_positions(s: ScheduledRequest) -> range:
     return range(lo, max(lo, hi))
 
 
+@dataclass(frozen=True)
+class LaunchedStep:
+    """A synchronous step whose forward is launched and not yet sampled."""
+
+    sched: SchedulerOutput
+    logits: torch.Tensor  # [rows, V] float32 (may be a graph's buffer: valid until the next forward)
+    fed: bool  # some drafts were fed on the device: their ids are read before sampling
+
+
 class Executor:
     def __init__(self, runner: ModelRunner, generator: torch.Generator,
                  synthetic_acceptance_rate: float | None = None) -> None:
@@ -71,15 +82,21 @@ class Executor:
         self.synthetic_acceptance_rate = synthetic_acceptance_rate
 
     def _forward(self, chunks: list[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
-                 argmax: bool = False) -> torch.Tensor:
+                 argmax: bool = False, fed: FedTokens | None = None) -> torch.Tensor:
         """The target forward: logits of ``rows`` (``argmax``: only their argmax is read). (An EAGLE
         target's runner writes its features to the feature cache inside the forward.)"""
-        if token_ids is None:
+        if token_ids is None and fed is None:
             return self.runner.forward_logits(chunks, rows, argmax_only=argmax)
-        return self.runner.forward_logits(chunks, rows, token_ids=token_ids, argmax_only=argmax)
+        if fed is None:
+            return self.runner.forward_logits(chunks, rows, token_ids=token_ids, argmax_only=argmax)
+        return self.runner.forward_logits(chunks, rows, argmax_only=argmax, fed=fed)
 
     # ---- synchronous: sample on the host ---------------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        return self.finish(self.start(sched))
+
+    def start(self, sched: SchedulerOutput, drafts: DeviceDrafts | None = None) -> LaunchedStep:
+        """Pack and launch the step's forward (``drafts``: feed those still on the device)."""
         chunks: list[SeqChunk] = []
         rows: list[int] = []
         t = 0
@@ -95,9 +112,18 @@ class Executor:
                 n = len(s.spec_token_ids) + 1
                 rows.extend(range(t + s.num_new_tokens - n, t + s.num_new_tokens))
             t += s.num_new_tokens
+        fed = drafts.feed(sched) if drafts is not None else None
         # [len(rows), V] float32
-        logits = self._forward(chunks, rows, argmax=self.synthetic_acceptance_rate is None and argmax_only(sched))
+        argmax = self.synthetic_acceptance_rate is None and argmax_only(sched)
+        return LaunchedStep(sched, self._forward(chunks, rows, argmax=argmax, fed=fed), fed is not None)
 
+    def finish(self, step: LaunchedStep) -> ModelRunnerOutput:
+        """Sample / verify a launched step on the host (its drafts on the host by now)."""
+        sched, logits = step.sched, step.logits
+        if step.fed:  # the placeholders' real ids, read since (Speculator.resolve_drafts)
+            sched = replace(sched, scheduled=tuple(
+                replace(s, spec_token_ids=tuple(s.request.spec_token_ids)) if s.spec_token_ids else s
+                for s in sched.scheduled))
         n = len(sched.scheduled)
         prompt_lps: list[PromptLogprobs | None] = [None] * n
         sampling: list[tuple[ScheduledRequest, int]] = []  # (request, its first sampled row)

@@ -10,7 +10,9 @@ A step is a pipeline of typed stages (vLLM V1's shape)::
     speculator.observe(record)                      counters, goodput policy
 
 Speculation is inside the continuous batch: a request with drafts contributes k + 1 sampled rows,
-one without contributes 1, and prefill chunks, decodes and verifies ride in the same forward.
+one without contributes 1, and prefill chunks, decodes and verifies ride in the same forward. An
+EAGLE head's drafts may stay on the device until the verify is launched (``executor.start`` feeds
+them, ``speculator.resolve_drafts`` reads them, ``executor.finish`` verifies: spec_decode/device_drafts.py).
 
 Asynchronous decode is the same path with tokens left on the device (engine/async_decode.py): a
 steady greedy decode step is launched (``executor.launch``) and its requests carry output
@@ -169,9 +171,12 @@ class LLMEngine:
                 prev = self._launch(sched)
             elif not sched.empty:
                 self.stats.num_steps += 1
-                out = self.executor.execute(sched)
+                launched = self.executor.start(sched, self.speculator.device_drafts)
+                self.speculator.resolve_drafts()  # drafts left on the device: read once the verify is queued
+                out = self.executor.finish(launched)
                 self.scheduler.update_from_output(sched, out)
                 outputs += self._process(sched, out, sampled)
+            self.speculator.resolve_drafts()  # (none left unless nothing was scheduled)
         if prev is not None:
             if self._can_schedule_ahead():
                 nxt = self._schedule()

@@ -11,7 +11,8 @@ Data flow per request (head position ``p`` = target feature at ``p`` + token ``p
    the step's slot mapping (head position ``p`` sits in the slot of target position ``p``; inside the
    head's graph on CUDA) and their next tokens are accepted tokens; the last row predicts draft 1
    (and gives the hidden state fed back). Then k − 1 single-token steps, each fed the previous draft
-   (kept on the device) and the previous feedback. All drafts come to the host in one read at the end.
+   (kept on the device) and the previous feedback. All drafts come to the host in one read at the end,
+   or stay on the device (``propose_on_device``) and feed the verify step (``device_drafts.py``).
 3. Only requests granted drafts run. While the policy grants a request nothing its head does not run
    at all; it catches up over the whole gap when it next drafts (the features stay in the cache for
    as long as the request holds its blocks). After a prefix-cache hit or a preemption the scheduler
@@ -30,7 +31,8 @@ import torch
 
 from tandem.request import Request
 from tandem.spec_decode.base import DraftProposal
-from tandem.spec_decode.chain import collect_chain
+from tandem.spec_decode.chain import collect_chain, flatten_chain
+from tandem.spec_decode.device_drafts import DeviceDrafts
 from tandem.worker.batch import SeqChunk
 from tandem.worker.head_runner import AnyHeadRunner
 
@@ -48,6 +50,21 @@ class EagleProposer:
     def propose_requests(self, reqs: Sequence[Request], ks: Sequence[int]) -> DraftProposal:
         """Up to ``ks[i]`` drafts per request (greedy); a request granted 0 runs nothing."""
         drafts: list[list[int]] = [[] for _ in reqs]
+        steps = self._steps(reqs, ks)
+        if steps:
+            collect_chain(steps, drafts)
+        return DraftProposal(drafts, None)
+
+    def propose_on_device(self, reqs: Sequence[Request], ks: Sequence[int]) -> DeviceDrafts | None:
+        """The same drafts, left on the device (``device_drafts.py``); None if nobody drafts."""
+        steps = self._steps(reqs, ks)
+        if not steps:
+            return None
+        ids, where = flatten_chain(steps, len(reqs))
+        return DeviceDrafts.launch(ids, {r.request_id: tuple(p) for r, p in zip(reqs, where) if p})
+
+    def _steps(self, reqs: Sequence[Request], ks: Sequence[int]) -> list[tuple[list[int], torch.Tensor]]:
+        """Launch the chain; per step the requests it drafted for and their ids on the device."""
         chunks: list[SeqChunk] = []
         rows: list[int] = []
         active: list[int] = []  # requests that draft, in row order
@@ -63,14 +80,13 @@ class EagleProposer:
             rows.append(t - 1)
             active.append(i)
         if not chunks:
-            return DraftProposal(drafts, None)
+            return []
         step = self.runner.forward(chunks, rows, None)  # hidden inputs: the target's features
         # (clone: a CUDA runner's outputs are graph buffers the next step overwrites)
-        self._chain(reqs, ks, active, step.token_ids.clone(), step.feedback, drafts)
-        return DraftProposal(drafts, None)
+        return self._chain(reqs, ks, active, step.token_ids.clone(), step.feedback)
 
     def _chain(self, reqs: Sequence[Request], ks: Sequence[int], active: list[int], tok: torch.Tensor,
-               feedback: torch.Tensor, drafts: list[list[int]]) -> None:
+               feedback: torch.Tensor) -> list[tuple[list[int], torch.Tensor]]:
         """Draft steps 2..k, single-token rows, no host read in between."""
         steps: list[tuple[list[int], torch.Tensor]] = [(active, tok)]
         j = 1
@@ -87,4 +103,4 @@ class EagleProposer:
             feedback = step.feedback
             steps.append((live, step.token_ids.clone()))
             j += 1
-        collect_chain(steps, drafts)
+        return steps

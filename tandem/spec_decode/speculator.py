@@ -41,6 +41,7 @@ from tandem.config.speculative import SpeculativeConfig
 from tandem.engine.stats import SpecStats
 from tandem.request import Request
 from tandem.scheduler import SchedulerOutput
+from tandem.spec_decode.device_drafts import PENDING, DeviceDrafts, pending
 from tandem.spec_decode.policy import Candidate, GoodputPolicy
 from tandem.spec_decode.policy_cost import ASYNC_PRIOR_SIGMA, PRIOR_SIGMA, StepCostModel
 from tandem.spec_decode.proposers import EngineProposer, TokenProposerAdapter
@@ -107,6 +108,8 @@ class Speculator:
         self.k = config.num_speculative_tokens
         self._new_tokens: set[str] = set()  # requests that got tokens since their last proposal
         self._draft_seconds, self._draft_steps = 0.0, 0  # model drafting in the step being timed
+        # drafts on the device for the next step and (request, tokens when proposed) of each drafter
+        self._pending: tuple[DeviceDrafts, list[tuple[Request, int]]] | None = None
 
     @property
     def synthetic_acceptance_rate(self) -> float | None:
@@ -128,6 +131,8 @@ class Speculator:
             policy.stats.record_choices([0] * len(reqs), self.k)
             return {r.request_id: Draft(()) for r in reqs}
         if policy is None:
+            if self._on_device(reqs, rooms):
+                return self._propose_on_device(reqs, rooms, time.perf_counter())
             proposal, ks = self.proposer.propose_requests(reqs, rooms), rooms
         elif policy.free:  # host lookups: the full drafts first, then the choice
             proposal = self.proposer.propose_requests(reqs, rooms)
@@ -140,6 +145,8 @@ class Speculator:
             if not any(ks):  # no forward for nobody's drafts
                 return {r.request_id: Draft(()) for r in reqs}
             t0 = time.perf_counter()
+            if self._on_device(reqs, ks):
+                return self._propose_on_device(reqs, ks, t0)
             proposal = self.proposer.propose_requests(reqs, ks)
             self._draft_seconds, self._draft_steps = time.perf_counter() - t0, max(ks, default=0)
             for r, toks, k in zip(reqs, proposal.token_ids, ks):
@@ -157,6 +164,41 @@ class Speculator:
                 probs = probs[:len(toks)] if probs is not None and toks else None
             drafts[r.request_id] = Draft(tuple(toks), probs)
         return drafts
+
+    # ---- drafts left on the device (device_drafts.py) ------------------------------------------
+    def _on_device(self, reqs: Sequence[Request], ks: Sequence[int]) -> bool:
+        """The proposer can leave its drafts on the device and no drafting request needs them
+        before scheduling (a grammar cuts drafts at its first refused token)."""
+        return (hasattr(self.proposer, "propose_on_device")
+                and not any(k and r.grammar is not None for r, k in zip(reqs, ks)))
+
+    def _propose_on_device(self, reqs: Sequence[Request], ks: Sequence[int], t0: float) -> dict[str, Draft]:
+        dd = self.proposer.propose_on_device(reqs, ks)  # type: ignore[attr-defined]
+        self._draft_seconds, self._draft_steps = time.perf_counter() - t0, max(ks, default=0)
+        index = dd.index if dd is not None else {}
+        if dd is not None:
+            self._pending = (dd, [(r, len(r.token_ids)) for r in reqs if r.request_id in index])
+        return {r.request_id: Draft(pending(len(index.get(r.request_id, ())))) for r in reqs}
+
+    @property
+    def device_drafts(self) -> DeviceDrafts | None:
+        """Drafts proposed for the next step that are still on the device (the executor feeds them)."""
+        return self._pending[0] if self._pending is not None else None
+
+    def resolve_drafts(self) -> None:
+        """Read the drafts left on the device (after the verify step is launched) and put them in
+        place of their requests' placeholders; the policy hears of them as of any proposal."""
+        if self._pending is None:
+            return
+        (dd, reqs), self._pending = self._pending, None
+        host = dd.read()
+        for r, at in reqs:
+            toks = host[r.request_id]
+            if self.policy is not None:
+                self.policy.proposed(r.request_id, at, toks)
+            n = len(r.spec_token_ids)  # (a budget cut shortens it; a preemption empties it)
+            if n and r.spec_token_ids[0] == PENDING:
+                r.spec_token_ids = toks[:n]
 
     def will_draft(self, requests: Sequence[Request]) -> bool:
         """Whether any request may draft in its next step (its tokens, placeholders included, so far).
@@ -220,9 +262,13 @@ class NoSpeculation:
     proposer: EngineProposer | None = None
     policy: GoodputPolicy | None = None
     synthetic_acceptance_rate: float | None = None
+    device_drafts: DeviceDrafts | None = None
 
     def drafts_for(self, requests: Sequence[Request]) -> dict[str, Draft]:
         return {}
+
+    def resolve_drafts(self) -> None:
+        pass
 
     def will_draft(self, requests: Sequence[Request]) -> bool:
         return False

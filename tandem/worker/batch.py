@@ -3,12 +3,20 @@
 Tokens at positions ``start .. start + len - 1``, whose KV goes into the request's blocks. Prefill
 chunks, decodes, k+1-token verifies and draft-model catch-ups are all SeqChunks; the one input
 packer (``input_packer.py``) flattens a step's chunks into model inputs and attention metadata.
+
+``FedTokens``: query tokens whose ids are on the device only (drafts an EAGLE head left there): the
+chunks carry placeholders at those rows and the runner writes ``values[src[i]]`` into flat query row
+``rows[i]`` on the device, after its input copy, so the host never waits for the tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -16,3 +24,10 @@ class SeqChunk:
     token_ids: Sequence[int]
     start: int  # position of token_ids[0]
     block_ids: Sequence[int]
+
+
+@dataclass(frozen=True)
+class FedTokens:
+    values: torch.Tensor  # [m] int64 on the model's device
+    src: tuple[int, ...]  # index into ``values`` of each fed row
+    rows: tuple[int, ...]  # flat (unpadded) query rows of the step that take them

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from tandem.config.runner import RunnerConfig
@@ -37,7 +38,7 @@ from tandem.models.decoder import CausalLM, KVCache
 from tandem.models.forward_context import ForwardContext, LayerKernels
 from tandem.models.torch_kernels import TORCH_KERNELS
 from tandem.worker.attn_metadata import AttentionMetadata
-from tandem.worker.batch import SeqChunk
+from tandem.worker.batch import FedTokens, SeqChunk
 from tandem.worker.cuda_graphs import CapturedStep, GraphCache, batch_bucket
 from tandem.worker.cuda_kernels import (
     MAX_ROWS,
@@ -48,7 +49,7 @@ from tandem.worker.cuda_kernels import (
     fused_supported,
     invariant_logits,
 )
-from tandem.worker.input_packer import HostStaging, layout, pack, step_tensors
+from tandem.worker.input_packer import HostStaging, layout, pack, padded_rows, step_tensors
 from tandem.worker.pdl import set_pdl
 from tandem.worker.step_output import StepOutput
 from tandem.worker.triton_argmax import argmax_rows
@@ -112,7 +113,7 @@ class GpuModelRunner:
         self.sms = num_sms(device)
         self.graphs = GraphCache(device) if self.use_graphs else None
         tmax = self.max_graph_batch * max_graph_q
-        static_len = layout(tmax, self.max_graph_batch, self.table_width)[-1] + tmax
+        static_len = layout(tmax, self.max_graph_batch, self.table_width)[-1] + 3 * tmax  # + rows, fed rows
         self._static = torch.zeros(static_len, dtype=torch.int64, device=device) if self.pad else None
         self._eager = torch.empty(0, dtype=torch.int64, device=device)
         self._host = HostStaging(device)
@@ -138,13 +139,15 @@ class GpuModelRunner:
         return StepOutput(logits, [] if self._features is None else [self._features])
 
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
-                       token_ids: torch.Tensor | None = None, argmax_only: bool = False) -> torch.Tensor:
+                       token_ids: torch.Tensor | None = None, argmax_only: bool = False,
+                       fed: FedTokens | None = None) -> torch.Tensor:
         """Logits [len(rows), V] float32 for flat (unpadded) query rows ``rows`` of the chunks.
 
         Bucketed steps may return a view of a graph's static output: valid until this runner's
-        next forward. ``token_ids`` (device, one per single-token chunk) overwrite the chunks'
-        placeholder ids on the device after the input copy: no host read of sampled tokens.
-        ``argmax_only`` changes nothing here (the screened head is a CPU path): full logits.
+        next forward. ``token_ids`` (device, one per single-token chunk) and ``fed`` (device ids for
+        given query rows) overwrite the chunks' placeholder ids on the device after the input copy:
+        no host read of sampled tokens. ``argmax_only`` changes nothing here (the screened head is a
+        CPU path): full logits.
         """
         n = len(chunks)
         if n == 0:
@@ -154,8 +157,8 @@ class GpuModelRunner:
         if self.pad and qmax <= self.max_graph_q:
             b = batch_bucket(n, self.max_graph_batch)
             if b is not None and max(len(c.block_ids) for c in chunks) <= self.table_width:
-                return self._run_bucketed(chunks, qlens, rows, b, qmax, token_ids)
-        return self._run_eager(chunks, qlens, rows, token_ids)
+                return self._run_bucketed(chunks, qlens, rows, b, qmax, token_ids, fed)
+        return self._run_eager(chunks, qlens, rows, token_ids, fed)
 
     def _meta(self, dev: torch.Tensor, t: int, b: int, w: int, qmax: int, splits: int
               ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
@@ -198,19 +201,21 @@ class GpuModelRunner:
 
     # ---- eager -------------------------------------------------------------------------------
     def _run_eager(self, chunks: Sequence[SeqChunk], qlens: list[int], rows: Sequence[int],
-                   token_ids: torch.Tensor | None = None) -> torch.Tensor:
+                   token_ids: torch.Tensor | None = None, fed: FedTokens | None = None) -> torch.Tensor:
         self.num_eager_steps += 1
         n = len(chunks)
         w = max(1, max(len(c.block_ids) for c in chunks))
         total = sum(qlens)
-        cap = layout(total, n, w)[-1] + len(rows)
+        cap = layout(total, n, w)[-1] + len(rows) + (2 * len(fed.rows) if fed is not None else 0)
         if self._eager.numel() < cap:
             self._eager = torch.empty(max(cap, 2 * self._eager.numel()), dtype=torch.int64, device=self.device)
         i, buf = self._host.acquire(cap)
         length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, n, None, w, rows)
-        self._host.send(i, length, self._eager)
+        end = _pack_fed(buf, length, fed, fed.rows if fed is not None else ())
+        self._host.send(i, end, self._eager)
         if token_ids is not None:  # one token per request: ids occupy rows 0..n-1
             self._eager[:n].copy_(token_ids, non_blocking=True)
+        _feed(self._eager, t, length, fed)
         max_seq = max(c.start + q for c, q in zip(chunks, qlens))
         ids, pos, meta = self._meta(self._eager, t, n, w, max(qlens), self._splits(n, max(qlens), max_seq))
         hidden = self._hidden(ids, pos, meta)
@@ -278,7 +283,7 @@ class GpuModelRunner:
         return len(self.graphs.graphs)
 
     def _run_bucketed(self, chunks: Sequence[SeqChunk], qlens: list[int], rows: Sequence[int], b: int,
-                      q: int, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+                      q: int, token_ids: torch.Tensor | None = None, fed: FedTokens | None = None) -> torch.Tensor:
         self.num_graph_steps += 1
         w = self.table_width
         if self.graphs is not None and self.graphs.get((b, q)) is None:
@@ -288,11 +293,13 @@ class GpuModelRunner:
             if fit is not None:
                 b, q = fit
         step = self._ensure_graph(b, q) if self.graphs is not None else None
-        i, buf = self._host.acquire(layout(b * q, b, w)[-1] + len(rows))
+        i, buf = self._host.acquire(layout(b * q, b, w)[-1] + len(rows) + (2 * len(fed.rows) if fed else 0))
         length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, b, q, w, rows)
-        self._host.send(i, length, self._static)
+        end = _pack_fed(buf, length, fed, padded_rows(qlens, q, fed.rows) if fed is not None else ())
+        self._host.send(i, end, self._static)
         if token_ids is not None:  # request i's single token sits at padded row i * q
             self._static[: len(chunks) * q: q].copy_(token_ids, non_blocking=True)
+        _feed(self._static, t, length, fed)
         if step is not None:
             step.graph.replay()
             logits, features = step.logits, step.features
@@ -307,3 +314,21 @@ class GpuModelRunner:
         if identity:
             return logits
         return logits.index_select(0, self._static[r_off:r_off + len(rows)])
+
+
+def _pack_fed(buf: np.ndarray, length: int, fed: FedTokens | None, rows: Sequence[int]) -> int:
+    """Append the fed tokens' source indices and (buffer) rows after a packed step; the new end."""
+    if fed is None:
+        return length
+    m = len(rows)
+    buf[length:length + m] = fed.src
+    buf[length + m:length + 2 * m] = rows
+    return length + 2 * m
+
+
+def _feed(dev: torch.Tensor, t: int, length: int, fed: FedTokens | None) -> None:
+    """On the device: ids[rows] = values[src], both index lists sent with the step's inputs."""
+    if fed is None or not fed.rows:
+        return
+    m = len(fed.rows)
+    dev[:t].index_copy_(0, dev[length + m:length + 2 * m], fed.values.index_select(0, dev[length:length + m]))

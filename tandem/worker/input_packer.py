@@ -12,8 +12,9 @@ decode); tests/test_input_packer.py checks they agree.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
 from collections.abc import Sequence
-from itertools import chain
+from itertools import accumulate, chain
 
 import numpy as np
 import torch
@@ -189,6 +190,17 @@ def pack_small(block_size: int, buf: np.ndarray, chunks: Sequence[SeqChunk], qle
         return end, t, end, True
     buf[end:end + len(prow)] = prow
     return end + len(prow), t, end, False
+
+
+def locate(qlens: Sequence[int], flat_rows: Sequence[int]) -> list[tuple[int, int]]:
+    """(chunk, index within its query) of each flat query row."""
+    starts = list(accumulate(qlens, initial=0))
+    return [(i, f - starts[i]) for f in flat_rows for i in (bisect_right(starts, f) - 1,)]
+
+
+def padded_rows(qlens: Sequence[int], q: int, flat_rows: Sequence[int]) -> list[int]:
+    """Rows in the padded layout (request i's tokens at i·q, i·q + 1, ...) of flat query rows."""
+    return [i * q + j for i, j in locate(qlens, flat_rows)]
 
 
 def step_tensors(buf: torch.Tensor, t: int, b: int, w: int, block_size: int, max_query_len: int,

@@ -21,8 +21,8 @@ from tandem.models.decoder import CausalLM, KVCache
 from tandem.models.forward_context import ForwardContext
 from tandem.models.torch_kernels import LONE_VERIFY_KERNELS, ROWWISE_KERNELS, TORCH_KERNELS
 from tandem.worker.attention import TorchAttention
-from tandem.worker.batch import SeqChunk
-from tandem.worker.input_packer import layout, pack, step_tensors
+from tandem.worker.batch import FedTokens, SeqChunk
+from tandem.worker.input_packer import layout, locate, pack, step_tensors
 from tandem.worker.lone_decode import LoneDecoder
 from tandem.worker.step_output import StepOutput
 
@@ -55,7 +55,11 @@ class TorchRunner:
         self._lone: LoneDecoder | None | bool = None if (script and device.type == "cpu" and not batch_invariant) else False
 
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
-                       token_ids: torch.Tensor | None = None, argmax_only: bool = False) -> torch.Tensor:
+                       token_ids: torch.Tensor | None = None, argmax_only: bool = False,
+                       fed: FedTokens | None = None) -> torch.Tensor:
+        if fed is not None and fed.rows:  # a host read: fine on this path, where nothing runs ahead
+            chunks = substitute(chunks, fed.rows, fed.values.index_select(
+                0, torch.tensor(fed.src, device=fed.values.device)).tolist())
         return self.forward(chunks, rows, token_ids, argmax_only=argmax_only).logits
 
     @torch.inference_mode()
@@ -118,6 +122,14 @@ class TorchRunner:
 
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:
         """Nothing to compile or capture on the torch path."""
+
+
+def substitute(chunks: Sequence[SeqChunk], flat_rows: Sequence[int], ids: Sequence[int]) -> list[SeqChunk]:
+    """The chunks with the tokens at these flat query rows replaced."""
+    flat = [list(c.token_ids) for c in chunks]
+    for (i, j), tok in zip(locate([len(t) for t in flat], flat_rows), ids):
+        flat[i][j] = tok
+    return [SeqChunk(t, c.start, c.block_ids) for t, c in zip(flat, chunks)]
 
 
 def _concat(aux: list[torch.Tensor]) -> torch.Tensor:

@@ -187,14 +187,15 @@ def test_drafts_equal_an_independent_reference(target, heads, prompts, layout, m
     from tandem.spec_decode.eagle import EagleProposer
 
     seen: list[tuple[list[int], list[int]]] = []
-    orig = EagleProposer.propose_requests
+    orig = EagleProposer.propose_on_device  # (what the engine calls: the drafts stay on the device)
 
     def spy(self, reqs, ks):
         out = orig(self, reqs, ks)
-        seen.extend((list(r.token_ids), d) for r, d, kk in zip(reqs, out.token_ids, ks) if kk == 3)
+        drafts = out.read() if out is not None else {}
+        seen.extend((list(r.token_ids), drafts[r.request_id]) for r, kk in zip(reqs, ks) if kk == 3)
         return out
 
-    monkeypatch.setattr(EagleProposer, "propose_requests", spy)
+    monkeypatch.setattr(EagleProposer, "propose_on_device", spy)
     llm = make_llm(target, speculative_config={"method": _method(layout), "model": str(heads[layout]),
                                                "num_speculative_tokens": 3})
     llm.generate(prompts[:2], greedy(12), use_tqdm=False)
@@ -267,9 +268,9 @@ def _features_checker(llm, monkeypatch):
     cache = proposer.runner.features
     reads: list[tuple[list[int], int, int, torch.Tensor]] = []
     tokens_of_blocks: dict[int, list[int]] = {}
-    orig_propose, orig_forward = proposer.propose_requests, proposer.runner.forward
+    orig_propose, orig_forward = proposer._steps, proposer.runner.forward
 
-    def propose(reqs, ks):
+    def propose(reqs, ks):  # (the chain both proposal paths launch)
         tokens_of_blocks.update((id(r.block_ids), list(r.token_ids)) for r in reqs)
         return orig_propose(reqs, ks)
 
@@ -281,7 +282,7 @@ def _features_checker(llm, monkeypatch):
                 reads.append((tokens_of_blocks[id(c.block_ids)], lo, hi, cache.rows[slots].clone()))
         return orig_forward(chunks, rows, hidden, token_ids)
 
-    monkeypatch.setattr(proposer, "propose_requests", propose)
+    monkeypatch.setattr(proposer, "_steps", propose)
     monkeypatch.setattr(proposer.runner, "forward", forward)
     model = llm.engine.model
     layers = llm.engine.runner.feature_layers
@@ -383,3 +384,35 @@ def test_an_idle_head_keeps_the_asynchronous_pipeline_chained(target, heads, pro
     assert plain.engine.num_chained_steps > 150
     assert llm.engine.num_chained_steps == plain.engine.num_chained_steps
     assert llm.engine.pool.all_free()
+
+
+def test_drafts_feed_the_verify_on_the_device(target, heads, prompts, reference, monkeypatch):
+    """The head's drafts reach the verify step on the device: the packed query carries placeholders
+    at the draft rows, the runner is handed the drafts to feed there, and the host reads them only
+    after the verify is launched; the output is still the target's, token for token."""
+    from tandem.spec_decode.device_drafts import PENDING, DeviceDrafts
+
+    llm = make_llm(target, speculative_config={"method": "eagle3", "model": str(heads["eagle3"]),
+                                               "num_speculative_tokens": 3, "disable_by_acceptance": False})
+    runner = llm.engine.runner
+    events: list[str] = []
+    fed_tokens: list[int] = []
+    orig_forward, orig_read = runner.forward_logits, DeviceDrafts.read
+
+    def forward(chunks, rows, token_ids=None, argmax_only=False, fed=None):
+        if fed is not None:
+            flat = [t for c in chunks for t in c.token_ids]
+            fed_tokens.extend(flat[r] for r in fed.rows)
+            events.append("verify")
+        return orig_forward(chunks, rows, token_ids=token_ids, argmax_only=argmax_only, fed=fed)
+
+    def read(self):
+        events.append("read")
+        return orig_read(self)
+
+    monkeypatch.setattr(runner, "forward_logits", forward)
+    monkeypatch.setattr(DeviceDrafts, "read", read)
+    assert tokens_of(llm.generate(prompts[:6], greedy(32), use_tqdm=False)) == reference[:6]
+    assert fed_tokens and set(fed_tokens) == {PENDING}
+    assert events[:2] == ["verify", "read"] and events.count("verify") == events.count("read")
+    assert llm.engine.stats.spec.num_draft_tokens >= len(fed_tokens)

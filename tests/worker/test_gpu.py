@@ -331,6 +331,35 @@ def test_runner_token_ids_feed(mode):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("mode", ["graph", "graph_fit", "eager"])
+def test_runner_fed_rows(mode):
+    """Drafts fed on the device into chosen query rows of a verify step (``FedTokens``: EAGLE's drafts
+    never read before the verify) give the logits of the same step with the ids packed on the host,
+    whichever buffer layout it uses."""
+    from tandem.kv.kv_cache import allocate_kv_cache
+    from tandem.config import RunnerConfig
+    from tandem.worker.batch import FedTokens, SeqChunk
+    from tandem.worker.gpu_runner import GpuModelRunner
+
+    model = _tiny_model("llama")
+    arch, dev, bs = model.arch, torch.device("cuda"), 16
+    r = GpuModelRunner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev,
+                       RunnerConfig(cuda_graphs=mode != "eager"))
+    if mode == "graph_fit":
+        r.capture([2], [8])  # the (2, 4) verify then runs padded in the (2, 8) graph
+    blocks = [list(range(0, 4)), list(range(4, 8))]
+    prompts = [[5, 9, 11, 3], [7, 7, 2]]
+    r.forward_logits([SeqChunk(p, 0, b) for p, b in zip(prompts, blocks)], [3, 6])
+    queries = [[13, 21, 22, 23], [17, 31]]  # bonus token + 3 drafts, bonus token + 1 draft
+    steps = [SeqChunk(q, len(p), b) for p, b, q in zip(prompts, blocks, queries)]
+    rows = list(range(6))
+    want = r.forward_logits(steps, rows).clone()
+    drafts = torch.tensor([31, 21, 22, 23, 99], device=dev)  # flat device drafts, in another order
+    placeholders = [SeqChunk([q[0]] + [-1] * (len(q) - 1), c.start, c.block_ids) for q, c in zip(queries, steps)]
+    got = r.forward_logits(placeholders, rows, fed=FedTokens(drafts, (1, 2, 3, 0), (1, 2, 3, 5)))
+    assert torch.equal(got, want)
+
+
 def test_engine_generates_same_tokens_with_and_without_graphs(tmp_path, monkeypatch):
     from engine_utils import greedy, tokens_of
     from tiny_models import write_tiny_hf_checkpoint

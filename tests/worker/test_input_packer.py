@@ -44,3 +44,11 @@ def test_small_pack_rejects_overflowing_block_table() -> None:
     buf = np.zeros(1024, dtype=np.int64)
     with pytest.raises(RuntimeError, match="exceeds its 1 KV blocks"):
         pack_small(16, buf, [SeqChunk([1, 2], 15, [3])], [2], 1, 2, 4, [1])
+
+
+def test_flat_rows_located_in_their_chunks_and_padded_layout() -> None:
+    from tandem.worker.input_packer import locate, padded_rows
+
+    qlens = [3, 1, 4]
+    assert locate(qlens, [0, 2, 3, 4, 7]) == [(0, 0), (0, 2), (1, 0), (2, 0), (2, 3)]
+    assert padded_rows(qlens, 4, [0, 2, 3, 4, 7]) == [0, 2, 4, 8, 11]
