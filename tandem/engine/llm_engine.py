@@ -19,7 +19,11 @@ steady greedy decode step is launched (``executor.launch``) and its requests car
 placeholders (``scheduler.add_output_placeholders``); while every running request's placeholder
 decode qualifies and the speculator says no request will draft, the next step is scheduled by the
 same ``schedule()``, launched with the placeholders' ids fed on the device, and only then is the
-previous step read — a step() call then reads one step and launches the next.
+previous step read — a step() call then reads one step and launches the next. A verify step (which
+runs synchronously) has its tokens applied at once (``output_processor.apply``: stops decided, so
+the next step can be proposed and scheduled) and its text decoded by the next step() call once that
+call has launched its own step (``output_processor.flush``), so detokenizing overlaps the device's
+work; its outputs come one step() call later.
 
 Construction lives in engine/builder.py, request validation in engine/input_processor.py. A
 request's failure (prompt too long, bad token ids) is reported for that request only; the engine and
@@ -169,13 +173,15 @@ class LLMEngine:
             kind, timed = step_kind(sched), sched
             if self.async_scheduling and launchable(sched):
                 prev = self._launch(sched)
+                outputs += self.output_processor.flush()
             elif not sched.empty:
                 self.stats.num_steps += 1
                 launched = self.executor.start(sched, self.speculator.device_drafts)
+                outputs += self.output_processor.flush()  # the previous verify's text, while this step runs
                 self.speculator.resolve_drafts()  # drafts left on the device: read once the verify is queued
                 out = self.executor.finish(launched)
                 self.scheduler.update_from_output(sched, out)
-                outputs += self._process(sched, out, sampled)
+                self._apply(sched, out, sampled)
             self.speculator.resolve_drafts()  # (none left unless nothing was scheduled)
         if prev is not None:
             if self._can_schedule_ahead():
@@ -184,7 +190,10 @@ class LLMEngine:
                     self._inflight = self._launch(nxt, feed=prev)
                     self.num_chained_steps += 1
                     ahead = True
-            outputs += self._process(prev.sched, prev.read(), sampled)  # the host sync
+            outputs += self.output_processor.flush()
+            self._apply(prev.sched, prev.read(), sampled)  # the host sync
+        if kind is not StepKind.VERIFY or not self.async_scheduling:
+            outputs += self.output_processor.flush()  # else: the next step() flushes once it has launched
         finished, self._finished = tuple(self._finished), []
         size = (len(timed.scheduled), timed.num_batched_tokens) if timed is not None else (0, 0)
         # steady: what a plain engine would have run (a pipeline drain or restart is not)
@@ -224,12 +233,11 @@ class LLMEngine:
         return (self.async_scheduling and can_schedule_ahead(s.running, s.admission_open())
                 and not self.speculator.will_draft(s.running))
 
-    def _process(self, sched: SchedulerOutput, out: ModelRunnerOutput, sampled: list[SampledTokens]
-                 ) -> list[RequestOutput]:
+    def _apply(self, sched: SchedulerOutput, out: ModelRunnerOutput, sampled: list[SampledTokens]) -> None:
         for s, toks, accepted in zip(sched.scheduled, out.sampled_token_ids, out.num_accepted):
             if toks and not s.request.status.finished:
                 sampled.append(SampledTokens(s.request, len(s.spec_token_ids), accepted))
-        return self.output_processor.process(sched, out)
+        self.output_processor.apply(sched, out)
 
     def _finish(self, r: Request, status: RequestStatus) -> None:
         self.scheduler.finish(r, status)

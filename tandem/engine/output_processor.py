@@ -11,6 +11,12 @@ only here: drafts never move it) and stops when the grammar has accepted its sto
 request is handed to ``finish`` (the engine frees its blocks); its tokens still in flight on the device
 are discarded when they arrive.
 
+``process`` is ``apply`` then ``flush``. ``apply`` appends the tokens and decides every stop; a
+request whose stops need no text (no stop strings) has its tokens decoded, and its group's output
+built, by ``flush``, which the engine may run later — after it has launched the next step, so the
+decoding overlaps the device's work (engine/llm_engine.py). A request with stop strings is decoded
+as its tokens are appended, since the text decides where it stops.
+
 Requests are grouped as the user sent them: ``n > 1`` fans out into n child Requests, and one
 ``RequestOutput`` per touched group carries all its children's ``CompletionOutput``s. What a group's
 outputs hold follows its ``output_kind``: CUMULATIVE (text, tokens and logprobs so far, every step
@@ -71,6 +77,9 @@ class OutputProcessor:
         self.groups: dict[str, _Group] = {}
         self._child: dict[str, tuple[_Group, IncrementalDetokenizer]] = {}
         self._aborted: list[RequestOutput] = []  # outputs of aborted groups, for the next step
+        # applied, not yet flushed: tokens to decode (in order) and the groups that got tokens
+        self._undecoded: list[tuple[IncrementalDetokenizer, list[int]]] = []
+        self._touched: dict[str, _Group] = {}
 
     def add(self, new: NewRequest) -> None:
         p = new.children[0].params
@@ -87,6 +96,10 @@ class OutputProcessor:
     def has_unfinished(self) -> bool:
         return bool(self.groups) or bool(self._aborted)
 
+    @property
+    def has_unflushed(self) -> bool:
+        return bool(self._touched)
+
     def abort(self, request_id: str) -> None:
         """Finish a group's running children as aborted; its final output comes with the next step."""
         group = self.groups.get(request_id)
@@ -95,6 +108,12 @@ class OutputProcessor:
         for c in group.children:
             if not c.status.finished:
                 self._finish(c, RequestStatus.FINISHED_ABORTED)
+        mine = {id(d) for d in group.detoks if d is not None}
+        for detok, toks in self._undecoded:  # its text so far, applied tokens included
+            if id(detok) in mine:
+                for tok in toks:
+                    detok.add_token(tok)
+                toks.clear()
         self._aborted.append(self._output(group))
         self._drop(group)
 
@@ -104,7 +123,14 @@ class OutputProcessor:
 
     def process(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[RequestOutput]:
         """Apply one step's tokens; the outputs of the groups that got tokens (finished ones dropped)."""
-        touched: dict[str, _Group] = {}
+        self.apply(sched, out)
+        return self.flush()
+
+    def apply(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> None:
+        """Append one step's tokens and decide the stops; a request without stop strings has its
+        text decoded and its group's output built by the next ``flush`` (the engine runs that while
+        the next step computes)."""
+        touched = self._touched
         now = time.monotonic()
         for s, toks, lps, plps in zip(sched.scheduled, out.sampled_token_ids, out.logprobs, out.prompt_logprobs):
             r = s.request
@@ -123,8 +149,18 @@ class OutputProcessor:
             group, detok = self._child[r.request_id]
             self._append(r, detok, toks, lps)
             touched[group.request_id] = group
+
+    def flush(self) -> list[RequestOutput]:
+        """Decode the text applied since the last flush; the outputs of the groups that got tokens."""
+        for detok, toks in self._undecoded:
+            for tok in toks:
+                detok.add_token(tok)
+        self._undecoded.clear()
+        touched, self._touched = self._touched, {}
         outputs = []
         for group in touched.values():
+            if group.request_id not in self.groups:
+                continue  # aborted meanwhile: its final output went out with the abort
             if group.finished:
                 outputs.append(self._output(group))
                 self._drop(group)
@@ -135,6 +171,11 @@ class OutputProcessor:
     def _append(self, r: Request, detok: IncrementalDetokenizer | None, toks: tuple[int, ...],
                 lps: SampleLogprobs | None) -> None:
         p = r.params
+        later: list[int] | None = None  # tokens decoded at the next flush (no stop string to look for)
+        if detok is not None and not p.stop:
+            later = []
+            self._undecoded.append((detok, later))
+            detok = None
         for j, tok in enumerate(toks):
             r.append_token(tok)
             self.stats.generation_tokens += 1
@@ -144,6 +185,8 @@ class OutputProcessor:
                 if entry is not None and tok in entry:
                     r.cumulative_logprob += entry[tok].logprob
             stop_str = detok.add_token(tok) if detok is not None else None
+            if later is not None:
+                later.append(tok)
             n_out = len(r.token_ids) - r.num_prompt_tokens  # this token's place among the outputs
             status = None
             if r.grammar is not None and not r.grammar.accept(tok):  # masked out: a bug, not the user's

@@ -217,3 +217,59 @@ def test_admission_group_config_value_is_checked():
     assert SchedulerConfig(max_num_seqs=256).resolved_admission_group(graphs=True) == 32
     assert SchedulerConfig(max_num_seqs=256).resolved_admission_group(graphs=False) == 1
     assert SchedulerConfig(admission_group=3).resolved_admission_group(graphs=True) == 3
+
+
+def test_verify_text_is_decoded_while_the_next_step_runs(llama_dir):
+    """An asynchronous engine decodes a verify step's text after launching the next step (the output
+    comes one step() later): tokens, texts, stop strings, DELTA pieces, finish reasons and an abort's
+    final text are those of the synchronous engine."""
+    from tandem.sampling_params import RequestOutputKind
+
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "disable_by_acceptance": False}
+    sync = make_llm(llama_dir, async_scheduling=False, speculative_config=spec)
+    asy = make_llm(llama_dir, async_scheduling=True, speculative_config=spec)
+    prompts = [{"prompt_token_ids": p * 3} for p in random_prompts(5, 100, lo=3, hi=6, seed=11)]
+    probe = sync.generate(prompts[1:2], greedy(12), use_tqdm=False)[0].outputs[0].text
+    stop = probe[len(probe) // 2:len(probe) // 2 + 2]
+    params = [greedy(20), greedy(16, stop=[stop]) if stop.strip() else greedy(16), greedy(9),
+              greedy(14, output_kind=RequestOutputKind.DELTA), greedy(12, stop_token_ids=[7])]
+    deferred = []
+    step = asy.engine.step
+
+    def spy():
+        deferred.append(asy.engine.output_processor.has_unflushed)
+        return step()
+
+    asy.engine.step = spy  # type: ignore[method-assign]
+    want = sync.generate(prompts, params, use_tqdm=False)
+    got = asy.generate(prompts, params, use_tqdm=False)
+    assert _summary(got[:3] + got[4:]) == _summary(want[:3] + want[4:])
+    assert any(deferred) and asy.engine.stats.spec.num_drafts > 0
+    # DELTA: the pieces streamed add up to the synchronous engine's text and tokens
+    eng = asy.engine
+    eng.add_request("d", prompts[3]["prompt_token_ids"], params[3])
+    text, toks = "", []
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            text += out.outputs[0].text
+            toks += out.outputs[0].token_ids
+    assert (toks, text) == (want[3].outputs[0].token_ids, want[3].outputs[0].text)
+    # an abort while a verify's text is not decoded yet: its final output has all of it
+    finals = []
+    for llm in (sync, asy):
+        e = llm.engine
+        e.add_request("x", prompts[3]["prompt_token_ids"], greedy(30))
+        out = None
+        for _ in range(5):
+            e.step()
+        assert e.output_processor.has_unflushed == (e is asy.engine)  # a verify's text waits (async only)
+        e.abort_request("x")
+        while e.has_unfinished_requests():
+            for o in e.step():
+                out = o
+        assert out is not None and out.finished and out.outputs[0].finish_reason == "abort"
+        ids, text = out.outputs[0].token_ids, out.outputs[0].text
+        assert len(ids) >= 5 and text == e.tokenizer.decode(ids, skip_special_tokens=True)  # nothing left undecoded
+        finals.append(ids)
+        assert e.kv_usage == 0.0
+    assert finals[1] == finals[0][:len(finals[1])]
