@@ -8,10 +8,11 @@ the wait for the device shows where the host reads results):
 
 - ``propose``   ``_propose`` (host proposers draft here; the policy chooses)
 - ``schedule``  ``scheduler.schedule``
-- ``execute``   ``executor.execute`` (a synchronous step: pack, launch, wait, sample / verify)
+- ``execute``   ``executor.start`` + ``finish`` (a synchronous step: pack, launch, wait, sample / verify)
 - ``launch``    ``executor.launch`` (an asynchronous step: pack, launch)
 - ``read``      ``InflightStep.read`` (the host sync of an asynchronous step)
-- ``process``   ``output_processor.process`` (detokenize, stops, outputs)
+- ``process``   ``output_processor.apply`` + ``flush`` (stops, then detokenize and outputs; an
+                asynchronous engine flushes a verify step's text while the next step runs)
 - ``observe``   ``speculator.observe`` (counters, policy evidence; not inside the step's own timing)
 - ``cycle``     the time from one ``step()`` call to the next (what throughput sees)
 
@@ -112,9 +113,13 @@ def profile(args: argparse.Namespace, name: str) -> dict[str, Any]:
     acc: dict[str, float] = defaultdict(float)
     _wrap(eng, "_propose", acc, "propose")
     _wrap(eng.scheduler, "schedule", acc, "schedule")
-    _wrap(eng.executor, "execute", acc, "execute")
+    # (the engine calls start / finish and apply / flush; older trees execute and process)
+    for obj, names, key in ((eng.executor, ("execute", "start", "finish"), "execute"),
+                            (eng.output_processor, ("process", "apply", "flush"), "process")):
+        for n in names:
+            if hasattr(obj, n):
+                _wrap(obj, n, acc, key)
     _wrap(eng.executor, "launch", acc, "launch")
-    _wrap(eng.output_processor, "process", acc, "process")
     _wrap(eng.speculator, "observe", acc, "observe")
     orig_read = async_decode.InflightStep.read
 
