@@ -12,7 +12,8 @@ or, for a head trained on a ``tandem.train.sources`` file, every conversation it
 alone (batch 1), the order of engines alternating per prompt; each engine first runs 3 prompts untimed (graphs, JIT).
 
 Per engine and workload: decode time (sum of finish − first token), speedup over the baseline on
-that time, τ = tokens per verify step (accepted + 1), acceptance per draft position, outputs
+that time, τ = tokens per verify step (accepted + 1), acceptance per draft position (of the drafts that
+reached that position: where the policy drafts fewer than k, not diluted by the shorter ones), outputs
 identical to the baseline's. For EAGLE also the cost model (spec_decode/cost_model.py):
 c = head step / target decode step and v = verify extra cost, timed on the engines themselves
 (``--profile``), and η = measured speedup / S(per-position acceptance, k, c, v).
@@ -111,6 +112,10 @@ def step_costs(llm, prompt: str, k: int, reps: int = 30) -> tuple[float, float, 
     return dec, ver, hstep
 
 
+def _at(xs: list[int], j: int) -> int:
+    return xs[j] if j < len(xs) else 0
+
+
 def main() -> None:
     import torch
 
@@ -192,7 +197,10 @@ def main() -> None:
         for name, llm in engines.items():
             st, b = llm.engine.stats.spec, before[name]
             drafts = st.num_drafts - b.num_drafts
-            per_pos = [(x - (b.accepted_per_pos[j] if j < len(b.accepted_per_pos) else 0)) / max(1, drafts)
+            # acceptance at position j of the drafts that reached it (older trees: of all drafts)
+            tried = getattr(st, "drafted_per_pos", None)
+            per_pos = [(x - _at(b.accepted_per_pos, j))
+                       / max(1, tried[j] - _at(b.drafted_per_pos, j) if tried is not None else drafts)
                        for j, x in enumerate(st.accepted_per_pos)]
             cond = [per_pos[0]] + [per_pos[j] / per_pos[j - 1] if per_pos[j - 1] else 0.0 for j in range(1, len(per_pos))] if per_pos else []
             acc[name].update(

@@ -2,7 +2,10 @@
 
 Counters only ever increase; the server turns them into Prometheus counters by deltas. Speculation
 counters follow vLLM's meaning: a *draft* is one proposal of ≥ 1 token for one request in one step;
-``accepted_per_pos[i]`` counts drafts whose token at position i was accepted.
+``accepted_per_pos[i]`` counts drafts whose token at position i was accepted (vLLM's per-position
+counter, whose rate divides by all drafts); ``drafted_per_pos[i]`` counts drafts that reached position
+i, so ``accepted_per_pos[i] / drafted_per_pos[i]`` is the acceptance of the drafts that tried it (the
+same where every draft has k tokens; higher where the policy drafts fewer).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ class SpecStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    drafted_per_pos: list[int] = field(default_factory=list)
     # the goodput policy (spec_decode/policy.py): per proposal round, how many requests got k drafts
     chosen_k: list[int] = field(default_factory=list)  # chosen_k[k] = decisions for k, cumulative
     last_drafting: int = 0  # requests given drafts in the latest proposal round
@@ -48,8 +52,11 @@ class SpecStats:
         self.num_accepted_tokens += num_accepted
         if len(self.accepted_per_pos) < num_draft:
             self.accepted_per_pos.extend([0] * (num_draft - len(self.accepted_per_pos)))
+            self.drafted_per_pos.extend([0] * (num_draft - len(self.drafted_per_pos)))
         for i in range(num_accepted):
             self.accepted_per_pos[i] += 1
+        for i in range(num_draft):
+            self.drafted_per_pos[i] += 1
 
     @property
     def acceptance_rate(self) -> float:
@@ -65,8 +72,8 @@ class SpecStats:
 
     def copy(self) -> SpecStats:
         return SpecStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
-                         list(self.accepted_per_pos), list(self.chosen_k), self.last_drafting,
-                         self.last_decided, self.num_shadow_drafts)
+                         list(self.accepted_per_pos), list(self.drafted_per_pos), list(self.chosen_k),
+                         self.last_drafting, self.last_decided, self.num_shadow_drafts)
 
 
 @dataclass

@@ -135,3 +135,11 @@ def test_suffix_proposer_learns_finished_outputs_without_lazy_shadows():
     gone.status = RequestStatus.FINISHED_ABORTED
     spec.observe(_record(finished=(gone,)))
     assert "gone" not in suffix.global_tree
+
+
+def test_spec_stats_count_the_drafts_that_reached_each_position():
+    st = SpecStats()
+    for drafted, accepted in ((3, 1), (1, 1), (2, 0), (0, 0)):
+        st.record(drafted, accepted)
+    assert st.num_drafts == 3 and st.accepted_per_pos == [2, 0, 0] and st.drafted_per_pos == [3, 2, 1]
+    assert st.copy().drafted_per_pos == [3, 2, 1]
