@@ -71,6 +71,7 @@ class LaunchedStep:
     sched: SchedulerOutput
     logits: torch.Tensor  # [rows, V] float32 (may be a graph's buffer: valid until the next forward)
     fed: bool  # some drafts were fed on the device: their ids are read before sampling
+    argmax: bool  # every sampled row is a plain argmax (``argmax_only``)
 
 
 class Executor:
@@ -115,7 +116,7 @@ class Executor:
         fed = drafts.feed(sched) if drafts is not None else None
         # [len(rows), V] float32
         argmax = self.synthetic_acceptance_rate is None and argmax_only(sched)
-        return LaunchedStep(sched, self._forward(chunks, rows, argmax=argmax, fed=fed), fed is not None)
+        return LaunchedStep(sched, self._forward(chunks, rows, argmax=argmax, fed=fed), fed is not None, argmax)
 
     def finish(self, step: LaunchedStep) -> ModelRunnerOutput:
         """Sample / verify a launched step on the host (its drafts on the host by now)."""
@@ -140,7 +141,7 @@ class Executor:
         accepted = [0] * n
         lps: list[SampleLogprobs | None] = [None] * n
         if sampling:
-            for i, (toks, acc, lp) in zip(where, self._sample(sampling, logits)):
+            for i, (toks, acc, lp) in zip(where, self._sample(sampling, logits, step.argmax)):
                 tokens[i], accepted[i], lps[i] = toks, acc, lp
         return ModelRunnerOutput(tuple(tokens), tuple(accepted), tuple(lps), tuple(prompt_lps))
 
@@ -154,25 +155,29 @@ class Executor:
         targets = torch.tensor(r.prompt_token_ids[pos.start + 1:pos.stop + 1], device=logits.device)
         return compute_logprobs(logits[off:off + n], targets, [r.params.prompt_logprobs] * n), off + n
 
-    def _sample(self, sampling: list[tuple[ScheduledRequest, int]], logits: torch.Tensor
+    def _sample(self, sampling: list[tuple[ScheduledRequest, int]], logits: torch.Tensor, plain: bool = False
                 ) -> list[tuple[tuple[int, ...], int, SampleLogprobs | None]]:
-        """Sample / verify the sampling requests: per request (tokens, accepted drafts, logprobs)."""
+        """Sample / verify the sampling requests: per request (tokens, accepted drafts, logprobs).
+        ``plain``: every sampled row is a plain argmax (``argmax_only``): straight to ``greedy_verify``."""
         row_idx: list[int] = []
         srows: list[SamplingRow] = []
         drafts: list[list[int]] = []
         for s, off in sampling:
             r = s.request
             spec = list(s.spec_token_ids)
-            out = r.output_token_ids
-            for j in range(len(spec) + 1):
-                row_idx.append(off + j)
-                srows.append(SamplingRow(r.params, r.prompt_token_ids, out + spec[:j], r.eos_token_ids,
-                                         r.generator))
+            row_idx.extend(range(off, off + len(spec) + 1))
+            if not plain:  # (a plain argmax row needs no SamplingRow: nothing reads it)
+                out = r.output_token_ids
+                srows.extend(SamplingRow(r.params, r.prompt_token_ids, out + spec[:j], r.eos_token_ids, r.generator)
+                             for j in range(len(spec) + 1))
             drafts.append(spec)
         if len(row_idx) == logits.shape[0] and row_idx == list(range(len(row_idx))):
             raw = logits  # the runner returned exactly the sampled rows (decode / verify steps)
         else:
             raw = logits.index_select(0, torch.tensor(row_idx, device=logits.device))
+        if plain:
+            result = greedy_verify(raw, drafts)
+            return [(tuple(t), a, None) for t, a in zip(result.token_ids, result.num_accepted)]
         synthetic = self.synthetic_acceptance_rate
         greedy = [s.request.params.greedy for s, _ in sampling]
         processed = process_logits(raw, srows)
