@@ -141,12 +141,14 @@ def main() -> None:
                          "acceptance rather than what the goodput policy makes of it")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None)
+    ap.add_argument("--quantization", default=None,
+                    help="the target's (e.g. none: the GGUF dequantized to --dtype, the CPU fp32 case)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     ks = [int(k) for k in args.ks.split(",")]
     common = dict(device=args.device, dtype=dtype, max_model_len=2048, kv_cache_memory_bytes=1 << 30,
-                  enable_prefix_caching=False)
+                  enable_prefix_caching=False, quantization=args.quantization)
     t0 = time.perf_counter()
     every = {"disable_by_acceptance": False} if args.draft_every_step else {}
     engines = {"baseline": LLM(args.target, **common)}
