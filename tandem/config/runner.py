@@ -1,5 +1,5 @@
-"""RunnerConfig: how the model runner executes a step. Every knob but ``cpu_script`` and
-``screened_head`` is a no-op on CPU.
+"""RunnerConfig: how the model runner executes a step. Every knob but ``cpu_script``,
+``screened_head`` and ``cpu_onednn`` is a no-op on CPU.
 
 These were ``TANDEM_*`` environment variables; they are configuration now (``LLM(runner_config=...)``
 or the CLI), and the variables remain only as documented debug overrides parsed in one place
@@ -41,10 +41,13 @@ class RunnerConfig:
     # CPU: argmax-only rows (greedy, no logits processing, no logprobs) take the LM head's argmax
     # through an 8-bit packed copy of the head, confirmed exactly (models/quant/screened_head.py)
     screened_head: bool = True
+    # CPU, speculation on: a float32 target's (and draft's) decoder linears keep a copy prepacked for
+    # oneDNN, which multiplies a verify's k + 1 rows in about one row's time (models/onednn_linear.py)
+    cpu_onednn: bool = True
 
     def __post_init__(self) -> None:
         check_choice("backend", self.backend, RUNNER_BACKENDS)
-        for key in ("cuda_graphs", "fused", "pdl", "cpu_script", "screened_head"):
+        for key in ("cuda_graphs", "fused", "pdl", "cpu_script", "screened_head", "cpu_onednn"):
             check_bool(key, getattr(self, key))
         check_bool("skinny_defer", self.skinny_defer, optional=True)
         check_int("skinny_rows", self.skinny_rows, minimum=0, optional=True)

@@ -39,6 +39,7 @@ from tandem.loader.checkpoint import open_checkpoint, resolve_quantization
 from tandem.loader.eagle import load_eagle_head, read_eagle_config
 from tandem.loader.memory import return_free_memory
 from tandem.models.decoder import CausalLM
+from tandem.models.onednn_linear import prepack_float_linears
 from tandem.scheduler import Scheduler
 from tandem.spec_decode.proposers import EngineProposer, build_proposer
 from tandem.spec_decode.speculator import AnySpeculator, build_speculator
@@ -94,6 +95,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
         return_free_memory()
     model = build_model(arch, ckpt.weights(packed=quant is not None), dtype, device, max_model_len, quant,
                         named=model_cfg.quantization is not None, lm_head_dtype=model_cfg.lm_head_dtype)
+    # a float32 target that verifies drafts: its multi-row steps on oneDNN (models/onednn_linear.py)
+    onednn = (device.type == "cpu" and spec is not None and runner_cfg.cpu_onednn
+              and not model_cfg.batch_invariant)
+    if onednn:
+        prepack_float_linears(model)
     # The checkpoint's reader (a GGUF's parsed metadata: ~55 MB for SmolLM2's) is not needed past here;
     # dropped before anything else is built, it no longer adds to the peak RSS (§28).
     del ckpt
@@ -160,6 +166,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
     if draft_arch is not None and spec is not None:
         draft_model = build_model(draft_arch, draft_weights, dtype, device, spec.max_model_len or max_model_len,
                                   draft_quant, named=spec.quantization is not None)
+        if onednn:
+            prepack_float_linears(draft_model)
         draft_runner = make_runner(draft_model, allocate_kv_cache(draft_arch, num_blocks, block_size, dtype, device),
                                    block_size, device, spec.draft_runner_config(runner_cfg),
                                    max_model_len=max_model_len, lookahead=lookahead)  # the target's block tables

@@ -36,10 +36,10 @@ ON_THE_FLY: dict[str, tuple[int, int | None, bool]] = {
 }
 # On CUDA (W4, cuda_w4.py): int4 in asymmetric groups of 128, the GPTQ / AWQ default.
 ON_THE_FLY_CUDA: dict[str, tuple[int, int | None, bool]] = {"int4": (4, 128, False)}
-_LAYER_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+LAYER_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
-def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, new)
 
@@ -113,7 +113,7 @@ class QuantizedLinears:
         stacked = concat_rows(parts) if len(parts) > 1 else parts[0]
         new = make_quant_linear(stacked, module.bias, module.weight) if stacked is not None else None
         if new is not None:
-            _replace(model, name, new)
+            replace_module(model, name, new)
             self.kernels[f"{new.kernel} ({stacked.source})"] += 1
             # Packing leaves freed temporaries (int32 codes, planes) in glibc's heap; returning them as
             # we go keeps the load's peak RSS near its final size (SmolLM2: ~100 MB lower).
@@ -146,7 +146,7 @@ def quantize_linears(model: nn.Module, method: str) -> Counter[str]:
     bits, group, symmetric = (ON_THE_FLY_CUDA if cuda else ON_THE_FLY)[method]
     done: Counter[str] = Counter()
     for i, _ in enumerate(model.model.layers):
-        for rel in _LAYER_LINEARS:
+        for rel in LAYER_LINEARS:
             name = f"model.layers.{i}.{rel}"
             module = model.get_submodule(name)
             w = module.weight
@@ -155,7 +155,7 @@ def quantize_linears(model: nn.Module, method: str) -> Counter[str]:
             if new is None:
                 done["kept float"] += 1
                 continue
-            _replace(model, name, new)
+            replace_module(model, name, new)
             done[new.kernel] += 1
     logger.info("on-the-fly %s quantization: %s", method, ", ".join(f"{n}× {k}" for k, n in sorted(done.items())))
     return done

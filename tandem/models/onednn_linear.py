@@ -1,0 +1,70 @@
+"""CPU float32 linears on oneDNN with weights prepacked once at load (the kernel torch's own CPU
+compiler uses for linears: ``mkldnn._reorder_linear_weight`` + ``mkldnn._linear_pointwise``).
+
+Why: a verify step multiplies k + 1 rows, and on the 2-core CI-class CPU the BLAS paths of
+``layers.linear`` cost about twice a decode's single row for 4 rows, so a float32 verify of SmolLM2
+cost 2.2–2.4 decode steps and speculation could not pay. On prepacked weights oneDNN's small-batch
+GEMM costs about one row's time for 2–8 rows, but a single row runs slower there than the split GEMV
+of ``layers.linear``. So a ``OneDnnLinear`` keeps both: one-row steps (decode) on the float weight
+as before, steps of more rows (verify, prefill) on the packed copy (docs/performance.md §31: a step
+of SmolLM2 float32, 1 / 4 / 5 rows: 28.5–34.3 / 67–77 / 102–110 ms before, 45–47 ms for 4–5 rows on
+oneDNN). The copy costs the decoder linears' bytes again, so the builder makes it only for a target
+(and draft) that verifies drafts: ``RunnerConfig.cpu_onednn``.
+
+Scope: a model whose decoder linears are all float32 on the CPU (no packed quantized kernels: their
+TorchScript decode and row-exact verify paths expect those modules), outside batch-invariant mode.
+The LM head stays on ``layers.linear``. Where this torch build has no oneDNN, nothing changes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tandem.models.layers import Linear, PackedLinear, linear
+from tandem.models.quant.attach import LAYER_LINEARS, replace_module
+
+
+def available() -> bool:
+    ops = torch.ops.mkldnn
+    return (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise"))
+
+
+class OneDnnLinear(nn.Module):
+    """``y = x W^T + b``: one row from the float weight (``layers.linear``), more rows from W
+    prepacked for oneDNN (float32, CPU)."""
+
+    kernel = "onednn"
+    lowp = False
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None) -> None:
+        super().__init__()
+        self.weight, self.bias = weight, bias  # the float module's own parameters (no copy)
+        self.out_features, self.in_features = weight.shape
+        # (a plain attribute, not a buffer: an opaque oneDNN tensor has no storage to save or move)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if flat.shape[0] == 1 or torch.is_grad_enabled():
+            return linear(x, self.weight, self.bias)
+        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def prepack_float_linears(model: nn.Module) -> int:
+    """Replace every decoder layer's float32 CPU linear by a ``OneDnnLinear`` (same parameters, plus
+    the packed copy); how many were. Does nothing unless all of them are float32 on the CPU and
+    oneDNN is there."""
+    layers = model.model.layers  # type: ignore[union-attr]
+    names = [f"model.layers.{i}.{rel}" for i in range(len(layers)) for rel in LAYER_LINEARS]
+    modules = [model.get_submodule(n) for n in names]
+    if not names or not available() or not all(
+            type(m) in (Linear, PackedLinear) and m.weight.dtype is torch.float32 and m.weight.device.type == "cpu"
+            for m in modules):
+        return 0
+    with torch.no_grad():
+        for name, m in zip(names, modules):
+            replace_module(model, name, OneDnnLinear(m.weight, m.bias))
+    return len(names)

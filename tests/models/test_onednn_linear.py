@@ -1,0 +1,48 @@
+"""Float32 CPU linears with a oneDNN-packed copy for multi-row steps (models/onednn_linear.py): the
+same products as ``layers.linear`` (to float32 rounding), one-row steps unchanged bit for bit, only
+all-float32 models converted, and an engine that speculates on a float32 CPU target uses them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tandem.models.layers import Linear, linear
+from tandem.models.onednn_linear import OneDnnLinear, available, prepack_float_linears
+
+pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no oneDNN")
+
+
+def test_products_equal_the_float_linear():
+    torch.manual_seed(0)
+    lin = Linear(96, 80, bias=True)
+    lin.weight.data.normal_()
+    lin.bias.data.normal_()
+    fast = OneDnnLinear(lin.weight, lin.bias)
+    with torch.inference_mode():
+        for rows in (1, 2, 4, 5, 17):
+            x = torch.randn(rows, 96)
+            got, want = fast(x), linear(x, lin.weight, lin.bias)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            if rows == 1:
+                assert torch.equal(got, want)  # a decode row: the float path itself
+        x3 = torch.randn(2, 3, 96)
+        torch.testing.assert_close(fast(x3), linear(x3.reshape(6, 96), lin.weight, lin.bias).reshape(2, 3, 80))
+
+
+def test_only_all_float32_models_are_converted(tmp_path):
+    from engine_utils import make_llm
+    from tiny_models import write_tiny_hf_checkpoint
+
+    path = write_tiny_hf_checkpoint(tmp_path, "llama")
+    spec = make_llm(path, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    layer = spec.engine.model.model.layers[0]
+    assert isinstance(layer.mlp.gate_up_proj, OneDnnLinear) and isinstance(layer.self_attn.qkv_proj, OneDnnLinear)
+    assert not isinstance(make_llm(path).engine.model.model.layers[0].mlp.gate_up_proj, OneDnnLinear)  # no drafts
+    off = make_llm(path, speculative_config={"method": "ngram", "num_speculative_tokens": 3},
+                   runner_config={"cpu_onednn": False})
+    assert not isinstance(off.engine.model.model.layers[0].mlp.gate_up_proj, OneDnnLinear)
+    model = spec.engine.model
+    assert prepack_float_linears(model) == 0  # already converted: nothing is a plain float linear now
+    bf16 = make_llm(path, dtype="bfloat16", speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    assert not isinstance(bf16.engine.model.model.layers[0].mlp.gate_up_proj, OneDnnLinear)
