@@ -42,6 +42,7 @@ from tandem.request import Request
 from tandem.sample.argmax import greedy_ids
 from tandem.sample.logits import processes_logits
 from tandem.scheduler import SchedulerOutput
+from tandem.worker.host_copy import HostCopy
 
 
 @dataclass(frozen=True)
@@ -50,22 +51,14 @@ class InflightStep:
 
     sched: SchedulerOutput
     token_ids: torch.Tensor  # [len(sched.scheduled)] int64 on the model's device: each row's argmax
-    host_ids: torch.Tensor  # the same tokens on the host (pinned; valid once ``ready`` has passed)
-    ready: torch.cuda.Event | None  # recorded after the device → host copy (None on CPU)
+    copy: HostCopy  # the same tokens on their way to the host
 
     @staticmethod
     def launch(sched: SchedulerOutput, logits: torch.Tensor) -> InflightStep:
-        """Argmax of each row and its copy to the host, queued now and read later. The copy is queued
-        before any later step, so reading it waits for this step only (a plain ``.tolist()`` would
-        wait for everything queued after it, the next step included)."""
+        """Argmax of each row and its copy to the host, queued now and read later (``HostCopy``:
+        reading it waits for this step only, not for the next step queued meanwhile)."""
         ids = greedy_ids(logits)
-        if ids.device.type != "cuda":
-            return InflightStep(sched, ids, ids, None)
-        host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-        host.copy_(ids, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
-        return InflightStep(sched, ids, host, ready)
+        return InflightStep(sched, ids, HostCopy.queue(ids))
 
     @property
     def requests(self) -> list[Request]:
@@ -87,10 +80,8 @@ class InflightStep:
 
     def read(self) -> ModelRunnerOutput:
         """The host sync: the step's tokens as an ordinary output (no drafts, no logprobs)."""
-        if self.ready is not None:
-            self.ready.synchronize()
         n = len(self.sched.scheduled)
-        return ModelRunnerOutput(tuple((t,) for t in self.host_ids.tolist()), (0,) * n, (None,) * n, (None,) * n)
+        return ModelRunnerOutput(tuple((t,) for t in self.copy.tolist()), (0,) * n, (None,) * n, (None,) * n)
 
 
 def device_greedy(r: Request, num_prior_outputs: int) -> bool:

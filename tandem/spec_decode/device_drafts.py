@@ -24,6 +24,7 @@ import torch
 
 from tandem.scheduler import SchedulerOutput
 from tandem.worker.batch import FedTokens
+from tandem.worker.host_copy import HostCopy
 
 PENDING = -1  # a draft's id while it is on the device only (never a token id: an embedding would fail)
 
@@ -32,25 +33,15 @@ PENDING = -1  # a draft's id while it is on the device only (never a token id: a
 class DeviceDrafts:
     ids: torch.Tensor  # [m] int64 on the device: every draft of the proposal, flat
     index: dict[str, tuple[int, ...]]  # request id -> positions in ``ids`` of its drafts, in order
-    host: torch.Tensor  # their copy on the host (pinned; valid once ``ready`` has passed)
-    ready: torch.cuda.Event | None  # recorded after the device -> host copy (None on CPU)
+    copy: HostCopy  # their copy to the host, queued behind the head's steps and ahead of the verify
 
     @staticmethod
     def launch(ids: torch.Tensor, index: dict[str, tuple[int, ...]]) -> DeviceDrafts:
-        """Queue the copy to the host now, behind the head's steps and ahead of the verify."""
-        if ids.device.type != "cuda":
-            return DeviceDrafts(ids, index, ids, None)
-        host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-        host.copy_(ids, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
-        return DeviceDrafts(ids, index, host, ready)
+        return DeviceDrafts(ids, index, HostCopy.queue(ids))
 
     def read(self) -> dict[str, list[int]]:
         """The host sync (waits for the head's steps only): each request's drafts."""
-        if self.ready is not None:
-            self.ready.synchronize()
-        flat = self.host.tolist()
+        flat = self.copy.tolist()
         return {rid: [flat[p] for p in pos] for rid, pos in self.index.items()}
 
     def feed(self, sched: SchedulerOutput) -> FedTokens | None:
