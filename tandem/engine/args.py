@@ -82,7 +82,7 @@ _HELP: dict[str, str] = {
                         "(default: on with CUDA, off on CPU)",
     "admission_group": "while more requests wait than seats are free, admit them only once this many seats are "
                        "free (default: max_num_seqs / 8 with CUDA graphs, else 1: at once)",
-    # RunnerConfig (debugging and A/B benchmarks; all but cpu_script and screened_head are no-ops on CPU)
+    # RunnerConfig (debugging and A/B benchmarks; all but cpu_script, screened_head and cpu_onednn are no-ops on CPU)
     "backend": "model runner: " + " | ".join(RUNNER_BACKENDS)
                + " (auto: the CUDA runner on CUDA devices, torch elsewhere)",
     "cuda_graphs": "replay captured CUDA graphs for small steps (--enforce-eager turns them off)",
@@ -99,13 +99,16 @@ _HELP: dict[str, str] = {
                   "function (same ops and bits as eager)",
     "screened_head": "CPU, packed layers: greedy rows take the LM head's argmax through an 8-bit packed copy "
                      "of the head, confirmed exactly (same tokens as the float head, faster)",
+    "cpu_onednn": "CPU, float32 model, speculation on: multi-row steps (verify, prefill) of the decoder linears "
+                  "on a oneDNN-packed copy of their weights (about one row's time for a verify; memory: the "
+                  "linears' bytes again)",
 }
 _GROUPS = {
     ModelConfig: ("model", None),
     CacheConfig: ("KV cache", None),
     SchedulerConfig: ("scheduler", None),
     RunnerConfig: ("model runner", "How a step runs: for debugging and A/B benchmarks; all but "
-                                   "--cpu-script are no-ops on CPU. TANDEM_* variables override them "
+                                   "--cpu-script, --screened-head and --cpu-onednn are no-ops on CPU. TANDEM_* variables override them "
                                    "(tandem/config/env.py)."),
 }
 _EXTRA_KWARGS = ("runner_config", "enforce_eager", "speculative_config", "log_stats")
