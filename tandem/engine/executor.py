@@ -86,11 +86,7 @@ class Executor:
                  argmax: bool = False, fed: FedTokens | None = None) -> torch.Tensor:
         """The target forward: logits of ``rows`` (``argmax``: only their argmax is read). (An EAGLE
         target's runner writes its features to the feature cache inside the forward.)"""
-        if token_ids is None and fed is None:
-            return self.runner.forward_logits(chunks, rows, argmax_only=argmax)
-        if fed is None:
-            return self.runner.forward_logits(chunks, rows, token_ids=token_ids, argmax_only=argmax)
-        return self.runner.forward_logits(chunks, rows, argmax_only=argmax, fed=fed)
+        return self.runner.forward_logits(chunks, rows, token_ids=token_ids, argmax_only=argmax, fed=fed)
 
     # ---- synchronous: sample on the host ---------------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:

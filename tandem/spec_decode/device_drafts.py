@@ -63,4 +63,3 @@ class DeviceDrafts:
 def pending(num: int) -> tuple[int, ...]:
     """The placeholder drafts of a request granted ``num`` drafts on the device."""
     return (PENDING,) * num
-

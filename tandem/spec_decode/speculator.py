@@ -12,7 +12,11 @@ three points:
    full k first and their drafts truncated to the policy's choice (the rest is scored in the shadow);
    model-based proposers draft only what the policy grants (a round where it grants nothing runs no
    forward at all). An empty draft is always allowed. A
-   request with structured output gets its drafts cut at the first token its grammar refuses.
+   request with structured output gets its drafts cut at the first token its grammar refuses. A
+   proposer that can (EAGLE: ``propose_on_device``) leaves its drafts on the device when no
+   drafting request has a grammar: the requests get ``PENDING`` placeholders, the executor feeds the
+   real ids to the verify, and ``resolve_drafts`` reads them once the verify is queued
+   (``device_drafts.py``; the policy hears of the proposal then).
 2. ``will_draft(requests)``: whether any of these requests may draft in its next step. Drafts are
    proposed from read tokens, so the engine schedules a decode step before the previous step's tokens
    are read (asynchronous decode) only when none will.
