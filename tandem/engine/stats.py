@@ -38,6 +38,13 @@ class SpecStats:
         self.last_decided = len(ks)
         self.last_drafting = sum(1 for x in ks if x > 0)
 
+    def record_nothing_drafted(self, n: int, k: int) -> None:
+        """``record_choices([0] * n, k)``, without the list."""
+        if len(self.chosen_k) < k + 1:
+            self.chosen_k.extend([0] * (k + 1 - len(self.chosen_k)))
+        self.chosen_k[0] += n
+        self.last_decided, self.last_drafting = n, 0
+
     @property
     def drafting_share(self) -> float:
         """Share of the policy's decisions (request x proposal round) that drafted, since start."""

@@ -26,8 +26,14 @@ Where drafts come from:
   position, as the gate did, so evidence keeps coming without giving up asynchronous decode.
   Stateful host proposers (``latest_shadow``: suffix's ``propose_for(request_id, tokens, k)``) draft
   from a request's latest tokens instead. Shadows cost host time on every step, so a step gets at
-  most ``shadow_per_step`` and ``SHADOW_BATCH / batch`` of them (round robin over the batch), none
-  while the guard blocks.
+  most ``shadow_per_step`` of them, ``SHADOW_RATE`` per step on average and ``SHADOW_BATCH / batch``
+  at large batch (round robin over the batch), none while the guard blocks. A request never
+  proposed for gets its first shadow from its latest tokens (the chain goes on from there).
+- A proposal round happens only when ``wants_any`` says someone would likely draft (or a periodic
+  round is due): a synchronous engine, which could propose every step, skips the proposal (the
+  full lookups for the whole batch and their scoring) like an asynchronous one that chains decode
+  steps — at T = 0.8 on the H200 the every-step proposals had cost 0.69–0.84× at concurrency 8–64
+  with nobody drafting (docs/performance.md §32).
 - Model-based proposers: the policy chooses k from the estimates first (the drafting costs
   forwards), and the granted drafts are scored the same way.
 
@@ -75,9 +81,11 @@ MAX_EXPLORE_EVERY = 4096  # a model proposer's exploration interval doubles up t
 DECODE_PROBE_EVERY = 256
 VERIFY_PROBE_EVERY = 256
 DECODE_PROBE_STEPS = 4  # on an asynchronous engine the first one restarts the pipeline (not steady)
-SHADOW_PER_STEP = 2  # lazy shadow drafts per step, at most (each costs a host proposal and a score)
-SHADOW_BATCH = 8  # ... and SHADOW_BATCH / batch per step below that (batch 64: one every 8 steps)
-WANTS_RECHECK = 4  # steps a "nobody would draft" answer stands at batch >= 8 (smaller batches: every step)
+SHADOW_PER_STEP = 2  # lazy shadow drafts in one step, at most (each costs a host proposal and a score)
+SHADOW_RATE = 0.5  # ... and per step on average at most this (one every other step at batch 1: a
+#                    shadow, lookup + score, took ~0.09 ms of the H200 host's time, a ~1 ms sampled step)
+SHADOW_BATCH = 8  # ... and SHADOW_BATCH / batch below that (batch 64: one every 8 steps)
+WANTS_RECHECK = 4  # steps a host proposer's "nobody would draft" answer stands at most (batch >= 8; else 2)
 DRAFT_COST_ALPHA = 0.2
 PRIOR_DRAFT_COST = 0.1  # a model-based proposer's draft step, in target decode steps, until measured
 
@@ -178,14 +186,18 @@ class GoodputPolicy:
 
     def wants_any(self, batch: int, candidates: Sequence[Candidate] | Callable[[], Sequence[Candidate]]) -> bool:
         """Whether a proposal round now would likely draft for anyone (drafts unknown yet: expected
-        draft lengths from the requests' history). False keeps decode steps asynchronous. Asked every
-        step: a "no" from the estimates is kept for ``WANTS_RECHECK`` steps (``candidates`` may be a
-        function, called only when the estimates are consulted)."""
+        draft lengths from the requests' history). False keeps decode steps asynchronous, and spares
+        a synchronous step the proposal (a host proposer's full lookups for the whole batch, their
+        scoring, ``choose``). Asked every step: a "no" from the estimates is kept for
+        ``WANTS_RECHECK`` steps (``candidates`` may be a function, called only when the estimates
+        are consulted)."""
         if self._off(batch):
             return False
         if self.free:
             if self.shadow is None and self.latest_shadow is None and self._steps_since_proposal >= self.probe_every:
                 return True  # no shadows: refresh the estimates now and then
+            if self._steps_since_proposal >= self.verify_probe_every:
+                return True  # a real round now and then: ``choose`` may re-verify under the prior cost
         elif self._steps_since_draft >= self._explore_every:
             return True  # a model proposer's exploration round is due
         if (self._no_until > self._step and self._no_batch == bucket_of(batch)
@@ -194,11 +206,12 @@ class GoodputPolicy:
         cands = candidates() if callable(candidates) else candidates
         if any(self._optimise(batch, cands, with_reach=True)):
             return True
-        # The estimates cost O(batch) per step. A host proposer's shadows bring evidence every step
-        # and at small batch a missed verify costs more than asking; a model proposer learns only
-        # from its own drafts, so its "no" stands until a draft is scored (or ``probe_every`` steps:
-        # the step-cost fit ages).
-        recheck = (WANTS_RECHECK if batch >= 8 else 1) if self.free else self.probe_every
+        # The estimates cost O(batch) per step (~0.1 ms at batch 1 on the H200's host: a tenth of a
+        # sampled SmolLM2 step). A host proposer's "no" stands until new evidence is scored, for at
+        # most WANTS_RECHECK steps (2 below batch 8, where a missed verify costs more); a model
+        # proposer learns only from its own drafts, so its "no" stands until a draft is scored (or
+        # ``probe_every`` steps: the step-cost fit ages).
+        recheck = (WANTS_RECHECK if batch >= 8 else 2) if self.free else self.probe_every
         self._no_until, self._no_batch = self._step + recheck, bucket_of(batch)
         self._no_scored = self.acceptance.num_scored
         return False
@@ -304,6 +317,9 @@ class GoodputPolicy:
             elif self._shadow_at.get(rid, len(toks)) < len(toks):
                 self.on_tokens(rid, toks)
                 self._rotation = start + i + 1
+            elif rid not in self._shadow_at:  # never proposed for: a first shadow from its latest tokens
+                self._shadow(rid, len(toks), toks)
+                self._rotation = start + i + 1
 
     def on_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
         """New tokens of a request: score its pending proposal, then (lazy shadows) propose and score
@@ -357,7 +373,7 @@ class GoodputPolicy:
             # lazy shadows: a budget per step (fewer at large batch, where one costs more of a step
             # than it tells: engine-wide rates need few samples), none while the guard blocks this
             # batch size
-            rate = min(float(self.shadow_per_step), SHADOW_BATCH / max(batch, 1))
+            rate = min(float(self.shadow_per_step), SHADOW_RATE, SHADOW_BATCH / max(batch, 1))
             self._shadow_credit = min(float(self.shadow_per_step), self._shadow_credit + rate)
             self._shadows_left = int(self._shadow_credit) if self.guard.allows(batch) else 0
             self._shadow_credit -= self._shadows_left

@@ -42,6 +42,7 @@ PRIOR_BETA = 0.25
 PRIOR_WEIGHT = 1.0  # ridge weight of the prior, in verify steps
 FORGET = 0.95  # per verify observation: ~20 steps of memory
 MAX_VERIFIES = 64  # verify steps kept per bucket
+REFIT_EVERY = 8  # timed steps a fit is reused without a new verify (ageing moves weights by 0.995^8: 4 %)
 AGE_DECAY = 0.995  # per timed step: a verify measured 140 steps ago weighs half (no verify since: the prior returns)
 DECODE_ALPHA = 0.1
 TRANSITION_SPAN = 2  # steps after a verify whose plain-step excess is the verify's
@@ -62,7 +63,8 @@ class _Bucket:
     steps_since_verify: int = 0  # steps timed in this bucket since its last verify step
     verifies: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=MAX_VERIFIES))
     fit: tuple[float, float] | None = None  # (σ, β) cached ...
-    fit_at: int = -1  # ... for this value of the model's step clock (the data age with every timed step)
+    fit_at: int = -1  # ... since this value of the model's step clock (the data age with every timed step)
+    fit_verifies: int = -1  # ... and this many verify steps (a new one: refit)
 
 
 class StepCostModel:
@@ -91,6 +93,7 @@ class StepCostModel:
             if b.decode is not None and b.verifies and self._steps - b.verifies[-1][2] <= TRANSITION_SPAN:
                 x, t, step = b.verifies[-1]
                 b.verifies[-1] = (x, t + max(0.0, seconds - b.decode), step)
+                b.fit = None  # (its data changed)
             return
         if n == 0:
             b.decode = seconds if b.decode is None else (1 - self.decode_alpha) * b.decode + self.decode_alpha * seconds
@@ -130,8 +133,8 @@ class StepCostModel:
             return self.prior_sigma, self.prior_beta
         near = min(fitted, key=lambda k: (abs(math.log2(k) - math.log2(key)), k))
         b = self._buckets[near]
-        if b.fit is None or b.fit_at != self._steps:
-            b.fit, b.fit_at = self._solve(b), self._steps
+        if b.fit is None or b.fit_verifies != b.num_verify or self._steps - b.fit_at >= REFIT_EVERY:
+            b.fit, b.fit_at, b.fit_verifies = self._solve(b), self._steps, b.num_verify
         return b.fit
 
     def ratio(self, batch: int, num_draft_tokens: int) -> float:

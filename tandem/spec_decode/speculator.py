@@ -10,8 +10,9 @@ three points:
    at most ``min(k, room)``, the room keeping the drafts and the bonus token within ``max_tokens`` and
    ``max_model_len``; the policy chooses within it. Host proposers (n-gram, suffix) are asked for the
    full k first and their drafts truncated to the policy's choice (the rest is scored in the shadow);
-   model-based proposers draft only what the policy grants (a round where it grants nothing runs no
-   forward at all). An empty draft is always allowed. A
+   no proposal at all is made while the policy's ``wants_any`` says nobody would draft (as when
+   asynchronous decode chains steps); model-based proposers draft only what the policy grants (a
+   round where it grants nothing runs no forward at all). An empty draft is always allowed. A
    request with structured output gets its drafts cut at the first token its grammar refuses. A
    proposer that can (EAGLE: ``propose_on_device``) leaves its drafts on the device when no
    drafting request has a grammar: the requests get ``PENDING`` placeholders, the executor feeds the
@@ -76,6 +77,9 @@ class Draft:
     probs: torch.Tensor | None = None  # [len(token_ids), V] draft q when the proposer sampled
 
 
+NO_DRAFT = Draft(())
+
+
 @dataclass(frozen=True)
 class SampledTokens:
     """A request that got tokens in a step: ``num_drafted`` drafts verified, ``num_accepted`` kept."""
@@ -127,13 +131,17 @@ class Speculator:
         self._new_tokens.clear()
         if not reqs:
             return {}
-        rooms = [self._room(r) for r in reqs]
         policy = self.policy
         if policy is None and self._capped(len(requests)):
-            return {r.request_id: Draft(()) for r in reqs}
-        if policy is not None and policy.off(len(requests)):  # no proposal costs while nobody may draft
-            policy.stats.record_choices([0] * len(reqs), self.k)
-            return {r.request_id: Draft(()) for r in reqs}
+            return dict.fromkeys([r.request_id for r in reqs], NO_DRAFT)
+        if policy is not None and (policy.off(len(requests)) or not policy.wants_any(
+                len(requests), lambda: [Candidate(r.request_id, self._room(r)) for r in reqs])):
+            # no proposal costs while nobody may draft, nor while the estimates say nobody would
+            # (the question asynchronous decode asks: ``will_draft``); evidence keeps coming from
+            # the lazy shadows and the rounds ``wants_any`` forces
+            policy.stats.record_nothing_drafted(len(reqs), self.k)
+            return dict.fromkeys([r.request_id for r in reqs], NO_DRAFT)
+        rooms = [self._room(r) for r in reqs]
         if policy is None:
             if self._on_device(reqs, rooms):
                 return self._propose_on_device(reqs, rooms, time.perf_counter())
@@ -147,7 +155,7 @@ class Speculator:
         else:  # drafting costs forwards: choose first, draft what was granted
             ks = policy.choose(len(requests), [Candidate(r.request_id, room) for r, room in zip(reqs, rooms)])
             if not any(ks):  # no forward for nobody's drafts
-                return {r.request_id: Draft(()) for r in reqs}
+                return dict.fromkeys([r.request_id for r in reqs], NO_DRAFT)
             t0 = time.perf_counter()
             if self._on_device(reqs, ks):
                 return self._propose_on_device(reqs, ks, t0)

@@ -499,3 +499,24 @@ def test_score_draft():
     assert score_draft([1, 2, 3], 2, [0, 0, 1, 5]) == (1, True)
     assert score_draft([1, 2, 3], 2, [0, 0, 1, 2, 3]) == (3, True)
     assert score_draft([], 2, [0, 0, 7]) == (0, True)
+
+
+def test_a_request_never_proposed_for_gets_a_first_shadow():
+    """With no proposal rounds (nobody would draft), a new request's evidence starts with a shadow
+    drafted from its latest tokens, and the chain goes on from there; at most 0.5 shadows per step."""
+    calls: list[int] = []
+
+    def shadow(tokens, k):
+        calls.append(len(tokens))
+        return [7] * k
+
+    policy = GoodputPolicy(3, free=True, shadow=shadow)
+    toks = [1, 2, 3, 4]
+    policy.on_step_tokens([("r", toks)])
+    assert calls == [4]  # drafted from all four tokens
+    for step in range(40):
+        toks = toks + [7 if step % 3 else 5]
+        policy.on_step(1, 1, 1e-3)
+        policy.on_step_tokens([("r", toks)])
+    assert policy.acceptance.num_scored_for("r") > 3
+    assert len(calls) <= 1 + 40 * 0.5 + 1

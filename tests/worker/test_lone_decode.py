@@ -108,8 +108,9 @@ def test_ngram_speculation_still_equals_plain_decoding(tmp_path, monkeypatch):
                                     intermediate_size=256, max_position_embeddings=512)
     kw = dict(device="cpu", dtype="float32", kv_cache_memory_bytes=16 << 20, block_size=4, quantization="int4")
     plain = LLM(str(path), **kw)
-    spec = LLM(str(path), speculative_config={"method": "ngram", "num_speculative_tokens": 4,
-                                              "prompt_lookup_min": 1, "prompt_lookup_max": 3}, **kw)
+    # (the policy off: drafts every step, whatever this random model's acceptance)
+    spec = LLM(str(path), speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                                              "prompt_lookup_max": 3, "disable_by_acceptance": False}, **kw)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompt = {"prompt_token_ids": [5, 9, 17, 5, 9, 17, 5, 9, 17, 5, 9]}  # repetitive: drafts get proposed
     a = plain.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
