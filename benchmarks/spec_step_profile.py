@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where an engine step's wall time goes: plain (asynchronous) decode vs speculative steps.
 
-Runs the same greedy prompts through one engine per configuration (built-in model by default,
+Runs the same prompts (greedy unless ``--temperature``) through one engine per configuration (built-in model by default,
 HumanEval completion prompts when ``--humaneval`` is given, else a repetitive synthetic prompt) and
 times each phase of ``LLMEngine.step`` by wrapping the engine's own methods (no device syncs added:
 the wait for the device shows where the host reads results):
@@ -20,7 +20,7 @@ Prints per configuration: steps, tokens per step, ms per token, and mean ms per 
 Optionally writes a cProfile of each configuration (``--cprofile DIR``).
 
 Usage: python benchmarks/spec_step_profile.py [--model M] [--batch 1] [--num-prompts 8]
-       [--max-tokens 256] [--humaneval FILE] [--configs baseline,sync,ngram,ngram_policy,suffix]
+       [--max-tokens 256] [--temperature 0] [--humaneval FILE] [--configs baseline,sync,ngram,ngram_policy,suffix]
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def profile(args: argparse.Namespace, name: str) -> dict[str, Any]:
     llm = LLM(args.model, speculative_config=spec, **kw)
     eng = llm.engine
     prompts = _prompts(args, llm)
-    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    sp = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=0 if args.temperature else None)
 
     def run(tag: str, acc: dict[str, float] | None) -> tuple[int, int, float]:
         queue = list(prompts)
@@ -158,6 +158,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     ap.add_argument("--humaneval", default=None, help="HumanEval.jsonl(.gz): completion prompts")
     ap.add_argument("--configs", default="baseline,sync,ngram,ngram_policy")
     ap.add_argument("--kv-cache-memory-bytes", type=int, default=None)
