@@ -31,8 +31,7 @@ class SpecStats:
     num_shadow_drafts: int = 0  # lazy shadow drafts proposed (n-gram while decode runs ahead)
 
     def record_choices(self, ks: list[int] | tuple[int, ...], k: int) -> None:
-        if len(self.chosen_k) < k + 1:
-            self.chosen_k.extend([0] * (k + 1 - len(self.chosen_k)))
+        self._histogram_to(k)
         for x in ks:
             self.chosen_k[min(x, k)] += 1
         self.last_decided = len(ks)
@@ -40,10 +39,13 @@ class SpecStats:
 
     def record_nothing_drafted(self, n: int, k: int) -> None:
         """``record_choices([0] * n, k)``, without the list."""
-        if len(self.chosen_k) < k + 1:
-            self.chosen_k.extend([0] * (k + 1 - len(self.chosen_k)))
+        self._histogram_to(k)
         self.chosen_k[0] += n
         self.last_decided, self.last_drafting = n, 0
+
+    def _histogram_to(self, k: int) -> None:
+        if len(self.chosen_k) < k + 1:
+            self.chosen_k.extend([0] * (k + 1 - len(self.chosen_k)))
 
     @property
     def drafting_share(self) -> float:
