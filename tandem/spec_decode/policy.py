@@ -188,9 +188,10 @@ class GoodputPolicy:
         """Whether a proposal round now would likely draft for anyone (drafts unknown yet: expected
         draft lengths from the requests' history). False keeps decode steps asynchronous, and spares
         a synchronous step the proposal (a host proposer's full lookups for the whole batch, their
-        scoring, ``choose``). Asked every step: a "no" from the estimates is kept for
-        ``WANTS_RECHECK`` steps (``candidates`` may be a function, called only when the estimates
-        are consulted)."""
+        scoring, ``choose``). Asked every step: a "no" from the estimates is kept until new
+        evidence is scored, for at most ``WANTS_RECHECK`` steps (2 below batch 8; a model proposer:
+        ``probe_every``) (``candidates`` may be a function, called only when the estimates are
+        consulted)."""
         if self._off(batch):
             return False
         if self.free:
