@@ -6,8 +6,9 @@ head, the goodput policy at its default), the same ShareGPT first turns through 
 one request at a time at ``--temperature`` (seeded), ``--rounds`` rounds with the methods
 alternating; the last round runs under cProfile, and each method's top functions by own time go to
 ``--cprofile DIR/<method>.txt``. Prints ms per generated token per round, and the drafts verified.
-Sampled requests never run asynchronously, so every step of every engine is a synchronous one: the
-difference between the methods is what speculation adds to a step (docs/performance.md §32).
+Until sampled decode steps ran asynchronously (docs/performance.md §33) every step here was a
+synchronous one; now a step nobody drafts chains on the device as a greedy one does, and the
+difference between the methods is what speculation adds to a round (§32, §33).
 
 Usage: python benchmarks/spec_sampled_profile.py [--model smollm2-135m-instruct] [--num-prompts 12]
        [--max-tokens 256] [--temperature 0.8] [--rounds 3] [--methods baseline,ngram,eagle3]

@@ -1,8 +1,10 @@
 """Asynchronous decode: the next step is scheduled and launched before this step's tokens are read.
 
-In a steady decode step every running request decodes one token greedily and nothing has to happen
-on the host between the forward and the argmax. Such a step is *launched*: its argmax stays on the
-device (with a pinned host copy and an event, ``InflightStep``) and each request carries an output
+In a steady decode step every running request decodes one token and nothing has to happen on the
+host between the forward and the token: a greedy argmax, or a sample from the temperature / top-k /
+top-p / min-p distribution drawn on the device (``sample/sampler.py``: the parameters are uploaded
+without a host sync, seeded rows draw from their per-position stream). Such a step is *launched*: its
+tokens stay on the device (with a pinned host copy and an event, ``InflightStep``) and each request carries an output
 placeholder (``Scheduler.add_output_placeholders``) — a token counted in ``num_tokens`` whose id the
 host does not know yet. The next ``scheduler.schedule()`` then schedules each placeholder's decode
 like any other token (same budget, KV allocation and preemption rules) and the executor feeds the
@@ -11,7 +13,9 @@ the previous step's tokens (the one host sync), so reading tokens, detokenizing,
 packing the next inputs and launching its CUDA graph overlap the GPU's forward instead of following
 it (vLLM's async scheduling).
 
-Outputs are the same tokens in the same order as the synchronous engine's. A request that stops
+Outputs are the same tokens in the same order as the synchronous engine's (for a sampled request
+with a seed too: its noise is keyed by output position, placeholders counted; unseeded requests share
+the engine's generator, whose draws follow the step composition, so they match in law). A request that stops
 (EOS, stop string, ``max_tokens``) at step n has had step n + 1 computed for it already: that token is discarded
 (the KV it wrote is the stop token's, correct and never read by the finished request). That step
 still has the finished request's row, so the other requests' tokens of that one step come from a
@@ -23,8 +27,8 @@ the next step would admit (a waiting request needs a free seat: with ``max_num_s
 next step could not take it anyway, so a full batch keeps chaining while a queue waits; nor while
 admission waits for a group of free seats, ``Scheduler.admission_open``), and each
 continues with a steady decode — its pending token not at ``max_model_len`` (the next one would have
-no KV slot; a ``max_tokens`` finish is discarded like a stop), a greedy token with no
-host-side logits processing (temperature, penalties, logit bias, logprobs, a grammar mask, ``min_tokens`` not yet
+no KV slot; a ``max_tokens`` finish is discarded like a stop), a token with no host-side logits
+processing or reading (penalties, logit bias, logprobs, a grammar mask, ``min_tokens`` not yet
 reached) and no drafts (the speculator's ``will_draft``). Otherwise the step in flight is read first
 and the engine takes the ordinary path. A step is launched at all (``launchable``) only when it is
 itself such a decode, after the request's first token.
@@ -39,7 +43,6 @@ import torch
 
 from tandem.outputs import ModelRunnerOutput
 from tandem.request import Request
-from tandem.sample.argmax import greedy_ids
 from tandem.sample.logits import processes_logits
 from tandem.scheduler import SchedulerOutput
 from tandem.worker.host_copy import HostCopy
@@ -50,15 +53,14 @@ class InflightStep:
     """A launched step whose sampled tokens have not been read: one token per scheduled request."""
 
     sched: SchedulerOutput
-    token_ids: torch.Tensor  # [len(sched.scheduled)] int64 on the model's device: each row's argmax
+    token_ids: torch.Tensor  # [len(sched.scheduled)] int64 on the model's device: each row's token
     copy: HostCopy  # the same tokens on their way to the host
 
     @staticmethod
-    def launch(sched: SchedulerOutput, logits: torch.Tensor) -> InflightStep:
-        """Argmax of each row and its copy to the host, queued now and read later (``HostCopy``:
-        reading it waits for this step only, not for the next step queued meanwhile)."""
-        ids = greedy_ids(logits)
-        return InflightStep(sched, ids, HostCopy.queue(ids))
+    def launch(sched: SchedulerOutput, token_ids: torch.Tensor) -> InflightStep:
+        """The step's tokens (queued on the device) and their copy to the host, read later
+        (``HostCopy``: reading it waits for this step only, not for the next step queued meanwhile)."""
+        return InflightStep(sched, token_ids, HostCopy.queue(token_ids))
 
     @property
     def requests(self) -> list[Request]:
@@ -84,21 +86,26 @@ class InflightStep:
         return ModelRunnerOutput(tuple((t,) for t in self.copy.tolist()), (0,) * n, (None,) * n, (None,) * n)
 
 
-def device_greedy(r: Request, num_prior_outputs: int) -> bool:
-    """True when r's next token (after ``num_prior_outputs`` outputs) is the plain argmax of its
-    logits: nothing the host must apply first or read afterwards."""
+def device_sampled(r: Request, num_prior_outputs: int) -> bool:
+    """True when r's next token (after ``num_prior_outputs`` outputs) is drawn from its raw logits
+    with the parameters alone (temperature, top-k/p, min-p, seed): nothing the host must apply
+    first (penalties, bias, ``min_tokens``, a grammar) or read afterwards (logprobs)."""
     p = r.params
-    return (p.greedy and p.logprobs is None and p.prompt_logprobs is None
-            and not processes_logits(p, num_prior_outputs))
+    return p.logprobs is None and p.prompt_logprobs is None and not processes_logits(p, num_prior_outputs)
+
+
+def device_greedy(r: Request, num_prior_outputs: int) -> bool:
+    """``device_sampled`` and greedy: the next token is the plain argmax of r's logits."""
+    return r.params.greedy and device_sampled(r, num_prior_outputs)
 
 
 def launchable(sched: SchedulerOutput) -> bool:
-    """A scheduled step that may leave its tokens on the device: one-token greedy decodes only, each
-    after the request's first token (placeholders count as outputs)."""
+    """A scheduled step that may leave its tokens on the device: one-token decodes sampled on the
+    device only, each after the request's first token (placeholders count as outputs)."""
     for s in sched.scheduled:
         r = s.request
         if (s.num_new_tokens != 1 or s.spec_token_ids or not s.samples or r.num_output_tokens < 1
-                or not device_greedy(r, r.num_output_tokens)):
+                or not device_sampled(r, r.num_output_tokens)):
             return False
     return bool(sched.scheduled)
 
@@ -107,12 +114,12 @@ def can_schedule_ahead(running: Sequence[Request], admission_open: bool) -> bool
     """The next step may be scheduled before the step in flight is read: every running request
     carries a placeholder from it, the next step admits no waiting request (``admission_open``
     false: none waits, ``max_num_seqs`` are running, or admission waits for a group), and each
-    one's placeholder decode is steady (the pending token not at ``max_model_len``, a plain greedy
-    token next). Drafting is the speculator's question (``will_draft``)."""
+    one's placeholder decode is steady (the pending token not at ``max_model_len``, a token sampled
+    on the device next). Drafting is the speculator's question (``will_draft``)."""
     if not running or admission_open:
         return False
     for r in running:
         if (not r.num_output_placeholders or r.num_tokens >= r.max_model_len
-                or not device_greedy(r, r.num_output_tokens)):
+                or not device_sampled(r, r.num_output_tokens)):
             return False
     return True

@@ -16,8 +16,8 @@ the argmax. Structured requests' rows are masked by their grammar first (k + 1 m
 logits of the emitted tokens' rows. Nothing here mutates a request: the scheduler and the output processor
 apply the ``ModelRunnerOutput``.
 
-Asynchronous decode (``launch``): a steady greedy decode step keeps its argmax on the device
-(``InflightStep``). A step scheduled while another is in flight decodes placeholders — tokens that
+Asynchronous decode (``launch``): a steady decode step keeps its tokens on the device
+(``InflightStep``): the argmax, or for sampled rows a draw made there (``_sample_on_device``). A step scheduled while another is in flight decodes placeholders — tokens that
 step sampled — whose ids are fed on the device from it (``feed``), never read on the host.
 """
 
@@ -30,11 +30,14 @@ import torch
 
 from tandem.engine.async_decode import InflightStep, device_greedy
 from tandem.outputs import ModelRunnerOutput, PromptLogprobs, SampleLogprobs
+from tandem.request import Request
+from tandem.sample.argmax import greedy_ids
 from tandem.sample.grammar_mask import apply_grammar_bitmask
 from tandem.sample.logits import probs_from_logits, process_logits
 from tandem.sample.logprobs import compute_logprobs
 from tandem.sample.rejection import greedy_verify, rejection_sample
 from tandem.sample.rows import SamplingRow
+from tandem.sample.sampler import sample
 from tandem.scheduler import ScheduledRequest, SchedulerOutput
 from tandem.structured.step_masks import step_bitmask
 from tandem.spec_decode.device_drafts import DeviceDrafts
@@ -220,17 +223,28 @@ class Executor:
 
     # ---- asynchronous: tokens stay on the device -------------------------------------------------
     def launch(self, sched: SchedulerOutput, feed: InflightStep | None = None) -> InflightStep:
-        """Run a one-token greedy decode step and leave its argmax on the device. With ``feed``
-        every request decodes its placeholder: the token ``feed`` sampled for it, fed on the device."""
+        """Run a one-token decode step and leave its tokens on the device (argmax, or sampled there).
+        With ``feed`` every request decodes its placeholder: the token ``feed`` sampled for it, fed
+        on the device."""
         reqs = [s.request for s in sched.scheduled]
+        greedy = all(r.params.greedy for r in reqs)
         if feed is None:
             chunks = [SeqChunk(r.token_ids[s.start:s.start + 1], s.start, r.block_ids)
                       for s, r in zip(sched.scheduled, reqs)]
-            logits = self._forward(chunks, range(len(chunks)), argmax=True)
-            return InflightStep.launch(sched, logits)
-        if any(s.start != len(r.token_ids) or s.num_new_tokens != 1 for s, r in zip(sched.scheduled, reqs)):
-            raise RuntimeError("a step fed on the device must decode one placeholder per request")
-        chunks = [SeqChunk((0,), s.start, r.block_ids) for s, r in zip(sched.scheduled, reqs)]  # ids fed below
-        logits = self._forward(chunks, range(len(chunks)), token_ids=feed.device_ids(reqs), argmax=True)
-        return InflightStep.launch(sched, logits)
+            logits = self._forward(chunks, range(len(chunks)), argmax=greedy)
+        else:
+            if any(s.start != len(r.token_ids) or s.num_new_tokens != 1 for s, r in zip(sched.scheduled, reqs)):
+                raise RuntimeError("a step fed on the device must decode one placeholder per request")
+            chunks = [SeqChunk((0,), s.start, r.block_ids) for s, r in zip(sched.scheduled, reqs)]  # ids fed below
+            logits = self._forward(chunks, range(len(chunks)), token_ids=feed.device_ids(reqs), argmax=greedy)
+        return InflightStep.launch(sched, greedy_ids(logits) if greedy else self._sample_on_device(reqs, logits))
 
+    def _sample_on_device(self, reqs: Sequence[Request], logits: torch.Tensor) -> torch.Tensor:
+        """[len(reqs)] tokens drawn from each row's distribution, queued without a host sync: the
+        same draws as the synchronous path's k = 0 rows (``rejection_sample`` consumes exactly what
+        ``sample`` does), so a seeded request gets the same tokens either way. The rows carry only
+        params and randomness: nothing reads their histories (``device_sampled``: no logits
+        processing), and the seeded streams' positions count the placeholders."""
+        rows = [SamplingRow(r.params, (), (), r.eos_token_ids, r.generator) for r in reqs]
+        return sample(probs_from_logits(logits, rows), rows, self.generator,
+                      positions=[r.num_output_tokens for r in reqs])

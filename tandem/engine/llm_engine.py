@@ -15,7 +15,7 @@ EAGLE head's drafts may stay on the device until the verify is launched (``execu
 them, ``speculator.resolve_drafts`` reads them, ``executor.finish`` verifies: spec_decode/device_drafts.py).
 
 Asynchronous decode is the same path with tokens left on the device (engine/async_decode.py): a
-steady greedy decode step is launched (``executor.launch``) and its requests carry output
+steady decode step (greedy or sampled on the device) is launched (``executor.launch``) and its requests carry output
 placeholders (``scheduler.add_output_placeholders``); while every running request's placeholder
 decode qualifies and the speculator says no request will draft, the next step is scheduled by the
 same ``schedule()``, launched with the placeholders' ids fed on the device, and only then is the

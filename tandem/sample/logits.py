@@ -27,6 +27,7 @@ import torch
 
 from tandem.errors import SamplingParamsError
 from tandem.sample.rows import ExtendedTokens, SamplingRow
+from tandem.sample.upload import upload
 from tandem.sampling_params import SamplingParams
 
 
@@ -124,7 +125,7 @@ def _token_counts(
     if slots == list(range(len(shared))):
         counts = unique
     else:
-        counts = unique.index_select(0, torch.tensor(slots, dtype=torch.long, device=device))
+        counts = unique.index_select(0, upload(slots, torch.long, device))
     _scatter_counts(counts, extras, extra_rows, cache)
     return counts  # [len(seqs), vocab]
 
@@ -185,40 +186,34 @@ def process_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.T
 
     if bias_r:
         idx = (
-            torch.tensor(bias_r, dtype=torch.long, device=device),
-            torch.tensor(bias_t, dtype=torch.long, device=device),
+            upload(bias_r, torch.long, device),
+            upload(bias_t, torch.long, device),
         )
-        out.index_put_(idx, torch.tensor(bias_v, dtype=out.dtype, device=device), accumulate=True)
+        out.index_put_(idx, upload(bias_v, out.dtype, device), accumulate=True)
 
     if ban_r:
         idx = (
-            torch.tensor(ban_r, dtype=torch.long, device=device),
-            torch.tensor(ban_t, dtype=torch.long, device=device),
+            upload(ban_r, torch.long, device),
+            upload(ban_t, torch.long, device),
         )
-        out.index_put_(idx, torch.tensor(float("-inf"), dtype=out.dtype, device=device))
+        out.index_put_(idx, torch.full((), float("-inf"), dtype=out.dtype, device=device))
 
     if rep_rows:
         # Tokens seen in prompt ∪ output, one row per penalised row: [n, vocab] bool.
         prompt = _token_counts([rows[i].prompt_token_ids for i in rep_rows], vocab, device, cache)
         output = _token_counts([rows[i].output_token_ids for i in rep_rows], vocab, device, cache)
         seen = (prompt > 0) | (output > 0)
-        penalty = torch.tensor(
-            [rows[i].params.repetition_penalty for i in rep_rows], dtype=out.dtype, device=device
-        )[:, None]
-        ridx = torch.tensor(rep_rows, dtype=torch.long, device=device)
+        penalty = upload([rows[i].params.repetition_penalty for i in rep_rows], out.dtype, device)[:, None]
+        ridx = upload(rep_rows, torch.long, device)
         sub = out.index_select(0, ridx)  # [n, vocab]
         penalised = torch.where(sub > 0, sub / penalty, sub * penalty)
         out.index_copy_(0, ridx, torch.where(seen, penalised, sub))
 
     if pen_rows:
         counts = _token_counts([rows[i].output_token_ids for i in pen_rows], vocab, device, cache)
-        freq = torch.tensor(
-            [rows[i].params.frequency_penalty for i in pen_rows], dtype=out.dtype, device=device
-        )[:, None]
-        pres = torch.tensor(
-            [rows[i].params.presence_penalty for i in pen_rows], dtype=out.dtype, device=device
-        )[:, None]
-        pidx = torch.tensor(pen_rows, dtype=torch.long, device=device)
+        freq = upload([rows[i].params.frequency_penalty for i in pen_rows], out.dtype, device)[:, None]
+        pres = upload([rows[i].params.presence_penalty for i in pen_rows], out.dtype, device)[:, None]
+        pidx = upload(pen_rows, torch.long, device)
         delta = freq * counts + pres * (counts > 0).to(out.dtype)
         out.index_copy_(0, pidx, out.index_select(0, pidx) - delta)
 
@@ -274,16 +269,16 @@ def _apply_top_k_top_p(probs: torch.Tensor, ks: list[int], ps: list[float]) -> t
     if not need:
         return probs
     everything = len(need) == len(ks)
-    idx = torch.tensor(need, dtype=torch.long, device=device)
+    idx = upload(need, torch.long, device)
     sub = probs if everything else probs.index_select(0, idx)  # [len(need), vocab]
     sub_k = [ks[i] for i in need]
     sub_p = [ps[i] for i in need]
-    top_k = torch.tensor(sub_k, dtype=torch.long, device=device)
+    top_k = upload(sub_k, torch.long, device)
     if all(p >= 1.0 for p in sub_p):
         filtered = _top_k_only(sub, top_k, max(sub_k))
     else:
         use_k = any(k < vocab for k in sub_k)
-        top_p = torch.tensor(sub_p, dtype=torch.float32, device=device)
+        top_p = upload(sub_p, torch.float32, device)
         filtered = _top_k_top_p_sorted(sub, top_k if use_k else None, top_p)
     return filtered if everything else probs.index_copy(0, idx, filtered)
 
@@ -311,15 +306,17 @@ def probs_from_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torc
         ps.append(1.0 if g else p.top_p)
         min_ps.append(0.0 if g else p.min_p)
 
-    t = torch.tensor(temps, dtype=torch.float32, device=device)
-    probs = torch.softmax(logits.float() / t[:, None], dim=-1)  # [n, vocab]
+    scaled = logits.float()
+    if any(t != 1.0 for t in temps):  # (x / 1 is x: the OpenAI default costs no launch)
+        scaled = scaled / upload(temps, torch.float32, device)[:, None]
+    probs = torch.softmax(scaled, dim=-1)  # [n, vocab]
 
     filtered = False
     if any(k < vocab for k in ks) or any(p < 1.0 for p in ps):
         probs = _apply_top_k_top_p(probs, ks, ps)
         filtered = True
     if any(m > 0.0 for m in min_ps):
-        m = torch.tensor(min_ps, dtype=torch.float32, device=device)
+        m = upload(min_ps, torch.float32, device)
         threshold = m[:, None] * probs.amax(dim=-1, keepdim=True)
         probs = probs.masked_fill(probs < threshold, 0.0)
         filtered = True
@@ -327,6 +324,6 @@ def probs_from_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torc
         probs = probs / probs.sum(dim=-1, keepdim=True)
 
     if any(greedy):
-        g = torch.tensor(greedy, dtype=torch.bool, device=device)[:, None]
+        g = upload(greedy, torch.bool, device)[:, None]
         probs = torch.where(g, _one_hot_argmax(logits), probs)
     return probs

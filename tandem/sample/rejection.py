@@ -49,8 +49,9 @@ from dataclasses import dataclass
 import torch
 
 from tandem.sample.argmax import greedy_ids
-from tandem.sample.sampler import draw_exponential, draw_rows, draw_uniform, exponential_race
+from tandem.sample.sampler import Noise, draw_rows, exponential_race
 from tandem.sample.seeded import NOISE, UNIFORM, Randomness
+from tandem.sample.upload import upload
 
 
 @dataclass(frozen=True)
@@ -168,13 +169,13 @@ def rejection_sample(
     # Counts depend only on k_i and the request's mode, never on what gets accepted.
     coupled = rate is None and draft_probs is None  # one-hot drafts: accept iff the plain sample agrees
     u_counts = [k if (rate is not None or (not rows_greedy[i] and not coupled)) else 0 for i, k in enumerate(ks)]
-    uniforms = draw_rows(generators, u_counts, lambda n, g: draw_uniform(n, g, device), device, positions, UNIFORM)
+    uniforms = draw_rows(generators, u_counts, Noise(1, exponential=False), device, positions, UNIFORM)
     if uniforms is None or sum(u_counts) != total_drafts:
         # Greedy and coupled requests (without synthetic mode) draw nothing; their slots are never read.
         full = torch.zeros(total_drafts, dtype=torch.float32, device=device)  # [D]
         if uniforms is not None:
             slots = [draft_start[i] + j for i, c in enumerate(u_counts) for j in range(c)]
-            full.index_copy_(0, torch.tensor(slots, dtype=torch.long, device=device), uniforms)
+            full.index_copy_(0, upload(slots, torch.long, device), uniforms)
         uniforms = full
     # Noise for every row of random requests, stacked in request order: [Σ_{random i}(k_i + 1), V].
     rand_rows = [row_start[i] + j for i in random_req for j in range(ks[i] + 1)]
@@ -186,25 +187,25 @@ def rejection_sample(
     noise = draw_rows(
         [generators[i] for i in random_req],
         [ks[i] + 1 for i in random_req],
-        lambda n, g: draw_exponential(n, vocab, g, device),
+        Noise(vocab, exponential=True),
         device,
         None if positions is None else [positions[i] for i in random_req],
         NOISE,
     )
 
     # --- candidate recovered/bonus token at every row of random requests ---
-    dtok = torch.tensor(flat_drafts, dtype=torch.long, device=device)  # [D]
+    dtok = upload(flat_drafts, torch.long, device)  # [D]
     if rand_rows:
         assert noise is not None
-        ridx = torch.tensor(rand_rows, dtype=torch.long, device=device)
+        ridx = upload(rand_rows, torch.long, device)
         dist = p.index_select(0, ridx)  # [n_rand, V]; bonus rows (and coupled rows) sample p_j as is
         if rate is None and not coupled:
             # Positions (within rand_rows) and indices (within drafts) of random requests' drafts.
             sub_pos = [rand_pos[i] + j for i in random_req for j in range(ks[i])]
             if sub_pos:
                 sub_draft = [draft_start[i] + j for i in random_req for j in range(ks[i])]
-                sidx = torch.tensor(sub_pos, dtype=torch.long, device=device)
-                didx = torch.tensor(sub_draft, dtype=torch.long, device=device)
+                sidx = upload(sub_pos, torch.long, device)
+                didx = upload(sub_draft, torch.long, device)
                 assert draft_probs is not None
                 q_sub = draft_probs.float().index_select(0, didx)
                 recovered = _recover(dist.index_select(0, sidx), q_sub)
@@ -213,7 +214,7 @@ def rejection_sample(
 
     # --- acceptance at every draft position ---
     if total_drafts:
-        drows = torch.tensor(draft_rows, dtype=torch.long, device=device)  # [D]
+        drows = upload(draft_rows, torch.long, device)  # [D]
         if rate is not None:
             accept = uniforms < rate
         else:
@@ -225,7 +226,7 @@ def rejection_sample(
                 q_d = draft_probs.float()[torch.arange(total_drafts, device=device), dtok]
                 # u < p/q without dividing: also right when q_d = 0 (accept) or p_d = 0 (reject)
                 random_accept = uniforms * q_d < p_d
-                is_greedy = torch.tensor(draft_greedy, dtype=torch.bool, device=device)
+                is_greedy = upload(draft_greedy, torch.bool, device)
                 accept = torch.where(is_greedy, accept, random_accept)
     else:
         accept = torch.zeros(0, dtype=torch.bool, device=device)

@@ -13,12 +13,14 @@ share the default generator in one draw.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from tandem.sample.rows import SamplingRow
-from tandem.sample.seeded import NOISE, Randomness, SeededStream
+from tandem.sample.seeded import NOISE, Randomness, SeededStream, keyed_generator
+from tandem.sample.upload import upload
 
 _TINY = torch.finfo(torch.float32).tiny
 
@@ -53,20 +55,48 @@ def draw_uniform(num: int, generator: torch.Generator, device: torch.device) -> 
     return u.to(device, non_blocking=True)
 
 
+@dataclass(frozen=True)
+class Noise:
+    """What one draw is: a row of ``width`` Exp(1) values (the race; width = vocabulary) or one
+    U[0, 1) value (an acceptance test)."""
+
+    width: int
+    exponential: bool
+
+    def from_generator(self, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+        """n draws from a running stream: [n, width] (exponential) or [n]."""
+        if self.exponential:
+            return draw_exponential(n, self.width, generator, device)
+        return draw_uniform(n, generator, device)
+
+    def from_keys(self, keys: Sequence[int], device: torch.device) -> torch.Tensor:
+        """One draw per 63-bit key (a seeded row: ``SeededStream.key``), each a function of its key
+        alone. On CUDA one Triton launch for all of them (``worker/triton_noise.py``: Philox keyed
+        per row); elsewhere a generator reseeded per key."""
+        if torch.device(device).type == "cuda":
+            from tandem.worker.triton_noise import keyed_noise
+
+            rows = keyed_noise(upload(keys, torch.int64, device), self.width if self.exponential else 1,
+                               self.exponential)
+            return rows if self.exponential else rows[:, 0]
+        return torch.cat([self.from_generator(1, keyed_generator(k, device), device) for k in keys])
+
+
 def draw_rows(
     sources: Sequence[Randomness],
     counts: Sequence[int],
-    draw: Callable[[int, torch.Generator], torch.Tensor],
+    noise: Noise,
     device: torch.device,
     positions: Sequence[int] | None = None,
     purpose: int = NOISE,
 ) -> torch.Tensor | None:
-    """Stack counts[i] draws (rows of ``draw``) per item i, in item order.
+    """Stack counts[i] draws of ``noise`` per item i, in item order.
 
-    Items sharing one ``torch.Generator`` (by identity) get one ``draw(n, generator)`` call covering
-    their rows in order; a generator used by a single item gives the same values whatever the other
-    items are. A ``SeededStream`` item draws its row j from the generator of (positions[i] + j,
-    ``purpose``): the same values whatever was drawn before. Returns None when nothing is drawn.
+    Items sharing one ``torch.Generator`` (by identity) get one draw of their rows in order; a
+    generator used by a single item gives the same values whatever the other items are. A
+    ``SeededStream`` item draws its row j by the key of (positions[i] + j, ``purpose``): the same
+    values whatever was drawn before and whatever else is in the step (all seeded rows of a call in
+    one ``Noise.from_keys``). Returns None when nothing is drawn.
     """
     total = sum(counts)
     if total == 0:
@@ -74,7 +104,7 @@ def draw_rows(
     if not any(isinstance(s, SeededStream) for s in sources):
         groups = group_by_generator(sources)  # type: ignore[arg-type]
         if len(groups) == 1:
-            return draw(total, groups[0][0])
+            return noise.from_generator(total, groups[0][0], device)
     elif positions is None:
         raise ValueError("seeded items need their output positions")
     starts: list[int] = []
@@ -88,17 +118,21 @@ def draw_rows(
     for gen, items in group_by_generator([s for _, s in streams]):  # type: ignore[misc]
         rows = [starts[streams[i][0]] + j for i in items for j in range(counts[streams[i][0]])]
         if rows:
-            draws.append(draw(len(rows), gen))
+            draws.append(noise.from_generator(len(rows), gen, device))
             order.extend(rows)
+    keys: list[int] = []
     for i, s in enumerate(sources):
         if isinstance(s, SeededStream):
             assert positions is not None
-            for j in range(counts[i]):
-                draws.append(draw(1, s.generator(positions[i] + j, purpose, device)))
-                order.append(starts[i] + j)
+            keys.extend(s.key(positions[i] + j, purpose) for j in range(counts[i]))
+            order.extend(range(starts[i], starts[i] + counts[i]))
+    if keys:
+        draws.append(noise.from_keys(keys, device))
     stacked = torch.cat(draws)
+    if order == list(range(total)):
+        return stacked
     out = torch.empty_like(stacked)
-    return out.index_copy_(0, torch.tensor(order, dtype=torch.long, device=device), stacked)
+    return out.index_copy_(0, upload(order, torch.long, device), stacked)
 
 
 def exponential_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -108,32 +142,35 @@ def exponential_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
 
 def sample(
     probs: torch.Tensor, rows: Sequence[SamplingRow], default_generator: torch.Generator,
-    purpose: int = NOISE,
+    purpose: int = NOISE, positions: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """One token per row: [num_rows] int64 on probs' device.
+    """One token per row: [num_rows] int64 on probs' device, queued without a host sync.
 
     probs: [num_rows, vocab] from ``probs_from_logits``. Greedy rows take the argmax and consume no
     randomness; random rows race against Exp(1) noise from ``row.generator or default_generator``
-    (a seeded row: its stream at position ``len(row.output_token_ids)`` for ``purpose``).
+    (a seeded row: its stream at its output position for ``purpose``: ``positions[i]`` when given —
+    asynchronous decode, whose rows' outputs end in tokens the host has not read — else
+    ``len(row.output_token_ids)``).
     """
     if probs.dim() != 2 or probs.shape[0] != len(rows):
         raise ValueError(
             f"expected probs of shape [num_rows={len(rows)}, vocab], got {tuple(probs.shape)}"
         )
-    out = probs.argmax(dim=-1)  # [num_rows]
     random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
     if not random_rows:
-        return out
+        return probs.argmax(dim=-1)  # [num_rows]
     vocab = probs.shape[1]
     device = probs.device
     gens = [
         g if (g := rows[i].generator) is not None else default_generator for i in random_rows
     ]
     noise = draw_rows(
-        gens, [1] * len(gens), lambda n, g: draw_exponential(n, vocab, g, device), device,
-        [len(rows[i].output_token_ids) for i in random_rows], purpose,
+        gens, [1] * len(gens), Noise(vocab, exponential=True), device,
+        [positions[i] if positions is not None else len(rows[i].output_token_ids) for i in random_rows], purpose,
     )  # [n_random, vocab]
     assert noise is not None  # len(gens) > 0
-    ridx = torch.tensor(random_rows, dtype=torch.long, device=device)
+    if len(random_rows) == len(rows):
+        return exponential_race(probs.float(), noise)
+    ridx = upload(random_rows, torch.long, device)
     tokens = exponential_race(probs.index_select(0, ridx).float(), noise)
-    return out.index_copy_(0, ridx, tokens)
+    return probs.argmax(dim=-1).index_copy_(0, ridx, tokens)

@@ -41,20 +41,29 @@ def position_seed(seed: int, position: int, purpose: int) -> int:
     return _mix64(h ^ purpose) >> 1
 
 
+def keyed_generator(key: int, device: torch.device) -> torch.Generator:
+    """A generator on ``device`` seeded with ``key``. One scratch generator per device is reseeded
+    each call: use it before the next call."""
+    dev = torch.device(device)
+    g = _SCRATCH.get(dev)
+    if g is None:
+        g = _SCRATCH[dev] = torch.Generator(device=dev)
+    return g.manual_seed(key)
+
+
 @dataclass(frozen=True)
 class SeededStream:
     """The randomness of one seeded request (``params.seed``; child i of ``n`` uses seed + i)."""
 
     seed: int
 
+    def key(self, position: int, purpose: int) -> int:
+        """The 63-bit key of the draws at (output position, purpose)."""
+        return position_seed(self.seed, position, purpose)
+
     def generator(self, position: int, purpose: int, device: torch.device) -> torch.Generator:
-        """A generator on ``device`` seeded for (position, purpose). One scratch generator per
-        device is reseeded each call: use it before the next call."""
-        dev = torch.device(device)
-        g = _SCRATCH.get(dev)
-        if g is None:
-            g = _SCRATCH[dev] = torch.Generator(device=dev)
-        return g.manual_seed(position_seed(self.seed, position, purpose))
+        """A generator on ``device`` seeded for (position, purpose) (``keyed_generator``)."""
+        return keyed_generator(self.key(position, purpose), device)
 
 
 Randomness = torch.Generator | SeededStream

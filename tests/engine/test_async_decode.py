@@ -5,12 +5,14 @@ stops, aborts)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
-from engine_utils import greedy, make_llm, random_prompts, tokens_of
+from engine_utils import chi2_same, greedy, make_llm, random_prompts, tokens_of
 from tandem import SamplingParams
 from tandem.config import SchedulerConfig
-from tandem.engine.async_decode import device_greedy
+from tandem.engine.async_decode import device_greedy, device_sampled
 from tandem.errors import ConfigError
 from tandem.request import Request
 from tiny_models import write_tiny_hf_checkpoint
@@ -63,6 +65,60 @@ def test_async_engine_matches_sync_on_mixed_requests(engines):
     assert _summary(asy.generate(prompts, stop_params, use_tqdm=False)) == want
 
 
+def test_sampled_steps_chain_on_the_device_and_match_the_synchronous_engine(engines):
+    """Temperature / top-k / top-p / min-p decoding runs asynchronously too: the tokens are drawn on
+    the device and the next step is launched before they are read. A seeded request's tokens are the
+    synchronous engine's (its noise is keyed by output position, placeholders counted); unseeded
+    requests draw from the engine's generator in the same order, so the same generator state gives
+    the same tokens; mixed greedy and sampled rows share a step."""
+    sync, asy = engines
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(8, 100, lo=4, hi=20, seed=12)]
+    params = [
+        SamplingParams(temperature=0.8, seed=5, max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=1.0, top_k=7, seed=6, max_tokens=20, ignore_eos=True),
+        SamplingParams(temperature=0.7, top_p=0.8, seed=7, max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=1.2, min_p=0.1, seed=8, max_tokens=17, ignore_eos=True),
+        SamplingParams(temperature=0.9, top_k=30, top_p=0.95, min_p=0.02, seed=9, max_tokens=24,
+                       ignore_eos=True, stop_token_ids=[13]),
+        greedy(24),
+        SamplingParams(temperature=1.0, seed=10, n=2, max_tokens=22, ignore_eos=True),
+        SamplingParams(temperature=0.8, max_tokens=24),  # EOS may stop it
+    ]
+    seeded = params[:7]
+    before = asy.engine.num_chained_steps
+    want = _summary(sync.generate(prompts[:7], seeded, use_tqdm=False))
+    got = _summary(asy.generate(prompts[:7], seeded, use_tqdm=False))
+    assert got == want
+    assert asy.engine.num_chained_steps - before >= 15
+    assert len({tuple(w[0]) for w in want}) == len(want)  # (sampled: no two alike)
+    # Unseeded: equal while no request finishes before the others (a finished request's discarded
+    # chained step draws its row too, after which the shared stream is used differently: same law).
+    for llm in engines:
+        llm.engine.generator.manual_seed(1234)
+    unseeded = [p.clone(seed=None, max_tokens=20, stop_token_ids=[]) for p in seeded]
+    want = _summary(sync.generate(prompts[:7], unseeded, use_tqdm=False))
+    assert _summary(asy.generate(prompts[:7], unseeded, use_tqdm=False)) == want
+    # ... and with requests finishing early, every output is a complete one
+    got = asy.generate(prompts, [p.clone(seed=None) for p in params], use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in got][:4] == [24, 20, 24, 17]
+
+
+def test_sampled_asynchronous_decode_draws_from_the_target_distribution(engines):
+    """The chained steps' tokens (position 2 is drawn by a step launched before position 1 was read)
+    follow the synchronous engine's distribution (two-sample chi-square, unseeded requests)."""
+    sync, asy = engines
+    params = SamplingParams(temperature=1.0, top_k=40, max_tokens=3, ignore_eos=True)
+    n = 1200
+    before = asy.engine.num_chained_steps
+    counts = []
+    for llm in engines:
+        outs = llm.generate([{"prompt_token_ids": [5, 6, 7]}] * n, params, use_tqdm=False)
+        counts.append(Counter(o.outputs[0].token_ids[2] for o in outs))
+    assert asy.engine.num_chained_steps > before
+    assert len(counts[1]) > 10  # a distribution, not an argmax
+    assert chi2_same(*counts) > 1e-3
+
+
 def test_async_abort_and_new_request_mid_chain(engines):
     results = []
     for llm in engines:
@@ -89,13 +145,19 @@ def test_async_abort_and_new_request_mid_chain(engines):
     assert sync["b"][1] == "abort" and sync["a"][1] == "length" and len(sync["c"][0]) == 10
 
 
-def test_device_greedy_rules():
+def test_device_greedy_and_sampled_rules():
     def req(**kw) -> Request:
         return Request(request_id="r", prompt_token_ids=[1, 2], params=SamplingParams(**kw), eos_token_ids=(0,),
                        max_model_len=64)
 
     assert device_greedy(req(temperature=0.0), 0)
     assert not device_greedy(req(temperature=0.7), 5)
+    # sampled on the device: the parameters alone, nothing applied or read on the host
+    assert device_sampled(req(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, seed=3), 5)
+    assert device_sampled(req(temperature=0.0), 0)
+    assert not device_sampled(req(temperature=0.7, logprobs=0), 5)
+    assert not device_sampled(req(temperature=0.7, presence_penalty=0.5), 5)
+    assert not device_sampled(req(temperature=0.7, min_tokens=6, max_tokens=8), 5)
     assert not device_greedy(req(temperature=0.0, logprobs=1), 5)
     assert not device_greedy(req(temperature=0.0, repetition_penalty=1.2), 5)
     assert not device_greedy(req(temperature=0.0, logit_bias={3: 1.0}), 5)

@@ -363,3 +363,28 @@ def test_pipeline_on_cuda():
     out = rejection_sample(probs, d0[:, None].tolist(), q0.expand(num, V).to(dev), [False] * num, [g] * num)
     first = np.array([t[0] for t in out.token_ids])
     assert chi2_pvalue(np.bincount(first, minlength=V), p0.numpy()) > 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_seeded_rows_on_cuda_are_lossless_and_keyed():
+    """On CUDA a step's seeded rows draw their noise and acceptance uniforms in one launch per kind
+    (worker/triton_noise.py): rejection sampling with probabilistic drafts still emits the target's
+    distribution, and a seeded request's tokens do not depend on the other rows of the step."""
+    dev = torch.device("cuda")
+    num = 20_000
+    p0 = target(torch.tensor([[2.0, 1.6, 1.2, 0.9, 0.5, 0.2, -0.3, -0.5]]))[0]
+    q0 = torch.tensor([0.02, 0.03, 0.05, 0.10, 0.25, 0.25, 0.15, 0.15])
+    d0 = torch.multinomial(q0, num, replacement=True, generator=gen(7))
+    probs = p0.expand(2 * num, V).contiguous().to(dev)
+    streams: list[Any] = [SeededStream(9_000_000 + i) for i in range(num)]
+    out = rejection_sample(probs, d0[:, None].tolist(), q0.expand(num, V).to(dev), [False] * num, streams,
+                           positions=[3] * num)
+    first = np.array([t[0] for t in out.token_ids])
+    assert chi2_pvalue(np.bincount(first, minlength=V), p0.numpy()) > 1e-3
+    # request 5 alone, and behind a default-generator request: the same tokens
+    alone = rejection_sample(probs[10:12], [d0[5:6].tolist()], q0.expand(1, V).to(dev), [False], [streams[5]],
+                             positions=[3])
+    mixed = rejection_sample(probs[:4], [[1], d0[5:6].tolist()], q0.expand(2, V).to(dev), [False, False],
+                             [torch.Generator(dev).manual_seed(3), streams[5]], positions=[0, 3])
+    assert alone.token_ids[0] == mixed.token_ids[1] == out.token_ids[5]

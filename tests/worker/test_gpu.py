@@ -445,6 +445,77 @@ def test_async_decode_on_cuda_matches_sync(tmp_path, monkeypatch):
     assert llms[1].engine.num_chained_steps >= 15
 
 
+def test_sampled_async_decode_on_cuda_matches_sync(tmp_path):
+    """Sampled requests (temperature, top-k, top-p, min-p; seeded) chain asynchronously on CUDA with
+    the tokens drawn on the device, and give the synchronous engine's tokens (same kernels: every
+    request runs to the same length, so no step carries a finished row)."""
+    from tiny_models import write_tiny_hf_checkpoint
+    from tandem import LLM, SamplingParams
+
+    path = write_tiny_hf_checkpoint(tmp_path, "llama", vocab_size=256, hidden_size=128, intermediate_size=256,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    prompts = [[5 + i, 9, 17, 33, 40 + i] for i in range(5)]
+    params = [SamplingParams(temperature=0.8, seed=1, max_tokens=20, ignore_eos=True),
+              SamplingParams(temperature=1.0, top_k=5, seed=2, max_tokens=20, ignore_eos=True),
+              SamplingParams(temperature=0.7, top_p=0.8, seed=3, max_tokens=20, ignore_eos=True),
+              SamplingParams(temperature=1.1, min_p=0.05, top_k=50, top_p=0.9, seed=4, max_tokens=20,
+                             ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)]
+    llms = [LLM(str(path), device="cuda", dtype="bfloat16", kv_cache_memory_bytes=64 << 20, async_scheduling=a)
+            for a in (False, True)]
+    sync, asy = ([o.outputs[0].token_ids for o in llm.generate(prompts, params)] for llm in llms)
+    assert asy == sync
+    assert llms[1].engine.num_chained_steps >= 15
+
+
+def test_keyed_noise_rows_depend_on_their_key_only():
+    """One launch draws every seeded row of a step (worker/triton_noise.py): a row is a function of
+    its key alone, Exp(1) rows and U[0, 1) draws have their laws (Kolmogorov-Smirnov)."""
+    from scipy.stats import kstest
+
+    from tandem.worker.triton_noise import keyed_noise
+
+    dev = torch.device("cuda")
+    keys = torch.tensor([7, 2**62 + 11, 123456789, 7], dtype=torch.int64, device=dev)
+    rows = keyed_noise(keys, 49152, True)
+    assert torch.equal(rows[0], rows[3]) and not torch.equal(rows[0], rows[1])
+    assert torch.equal(keyed_noise(keys[1:2], 49152, True)[0], rows[1])
+    assert bool((rows > 0).all()) and bool(torch.isfinite(rows).all())
+    assert kstest(rows[1].cpu().numpy(), "expon").pvalue > 1e-3
+    many = torch.arange(1, 20_001, dtype=torch.int64, device=dev) * 1_000_003
+    u = keyed_noise(many, 1, False)[:, 0].cpu().numpy()
+    assert ((u >= 0) & (u < 1)).all() and kstest(u, "uniform").pvalue > 1e-3
+
+
+def test_sampling_queues_without_a_host_sync():
+    """Logits processing, the sampling distribution and the draw queue their work on the device
+    without waiting for it (sample/upload.py): with CUDA's sync debug mode set to error, none of
+    them synchronises. (The token read is the one sync, made by the caller.)"""
+    from tandem import SamplingParams as SP
+    from tandem.sample.logits import probs_from_logits, process_logits
+    from tandem.sample.rows import SamplingRow
+    from tandem.sample.sampler import sample
+    from tandem.sample.seeded import SeededStream
+
+    dev = torch.device("cuda")
+    logits = torch.randn(6, 1000, device=dev)
+    rows = [SamplingRow(SP(temperature=0.8), [1, 2], [3]),
+            SamplingRow(SP(temperature=1.0, top_k=20, seed=3), [1, 2], [3, 4], (), SeededStream(3)),
+            SamplingRow(SP(temperature=0.7, top_p=0.9), [1], []),
+            SamplingRow(SP(temperature=1.2, min_p=0.1, top_k=40, top_p=0.95), [1], [7]),
+            SamplingRow(SP(temperature=0.0), [1], [2]),
+            SamplingRow(SP(temperature=0.9, presence_penalty=0.5, frequency_penalty=0.2, repetition_penalty=1.1,
+                           logit_bias={5: 2.0}, min_tokens=4, max_tokens=8), [1, 5], [5, 6], (0,))]
+    gen = torch.Generator(device=dev).manual_seed(0)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tokens = sample(probs_from_logits(process_logits(logits, rows), rows), rows, gen)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert tokens.shape == (6,) and int(tokens[4]) == int(logits[4].argmax())
+
+
 def test_speculative_engine_on_cuda(tmp_path):
     from engine_utils import greedy, tokens_of
     from tiny_models import write_tiny_hf_checkpoint
