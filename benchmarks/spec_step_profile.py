@@ -21,6 +21,7 @@ Optionally writes a cProfile of each configuration (``--cprofile DIR``).
 
 Usage: python benchmarks/spec_step_profile.py [--model M] [--batch 1] [--num-prompts 8]
        [--max-tokens 256] [--temperature 0] [--humaneval FILE] [--configs baseline,sync,ngram,ngram_policy,suffix]
+       [--sync]
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def profile(args: argparse.Namespace, name: str) -> dict[str, Any]:
     from tandem.engine import async_decode
 
     spec, async_on = CONFIGS[name]
+    async_on = async_on and not args.sync
     kw: dict[str, Any] = {"async_scheduling": async_on}
     if args.device:
         kw["device"] = args.device
@@ -163,6 +165,7 @@ def main() -> None:
     ap.add_argument("--configs", default="baseline,sync,ngram,ngram_policy")
     ap.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     ap.add_argument("--cprofile", default=None, help="directory for one .prof per configuration")
+    ap.add_argument("--sync", action="store_true", help="every configuration synchronous (the CPU's default)")
     args = ap.parse_args()
     if args.model is None:
         from tandem.loader.registry import DEFAULT_MODEL
