@@ -16,6 +16,14 @@ import pytest
 
 pytest.importorskip("triton")
 
+
+def _run_interpreted(script: str, *args: str) -> None:
+    """Run ``script`` in a subprocess under Triton's interpreter; it must print "ok" last."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("ok")
+
 _SCRIPT = textwrap.dedent('''
     import torch
     import torch.nn.functional as F
@@ -78,10 +86,7 @@ _SCRIPT = textwrap.dedent('''
 
 @pytest.mark.parametrize("defer", ["0", "1"])  # per-tile and deferred reductions
 def test_gemv_kernel_under_interpreter(defer: str) -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, defer], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith("ok")
+    _run_interpreted(_SCRIPT, defer)
 
 
 def test_pdl_is_off_on_cpu_and_follows_its_switch() -> None:
@@ -121,11 +126,7 @@ _ARGMAX_SCRIPT = textwrap.dedent('''
 
 def test_argmax_kernel_under_interpreter() -> None:
     """The two-pass greedy argmax: same ids as torch.argmax, lowest id on ties (within and across pieces)."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _ARGMAX_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith("ok")
+    _run_interpreted(_ARGMAX_SCRIPT)
 
 
 _NOISE_SCRIPT = textwrap.dedent('''
@@ -147,11 +148,7 @@ _NOISE_SCRIPT = textwrap.dedent('''
 
 def test_keyed_noise_kernel_under_interpreter() -> None:
     """Seeded rows' noise in one launch: a row is a function of its key alone, Exp(1) and U[0, 1) laws."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _NOISE_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith("ok")
+    _run_interpreted(_NOISE_SCRIPT)
 
 
 _W4_SCRIPT = textwrap.dedent('''
@@ -230,10 +227,7 @@ _W4_SCRIPT = textwrap.dedent('''
 def test_w4_gemv_under_interpreter() -> None:
     """The int4 skinny matmul (worker/triton_w4.py): the product with the float32 weight the codes,
     scales and offsets describe, with every fusion, tail runs, both groupings, one row and tiles."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _W4_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith("ok")
+    _run_interpreted(_W4_SCRIPT)
 
 
 _INVARIANT_SCRIPT = textwrap.dedent('''
@@ -297,8 +291,4 @@ _INVARIANT_SCRIPT = textwrap.dedent('''
 def test_batch_invariant_kernels_under_interpreter() -> None:
     """Batch-invariant mode's kernels: matmul rows (every fusion, int4, float32 logits) and attention
     rows (prefill, verify, decode of one position) do not depend on the step's other rows."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _INVARIANT_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith("ok")
+    _run_interpreted(_INVARIANT_SCRIPT)
