@@ -14,7 +14,7 @@ packing the next inputs and launching its CUDA graph overlap the GPU's forward i
 it (vLLM's async scheduling).
 
 Outputs are the same tokens in the same order as the synchronous engine's (for a sampled request
-with a seed too: its noise is keyed by output position, placeholders counted; unseeded requests share
+with a seed too: its draw is keyed by output position, placeholders counted; unseeded requests share
 the engine's generator, whose draws follow the step composition, so they match in law). A request that stops
 (EOS, stop string, ``max_tokens``) at step n has had step n + 1 computed for it already: that token is discarded
 (the KV it wrote is the stop token's, correct and never read by the finished request). That step

@@ -11,7 +11,8 @@ output so far plus the drafts before that row, so every sampling parameter appli
 distribution p at every verified position; ``rejection_sample`` accepts drafts and emits the
 recovered / bonus token (requests without drafts are its k = 0 case). When every request of the step
 is greedy (and acceptance is not synthetic) ``greedy_verify`` gives the same tokens straight from
-the argmax. Structured requests' rows are masked by their grammar first (k + 1 masks per verify,
+the argmax; when every draft is deterministic (no draft distributions q), each row's plain sample
+(``sample``) and ``accept_matching`` give the tokens ``rejection_sample`` would (its coupling). Structured requests' rows are masked by their grammar first (k + 1 masks per verify,
 ``structured/step_masks.py``), so a draft outside the grammar is rejected. Logprobs come from the raw
 logits of the emitted tokens' rows. Nothing here mutates a request: the scheduler and the output processor
 apply the ``ModelRunnerOutput``.
@@ -35,7 +36,7 @@ from tandem.sample.argmax import greedy_ids
 from tandem.sample.grammar_mask import apply_grammar_bitmask
 from tandem.sample.logits import probs_from_logits, process_logits
 from tandem.sample.logprobs import compute_logprobs
-from tandem.sample.rejection import greedy_verify, rejection_sample
+from tandem.sample.rejection import accept_matching, greedy_verify, rejection_sample
 from tandem.sample.rows import SamplingRow
 from tandem.sample.sampler import sample
 from tandem.scheduler import ScheduledRequest, SchedulerOutput
@@ -183,12 +184,19 @@ class Executor:
         masks = step_bitmask([(s.request.grammar, s.spec_token_ids) for s, _ in sampling])
         if masks is not None:  # structured output: tokens outside the grammar get p = 0 at every row
             processed = apply_grammar_bitmask(processed, raw, *masks)
+        draft_probs = self._draft_probs(sampling, logits.shape[-1], logits.device)
         if synthetic is None and all(greedy):
             result = greedy_verify(processed, drafts)
+        elif synthetic is None and draft_probs is None:
+            # Deterministic drafts (or none): each row's plain sample decides (the coupling in
+            # sample/rejection.py) — ``sample`` draws exactly the noise ``rejection_sample`` would
+            # (same generators, keys and order), in a few ops and one host read.
+            probs = probs_from_logits(processed, srows)
+            positions = [s.request.num_output_tokens + j for s, _ in sampling for j in range(len(s.spec_token_ids) + 1)]
+            result = accept_matching(sample(probs, srows, self.generator, positions=positions).tolist(), drafts)
         else:
             result = rejection_sample(
-                probs_from_logits(processed, srows), drafts,
-                self._draft_probs(sampling, logits.shape[-1], logits.device), greedy,
+                probs_from_logits(processed, srows), drafts, draft_probs, greedy,
                 [s.request.generator or self.generator for s, _ in sampling],
                 synthetic_acceptance_rate=synthetic,
                 positions=[s.request.num_output_tokens for s, _ in sampling],

@@ -244,13 +244,49 @@ def _top_k_top_p_sorted(
     else:
         keep = torch.ones_like(sorted_p, dtype=torch.bool)
     if top_p is not None:
-        renorm = sorted_p / sorted_p.sum(dim=-1, keepdim=True)
+        # (without top-k the total is summed in vocabulary order: the same as ``_top_p_from_candidates``)
+        total = sorted_p.sum(dim=-1, keepdim=True) if top_k is not None else probs.sum(dim=-1, keepdim=True)
+        renorm = sorted_p / total
         # Mass strictly before each token; keep while it is < top_p → the smallest prefix whose
         # mass reaches top_p, never empty. Rows with top_p = 1 keep everything exactly.
         before = torch.cumsum(renorm, dim=-1) - renorm
         before[:, 0] = 0.0
         keep = keep & ((before < top_p[:, None]) | (top_p[:, None] >= 1.0))
     mask = torch.zeros_like(keep).scatter_(1, order, keep)
+    return probs.masked_fill(~mask, 0.0)
+
+
+NUCLEUS_CANDIDATES = 512  # tokens a CPU top-p filter looks at before it falls back to a full sort
+
+
+def _top_p_from_candidates(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor | None:
+    """CPU top-p (no top-k) from each row's ``NUCLEUS_CANDIDATES`` likeliest tokens, when every
+    row's nucleus lies among them: a selection instead of a full sort of the vocabulary (a stable
+    sort of 49k entries took ~3.9 ms on the 2-core CPU, docs/performance.md §33).
+
+    The same keep set as ``_top_k_top_p_sorted``: the candidates in the full sort's order
+    (probability descending, lower id first among equals), the same total (vocabulary order) and
+    the same cumulative sums (CPU ``cumsum`` accumulates sequentially). Returns None — the caller
+    sorts — when some row's nucleus reaches past the candidates, a group of equal probabilities
+    straddles the cut, or the mass before the last candidate is within 1e-6 of top_p (where the
+    rounding of later positions could matter).
+    """
+    n, vocab = probs.shape
+    c = min(NUCLEUS_CANDIDATES, vocab - 1)
+    if c < 2:
+        return None
+    vals, ids = probs.topk(c + 1, dim=-1)  # [n, c + 1], descending; equal values in any order
+    by_id = ids.argsort(dim=-1)
+    vals, ids = vals.gather(1, by_id), ids.gather(1, by_id)
+    vals, perm = vals.sort(dim=-1, descending=True, stable=True)  # equal values: lower id first
+    ids = ids.gather(1, perm)
+    renorm = vals[:, :c] / probs.sum(dim=-1, keepdim=True)
+    before = torch.cumsum(renorm, dim=-1) - renorm
+    before[:, 0] = 0.0
+    fits = (vals[:, c - 1] > vals[:, c]) & (before[:, c - 1] >= top_p + 1e-6)
+    if not bool(fits.all()):
+        return None
+    mask = torch.zeros_like(probs, dtype=torch.bool).scatter_(1, ids[:, :c], before < top_p[:, None])
     return probs.masked_fill(~mask, 0.0)
 
 
@@ -262,7 +298,8 @@ def _top_k_only(probs: torch.Tensor, top_k: torch.Tensor, k_max: int) -> torch.T
 
 
 def _apply_top_k_top_p(probs: torch.Tensor, ks: list[int], ps: list[float]) -> torch.Tensor:
-    """Filter only the rows that ask for it; full sort only when some row uses top-p."""
+    """Filter only the rows that ask for it; full sort only when some row uses top-p (on CPU, only
+    when a nucleus does not fit among ``NUCLEUS_CANDIDATES`` tokens)."""
     vocab = probs.shape[1]
     device = probs.device
     need = [i for i, (k, p) in enumerate(zip(ks, ps)) if k < vocab or p < 1.0]
@@ -279,7 +316,8 @@ def _apply_top_k_top_p(probs: torch.Tensor, ks: list[int], ps: list[float]) -> t
     else:
         use_k = any(k < vocab for k in sub_k)
         top_p = upload(sub_p, torch.float32, device)
-        filtered = _top_k_top_p_sorted(sub, top_k if use_k else None, top_p)
+        quick = _top_p_from_candidates(sub, top_p) if not use_k and device.type == "cpu" else None
+        filtered = quick if quick is not None else _top_k_top_p_sorted(sub, top_k if use_k else None, top_p)
     return filtered if everything else probs.index_copy(0, idx, filtered)
 
 

@@ -20,19 +20,19 @@ Glossary (see docs/architecture.md):
   rate = accepted at position i / drafts reaching position i (see ``spec_decode/cost_model.py``).
 
 Deterministic drafts (one-hot q) are verified by coupling: row j samples x_j from p_j as plain
-sampling would (exponential race); d_j is accepted iff x_j == d_j, and the first x_j != d_j is the
+sampling would (inverse CDF with the row's uniform, ``sampler.inverse_cdf``); d_j is accepted iff x_j == d_j, and the first x_j != d_j is the
 emitted token. P(accept) = p_j(d_j) and a rejected x_j is distributed as p_j without d_j, so this is
 the rejection rule above; and the emitted token at every position is the plain sample there.
 
 Randomness and reproducibility: per request, from its randomness (``generators``), we draw k
-uniforms (probabilistic drafts and benchmark mode only) then k + 1 rows of Exp(1) noise (the race),
+uniforms (probabilistic drafts and benchmark mode only) then k + 1 sampling uniforms (one per row),
 always the same amount whatever gets accepted. Requests sharing one generator object (the engine's
 default) are drawn together. A seeded request (``seeded.SeededStream``) draws each row from its
 stream at that row's output position (``positions``), so with deterministic drafts its output is
 exactly its output without speculation, token for token, whatever k each step used. A k = 0 request
-consumes exactly what ``sampler.sample`` would (one noise row), so it yields the same token.
+consumes exactly what ``sampler.sample`` would (one uniform), so it yields the same token.
 
-Vectorisation: p_j(d_j), q_j(d_j), the accept test, the residual of every draft row and the race of
+Vectorisation: p_j(d_j), q_j(d_j), the accept test, the residual of every draft row and the draw of
 every row are computed for the whole batch at once; the only host sync is the final transfer of the
 accept flags and candidate tokens, after which the python bookkeeping per request is O(k).
 
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem.sample.argmax import greedy_ids
-from tandem.sample.sampler import Noise, draw_rows, exponential_race
+from tandem.sample.sampler import draw_rows, inverse_cdf
 from tandem.sample.seeded import NOISE, UNIFORM, Randomness
 from tandem.sample.upload import upload
 
@@ -85,16 +85,23 @@ def greedy_verify(logits: torch.Tensor, draft_token_ids: Sequence[Sequence[int]]
     rows = sum(len(d) + 1 for d in draft_token_ids)
     if logits.dim() != 2 or logits.shape[0] != rows:
         raise ValueError(f"logits must be [sum(k_i + 1)={rows}, vocab], got {tuple(logits.shape)}")
-    best = greedy_ids(logits).tolist()
+    return accept_matching(greedy_ids(logits).tolist(), draft_token_ids)
+
+
+def accept_matching(row_tokens: Sequence[int], draft_token_ids: Sequence[Sequence[int]]) -> RejectionOutput:
+    """Verification of deterministic drafts from each row's own token (the argmax for greedy rows,
+    the plain sample for random ones: the coupling above): d_j is accepted while it equals row j's
+    token, and the first row that differs — or the row after the last draft — gives the emitted
+    token. ``row_tokens``: Σ(k_i + 1) tokens, rows of request i contiguous, in request order."""
     tokens: list[list[int]] = []
     accepted: list[int] = []
     r = 0
     for d in draft_token_ids:
         k = len(d)
         a = 0
-        while a < k and best[r + a] == int(d[a]):
+        while a < k and row_tokens[r + a] == int(d[a]):
             a += 1
-        tokens.append([int(t) for t in d[:a]] + [best[r + a]])
+        tokens.append([int(t) for t in d[:a]] + [int(row_tokens[r + a])])
         accepted.append(a)
         r += k + 1
     return RejectionOutput(tokens, accepted)
@@ -165,11 +172,11 @@ def rejection_sample(
     target_argmax = p.argmax(dim=-1)  # [R]: greedy choice at every row
     tokens = target_argmax.clone()  # [R]: candidate emitted token at every row
 
-    # --- randomness: per generator, uniforms (acceptance) then noise rows (race) ---
+    # --- randomness: per generator, uniforms (acceptance) then one sampling uniform per row ---
     # Counts depend only on k_i and the request's mode, never on what gets accepted.
     coupled = rate is None and draft_probs is None  # one-hot drafts: accept iff the plain sample agrees
     u_counts = [k if (rate is not None or (not rows_greedy[i] and not coupled)) else 0 for i, k in enumerate(ks)]
-    uniforms = draw_rows(generators, u_counts, Noise(1, exponential=False), device, positions, UNIFORM)
+    uniforms = draw_rows(generators, u_counts, device, positions, UNIFORM)
     if uniforms is None or sum(u_counts) != total_drafts:
         # Greedy and coupled requests (without synthetic mode) draw nothing; their slots are never read.
         full = torch.zeros(total_drafts, dtype=torch.float32, device=device)  # [D]
@@ -177,17 +184,16 @@ def rejection_sample(
             slots = [draft_start[i] + j for i, c in enumerate(u_counts) for j in range(c)]
             full.index_copy_(0, upload(slots, torch.long, device), uniforms)
         uniforms = full
-    # Noise for every row of random requests, stacked in request order: [Σ_{random i}(k_i + 1), V].
+    # A sampling uniform for every row of random requests, stacked in request order: [Σ_{random i}(k_i + 1)].
     rand_rows = [row_start[i] + j for i in random_req for j in range(ks[i] + 1)]
     rand_pos: dict[int, int] = {}  # request → offset of its rows in rand_rows
     off = 0
     for i in random_req:
         rand_pos[i] = off
         off += ks[i] + 1
-    noise = draw_rows(
+    draws = draw_rows(
         [generators[i] for i in random_req],
         [ks[i] + 1 for i in random_req],
-        Noise(vocab, exponential=True),
         device,
         None if positions is None else [positions[i] for i in random_req],
         NOISE,
@@ -196,7 +202,7 @@ def rejection_sample(
     # --- candidate recovered/bonus token at every row of random requests ---
     dtok = upload(flat_drafts, torch.long, device)  # [D]
     if rand_rows:
-        assert noise is not None
+        assert draws is not None
         ridx = upload(rand_rows, torch.long, device)
         dist = p.index_select(0, ridx)  # [n_rand, V]; bonus rows (and coupled rows) sample p_j as is
         if rate is None and not coupled:
@@ -210,7 +216,7 @@ def rejection_sample(
                 q_sub = draft_probs.float().index_select(0, didx)
                 recovered = _recover(dist.index_select(0, sidx), q_sub)
                 dist.index_copy_(0, sidx, recovered)
-        tokens.index_copy_(0, ridx, exponential_race(dist, noise))
+        tokens.index_copy_(0, ridx, inverse_cdf(dist, draws))
 
     # --- acceptance at every draft position ---
     if total_drafts:

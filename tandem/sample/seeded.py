@@ -1,7 +1,8 @@
 """A seeded request's randomness, keyed by output position.
 
-A request with ``SamplingParams.seed`` draws the randomness of its n-th output token from a
-generator seeded with a hash of (seed, n, purpose), never from a running stream. So the token at
+A request with ``SamplingParams.seed`` draws the randomness of its n-th output token — one uniform,
+the inverse-CDF draw of ``sampler.inverse_cdf`` — as a hash of (seed, n, purpose) computed on the
+host, never from a running stream. So the token at
 position n depends only on the seed and the target's distribution there, not on how many draws
 earlier steps made. That is what lets speculation (which draws k + 1 rows per verify and throws the
 rows after a rejection away) and the goodput policy (which decides from wall time whether to draft)
@@ -9,8 +10,8 @@ leave a seeded request's output unchanged: with deterministic drafts (n-gram, su
 the verify emits at each position exactly the token plain sampling would (``rejection``), so the
 same seed gives the same text with speculation on or off, whatever the policy decided.
 
-Purposes separate independent draws at one position: the target's noise row (sampling and
-verifying), the acceptance uniform (probabilistic drafts only) and the draft model's own noise.
+Purposes separate independent draws at one position: the target's sampling uniform (sampling and
+verifying), the acceptance uniform (probabilistic drafts only) and the draft model's own draw.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-NOISE = 0  # the target's Exp(1) row at a position (plain sampling, verify rows)
+NOISE = 0  # the target's sampling uniform at a position (plain sampling, verify rows)
 UNIFORM = 1  # the acceptance test's U[0, 1) for a probabilistic draft at a position
-DRAFT = 2  # the draft model's own Exp(1) row when it samples a draft at a position
+DRAFT = 2  # the draft model's own sampling uniform when it samples a draft at a position
 
 _MASK64 = (1 << 64) - 1
-_SCRATCH: dict[torch.device, torch.Generator] = {}
+_GRID = 2.0 ** -24
 
 
 def _mix64(x: int) -> int:
@@ -35,20 +36,10 @@ def _mix64(x: int) -> int:
 
 
 def position_seed(seed: int, position: int, purpose: int) -> int:
-    """The generator seed of (seed, output position, purpose): a 63-bit int."""
+    """The key of (seed, output position, purpose): a 63-bit int."""
     h = _mix64(seed & _MASK64)
     h = _mix64(h ^ (position & _MASK64))
     return _mix64(h ^ purpose) >> 1
-
-
-def keyed_generator(key: int, device: torch.device) -> torch.Generator:
-    """A generator on ``device`` seeded with ``key``. One scratch generator per device is reseeded
-    each call: use it before the next call."""
-    dev = torch.device(device)
-    g = _SCRATCH.get(dev)
-    if g is None:
-        g = _SCRATCH[dev] = torch.Generator(device=dev)
-    return g.manual_seed(key)
 
 
 @dataclass(frozen=True)
@@ -58,12 +49,13 @@ class SeededStream:
     seed: int
 
     def key(self, position: int, purpose: int) -> int:
-        """The 63-bit key of the draws at (output position, purpose)."""
+        """The 63-bit key of the draw at (output position, purpose)."""
         return position_seed(self.seed, position, purpose)
 
-    def generator(self, position: int, purpose: int, device: torch.device) -> torch.Generator:
-        """A generator on ``device`` seeded for (position, purpose) (``keyed_generator``)."""
-        return keyed_generator(self.key(position, purpose), device)
+    def uniform(self, position: int, purpose: int) -> float:
+        """The draw at (position, purpose): the key's top 24 bits as a multiple of 2**-24 in
+        [0, 1 − 2**-24] (exact in float32, the grid of ``sampler.draw_rows``)."""
+        return (self.key(position, purpose) >> 39) * _GRID
 
 
 Randomness = torch.Generator | SeededStream

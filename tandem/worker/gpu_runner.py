@@ -53,7 +53,6 @@ from tandem.worker.input_packer import HostStaging, layout, pack, padded_rows, s
 from tandem.worker.pdl import set_pdl
 from tandem.worker.step_output import StepOutput
 from tandem.worker.triton_argmax import argmax_rows
-from tandem.worker.triton_noise import compile_keyed_noise
 from tandem.worker.triton_attention import (
     MAX_SPLITS,
     num_sms,
@@ -253,8 +252,7 @@ class GpuModelRunner:
     @torch.inference_mode()
     def compile_kernels(self) -> None:
         """Compile now every Triton kernel variant a step can pick at run time: the attention's query
-        tile (1..64 query rows) with and without split-KV, the greedy argmax and the seeded sampling
-        noise. Runs eager steps on
+        tile (1..64 query rows) with and without split-KV, and the greedy argmax. Runs eager steps on
         all-padding inputs (no KV slot read or written). Without it the first request of a new shape
         class (e.g. the first prompt short enough for one KV split) waits ~0.5-0.9 s for a compile."""
         w = self.table_width
@@ -270,7 +268,6 @@ class GpuModelRunner:
                 ids, pos, meta = self._meta(dev, q, 1, w, q, splits)
                 argmax_rows(self._logits(self._hidden(ids, pos, meta)))
             q *= 2
-        compile_keyed_noise(self.model.arch.vocab_size, self.device)  # seeded requests' sampling noise
         torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()

@@ -68,7 +68,7 @@ def test_async_engine_matches_sync_on_mixed_requests(engines):
 def test_sampled_steps_chain_on_the_device_and_match_the_synchronous_engine(engines):
     """Temperature / top-k / top-p / min-p decoding runs asynchronously too: the tokens are drawn on
     the device and the next step is launched before they are read. A seeded request's tokens are the
-    synchronous engine's (its noise is keyed by output position, placeholders counted); unseeded
+    synchronous engine's (its draw is keyed by output position, placeholders counted); unseeded
     requests draw from the engine's generator in the same order, so the same generator state gives
     the same tokens; mixed greedy and sampled rows share a step."""
     sync, asy = engines

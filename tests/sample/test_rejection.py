@@ -327,6 +327,35 @@ def test_cost_model_known_values():
     assert math.isfinite(cost_model_speedup(0.999999, 10, 0.1, 0.1))
 
 
+def test_coupled_verification_through_plain_sampling_is_rejection_sampling():
+    """The executor verifies deterministic drafts from each row's plain sample (``sample`` +
+    ``accept_matching``): the same tokens and counts as ``rejection_sample`` with one-hot q, for
+    greedy, seeded and shared-generator requests in one step, whatever the drafts."""
+    rng = np.random.default_rng(4)
+    params = [SP(temperature=0.0), SP(temperature=0.9, seed=3), SP(temperature=1.2), SP(temperature=0.7, seed=8),
+              SP(temperature=1.0)]
+    streams: list[Any] = [None, SeededStream(3), None, SeededStream(8), None]
+    for trial in range(20):
+        ks = [int(k) for k in rng.integers(0, 4, len(params))]
+        logits = torch.tensor(rng.normal(size=(sum(ks) + len(ks), V)) * 2, dtype=torch.float32)
+        rows: list[SamplingRow] = []
+        for p, g, k in zip(params, streams, ks):
+            rows.extend(SamplingRow(p, [], [], (), g) for _ in range(k + 1))
+        probs = probs_from_logits(logits, rows)
+        top = probs.argmax(dim=-1).tolist()
+        drafts, r = [], 0
+        for k in ks:  # mostly the row's likeliest token (often accepted), sometimes another
+            drafts.append([top[r + j] if rng.random() < 0.7 else int(rng.integers(V)) for j in range(k)])
+            r += k + 1
+        starts = [int(x) for x in rng.integers(0, 50, len(ks))]
+        positions = [starts[i] + j for i, k in enumerate(ks) for j in range(k + 1)]
+        got = rejection.accept_matching(sample(probs, rows, gen(100 + trial), positions=positions).tolist(), drafts)
+        shared = gen(100 + trial)  # the engine's generator, in the same state as for ``sample``
+        want = rejection_sample(probs, drafts, None, [p.greedy for p in params],
+                                [g or shared for g in streams], positions=starts)
+        assert got == want, trial
+
+
 # ---------------------------------------------------------------- on the GPU
 
 
@@ -368,8 +397,8 @@ def test_pipeline_on_cuda():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_seeded_rows_on_cuda_are_lossless_and_keyed():
-    """On CUDA a step's seeded rows draw their noise and acceptance uniforms in one launch per kind
-    (worker/triton_noise.py): rejection sampling with probabilistic drafts still emits the target's
+    """On CUDA, seeded rows' uniforms (computed on the host from their keys) and the inverse-CDF draw
+    on the device: rejection sampling with probabilistic drafts still emits the target's
     distribution, and a seeded request's tokens do not depend on the other rows of the step."""
     dev = torch.device("cuda")
     num = 20_000

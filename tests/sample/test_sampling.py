@@ -259,6 +259,34 @@ def test_top_p_applies_to_top_k_renormalised_distribution():
     torch.testing.assert_close(probs[0], torch.tensor([0.625, 0.375, 0.0, 0.0]))
 
 
+def test_cpu_top_p_from_candidates_is_the_sorted_filter():
+    """The CPU's top-p shortcut (a top-k selection of candidates, no full sort) keeps exactly what
+    the full stable sort keeps, ties at the cut included, and falls back to it when a nucleus does
+    not fit among the candidates."""
+    from tandem.sample import logits as lg
+
+    g = gen(9)
+    taken = fell_back = 0
+    for trial in range(80):
+        vocab = 3000
+        raw = torch.randn(1, vocab, generator=g) * float(torch.empty(1).uniform_(1.0, 8.0, generator=g))
+        top = raw.topk(40).indices[0]
+        for a, b in torch.randint(0, 40, (12, 2), generator=g).tolist():  # equal probabilities near the cut
+            raw[0, top[a]] = raw[0, top[b]]
+        probs = torch.softmax(raw, dim=-1)
+        top_p = torch.rand(1, generator=g) * 0.98 + 0.01
+        quick = lg._top_p_from_candidates(probs, top_p)
+        full = lg._top_k_top_p_sorted(probs, None, top_p)
+        if quick is None:
+            fell_back += 1
+        else:
+            taken += 1
+            assert torch.equal(quick, full), trial
+    assert taken > 10 and fell_back > 3, (taken, fell_back)
+    flat = torch.full((1, 3000), 1 / 3000)  # every token in the nucleus: no shortcut
+    assert lg._top_p_from_candidates(flat, torch.tensor([0.9])) is None
+
+
 def test_min_p():
     probs = probs_from_logits(logits_of(P4), [row(SP(min_p=0.2))])  # threshold 0.1
     torch.testing.assert_close(probs[0], torch.tensor([0.5, 0.3, 0.15, 0.0]) / 0.95)
@@ -293,6 +321,36 @@ def test_sample_matches_distribution():
     rows = [row()] * n
     counts = torch.bincount(sample(p.repeat(n, 1), rows, gen(11)), minlength=5)
     assert chi2_pvalue(counts, p) > 1e-3
+
+
+def test_inverse_cdf_never_picks_a_zero_weight_token():
+    """The inverse-CDF draw at the ends of the uniform grid (0 and 1 − 2**-24) and in between, on
+    normalised and unnormalised rows with zero-weight tokens first, inside and last: always a token
+    of positive weight, and the grid's extremes land on the first and the last such token."""
+    from tandem.sample.sampler import inverse_cdf
+
+    rows = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0],
+                         [0.0, 0.0, 2.0, 0.0, 1e-6],
+                         [1e-7, 0.0, 0.0, 0.0, 0.0],
+                         [0.25, 0.25, 0.0, 0.25, 0.25]])
+    top = 1.0 - 2.0 ** -24
+    assert inverse_cdf(rows, torch.zeros(4)).tolist() == [1, 2, 0, 0]
+    assert inverse_cdf(rows, torch.full((4,), top)).tolist() == [3, 4, 0, 4]
+    for u in torch.rand(200, generator=gen(5)):
+        picks = inverse_cdf(rows, u.expand(4))
+        assert bool((rows.gather(1, picks[:, None]) > 0).all())
+
+
+def test_seeded_uniforms_are_on_the_grid_and_keyed():
+    from tandem.sample.seeded import SeededStream
+
+    a, b = SeededStream(7), SeededStream(8)
+    us = [a.uniform(n, 0) for n in range(2000)]
+    assert all(0.0 <= u <= 1.0 - 2.0 ** -24 and (u * 2 ** 24).is_integer() for u in us)
+    assert a.uniform(3, 0) == SeededStream(7).uniform(3, 0) != b.uniform(3, 0) and a.uniform(3, 0) != a.uniform(3, 1)
+    from scipy.stats import kstest
+
+    assert kstest(us, "uniform").pvalue > 1e-3
 
 
 def test_seed_reproducible_and_batch_independent():

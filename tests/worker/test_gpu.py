@@ -468,25 +468,6 @@ def test_sampled_async_decode_on_cuda_matches_sync(tmp_path):
     assert llms[1].engine.num_chained_steps >= 15
 
 
-def test_keyed_noise_rows_depend_on_their_key_only():
-    """One launch draws every seeded row of a step (worker/triton_noise.py): a row is a function of
-    its key alone, Exp(1) rows and U[0, 1) draws have their laws (Kolmogorov-Smirnov)."""
-    from scipy.stats import kstest
-
-    from tandem.worker.triton_noise import keyed_noise
-
-    dev = torch.device("cuda")
-    keys = torch.tensor([7, 2**62 + 11, 123456789, 7], dtype=torch.int64, device=dev)
-    rows = keyed_noise(keys, 49152, True)
-    assert torch.equal(rows[0], rows[3]) and not torch.equal(rows[0], rows[1])
-    assert torch.equal(keyed_noise(keys[1:2], 49152, True)[0], rows[1])
-    assert bool((rows > 0).all()) and bool(torch.isfinite(rows).all())
-    assert kstest(rows[1].cpu().numpy(), "expon").pvalue > 1e-3
-    many = torch.arange(1, 20_001, dtype=torch.int64, device=dev) * 1_000_003
-    u = keyed_noise(many, 1, False)[:, 0].cpu().numpy()
-    assert ((u >= 0) & (u < 1)).all() and kstest(u, "uniform").pvalue > 1e-3
-
-
 def test_sampling_queues_without_a_host_sync():
     """Logits processing, the sampling distribution and the draw queue their work on the device
     without waiting for it (sample/upload.py): with CUDA's sync debug mode set to error, none of

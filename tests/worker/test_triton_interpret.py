@@ -129,28 +129,6 @@ def test_argmax_kernel_under_interpreter() -> None:
     _run_interpreted(_ARGMAX_SCRIPT)
 
 
-_NOISE_SCRIPT = textwrap.dedent('''
-    import torch
-    from scipy.stats import kstest
-    from tandem.worker.triton_noise import keyed_noise
-
-    keys = torch.tensor([5, 2**62 + 3, 99, 5], dtype=torch.int64)
-    rows = keyed_noise(keys, 3001, True)  # a width that is no multiple of the block
-    assert rows.shape == (4, 3001) and torch.equal(rows[0], rows[3]) and not torch.equal(rows[0], rows[2])
-    assert torch.equal(keyed_noise(keys[1:2], 3001, True)[0], rows[1])
-    assert bool((rows > 0).all()) and bool(torch.isfinite(rows).all())
-    assert kstest(rows[1].numpy(), "expon").pvalue > 1e-3
-    u = keyed_noise(torch.arange(1, 3001, dtype=torch.int64) * 7919, 1, False)[:, 0].numpy()
-    assert ((u >= 0) & (u < 1)).all() and kstest(u, "uniform").pvalue > 1e-3
-    print("ok")
-''')
-
-
-def test_keyed_noise_kernel_under_interpreter() -> None:
-    """Seeded rows' noise in one launch: a row is a function of its key alone, Exp(1) and U[0, 1) laws."""
-    _run_interpreted(_NOISE_SCRIPT)
-
-
 _W4_SCRIPT = textwrap.dedent('''
     import torch
     import torch.nn.functional as F
