@@ -45,7 +45,8 @@ def main() -> None:
         return (probs / noise).argmax(dim=-1)
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    print(f"{dev.type}, vocab {args.vocab}, T = 0.8, top-p {args.top_p}, {torch.get_num_threads()} threads; ms per step")
+    threads = torch.get_num_threads()
+    print(f"{dev.type}, vocab {args.vocab}, T = 0.8, top-p {args.top_p}, {threads} threads; ms per step")
     print("| batch | rows | draw | host ms | device ms |")
     print("|---|---|---|---|---|")
     for b in [int(x) for x in args.batch.split(",")]:

@@ -3,10 +3,10 @@
 In a steady decode step every running request decodes one token and nothing has to happen on the
 host between the forward and the token: a greedy argmax, or a sample from the temperature / top-k /
 top-p / min-p distribution drawn on the device (``sample/sampler.py``: the parameters are uploaded
-without a host sync, seeded rows draw from their per-position stream). Such a step is *launched*: its
-tokens stay on the device (with a pinned host copy and an event, ``InflightStep``) and each request carries an output
-placeholder (``Scheduler.add_output_placeholders``) — a token counted in ``num_tokens`` whose id the
-host does not know yet. The next ``scheduler.schedule()`` then schedules each placeholder's decode
+without a host sync, a seeded row uses its per-position uniform). Such a step is *launched*: its
+tokens stay on the device (with a pinned host copy and an event, ``InflightStep``) and each request
+carries an output placeholder (``Scheduler.add_output_placeholders``) — a token counted in
+``num_tokens`` whose id the host does not know yet. The next ``scheduler.schedule()`` then schedules each placeholder's decode
 like any other token (same budget, KV allocation and preemption rules) and the executor feeds the
 ids on the device (``ModelRunner.forward_logits(token_ids=...)``). Only then does the engine read
 the previous step's tokens (the one host sync), so reading tokens, detokenizing, stop checks,
@@ -15,9 +15,10 @@ it (vLLM's async scheduling).
 
 Outputs are the same tokens in the same order as the synchronous engine's (for a sampled request
 with a seed too: its draw is keyed by output position, placeholders counted; unseeded requests share
-the engine's generator, whose draws follow the step composition, so they match in law). A request that stops
-(EOS, stop string, ``max_tokens``) at step n has had step n + 1 computed for it already: that token is discarded
-(the KV it wrote is the stop token's, correct and never read by the finished request). That step
+the engine's generator, whose draws follow the step composition, so they match in law). A request
+that stops (EOS, stop string, ``max_tokens``) at step n has had step n + 1 computed for it already:
+that token is discarded (the KV it wrote is the stop token's, correct and never read by the
+finished request). That step
 still has the finished request's row, so the other requests' tokens of that one step come from a
 batch one larger than the synchronous engine's; in bf16 that can round differently where the batch
 size changes the layer kernels (worker/cuda_kernels.default_skinny_rows), as any change of batch does.

@@ -12,14 +12,16 @@ distribution p at every verified position; ``rejection_sample`` accepts drafts a
 recovered / bonus token (requests without drafts are its k = 0 case). When every request of the step
 is greedy (and acceptance is not synthetic) ``greedy_verify`` gives the same tokens straight from
 the argmax; when every draft is deterministic (no draft distributions q), each row's plain sample
-(``sample``) and ``accept_matching`` give the tokens ``rejection_sample`` would (its coupling). Structured requests' rows are masked by their grammar first (k + 1 masks per verify,
+(``sample``) and ``accept_matching`` give the tokens ``rejection_sample`` would (its coupling).
+Structured requests' rows are masked by their grammar first (k + 1 masks per verify,
 ``structured/step_masks.py``), so a draft outside the grammar is rejected. Logprobs come from the raw
 logits of the emitted tokens' rows. Nothing here mutates a request: the scheduler and the output processor
 apply the ``ModelRunnerOutput``.
 
 Asynchronous decode (``launch``): a steady decode step keeps its tokens on the device
-(``InflightStep``): the argmax, or for sampled rows a draw made there (``_sample_on_device``). A step scheduled while another is in flight decodes placeholders — tokens that
-step sampled — whose ids are fed on the device from it (``feed``), never read on the host.
+(``InflightStep``): the argmax, or for sampled rows a draw made there (``_sample_on_device``). A
+step scheduled while another is in flight decodes placeholders — tokens that step sampled — whose
+ids are fed on the device from it (``feed``), never read on the host.
 """
 
 from __future__ import annotations
@@ -189,7 +191,7 @@ class Executor:
             result = greedy_verify(processed, drafts)
         elif synthetic is None and draft_probs is None:
             # Deterministic drafts (or none): each row's plain sample decides (the coupling in
-            # sample/rejection.py) — ``sample`` draws exactly the noise ``rejection_sample`` would
+            # sample/rejection.py) — ``sample`` makes exactly the draws ``rejection_sample`` would
             # (same generators, keys and order), in a few ops and one host read.
             probs = probs_from_logits(processed, srows)
             positions = [s.request.num_output_tokens + j for s, _ in sampling for j in range(len(s.spec_token_ids) + 1)]

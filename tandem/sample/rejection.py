@@ -20,8 +20,8 @@ Glossary (see docs/architecture.md):
   rate = accepted at position i / drafts reaching position i (see ``spec_decode/cost_model.py``).
 
 Deterministic drafts (one-hot q) are verified by coupling: row j samples x_j from p_j as plain
-sampling would (inverse CDF with the row's uniform, ``sampler.inverse_cdf``); d_j is accepted iff x_j == d_j, and the first x_j != d_j is the
-emitted token. P(accept) = p_j(d_j) and a rejected x_j is distributed as p_j without d_j, so this is
+sampling would (inverse CDF with the row's uniform, ``sampler.inverse_cdf``); d_j is accepted iff
+x_j == d_j, and the first x_j != d_j is the emitted token. P(accept) = p_j(d_j) and a rejected x_j is distributed as p_j without d_j, so this is
 the rejection rule above; and the emitted token at every position is the plain sample there.
 
 Randomness and reproducibility: per request, from its randomness (``generators``), we draw k

@@ -6,9 +6,9 @@ on unnormalised rows too (a recovered residual). One uniform per row, not a row 
 vocabulary entry: on the 2-core CPU an Exp(1) row over a 49k vocabulary cost ~1 ms, the inverse
 CDF ~0.06 ms (docs/performance.md §33).
 
-Uniforms are multiples of 2**-24 in [0, 1 − 2**-24], so u · total < total exactly in float32 (a
-product a hair below a float rounds down to the float below it) and the search never runs off the
-end. A zero-weight token has an empty interval when the cumulative sum is sequential (CPU); a
+Uniforms are float32 in [0, 1), so at most 1 − 2**-24 (the largest float32 below 1), and u · total <
+total in float32 (a product a hair below a float rounds down to the float below it): the search never
+runs off the end. A zero-weight token has an empty interval when the cumulative sum is sequential (CPU); a
 parallel scan (CUDA) may round it to a sliver, so a pick of weight 0 falls back to the row's argmax
 (a probability of the order of 2**-24 · its mass, and never a token the row forbids).
 
@@ -28,6 +28,7 @@ from tandem.sample.rows import SamplingRow
 from tandem.sample.seeded import NOISE, Randomness, SeededStream
 from tandem.sample.upload import upload
 
+
 def group_by_generator(
     generators: Sequence[torch.Generator],
 ) -> list[tuple[torch.Generator, list[int]]]:
@@ -43,7 +44,7 @@ def group_by_generator(
 
 
 def draw_uniform(num: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """[num] i.i.d. uniforms on the grid of ``draw_rows`` (multiples of 2**-24 below 1) from ``generator``."""
+    """[num] i.i.d. float32 U[0, 1) from ``generator``."""
     u = torch.rand(num, dtype=torch.float32, device=generator.device, generator=generator)
     return u.to(device, non_blocking=True)
 
@@ -55,7 +56,7 @@ def draw_rows(
     positions: Sequence[int] | None = None,
     purpose: int = NOISE,
 ) -> torch.Tensor | None:
-    """counts[i] uniforms per item i, stacked in item order: [Σ counts] float32 in [0, 1 − 2**-24].
+    """counts[i] uniforms per item i, stacked in item order: [Σ counts] float32 in [0, 1).
 
     Items sharing one ``torch.Generator`` (by identity) get one draw covering their rows in order; a
     generator used by a single item gives the same values whatever the other items are. A
@@ -121,9 +122,8 @@ def sample(
     probs: [num_rows, vocab] from ``probs_from_logits``. Greedy rows take the argmax and consume no
     randomness; random rows are drawn by inverse CDF with a uniform from ``row.generator or
     default_generator`` (a seeded row: its uniform at its output position for ``purpose``:
-    ``positions[i]`` when given —
-    asynchronous decode, whose rows' outputs end in tokens the host has not read — else
-    ``len(row.output_token_ids)``).
+    ``positions[i]`` when given — asynchronous decode, whose rows' outputs end in tokens the host
+    has not read — else ``len(row.output_token_ids)``).
     """
     if probs.dim() != 2 or probs.shape[0] != len(rows):
         raise ValueError(

@@ -54,7 +54,7 @@ class SeededStream:
 
     def uniform(self, position: int, purpose: int) -> float:
         """The draw at (position, purpose): the key's top 24 bits as a multiple of 2**-24 in
-        [0, 1 − 2**-24] (exact in float32, the grid of ``sampler.draw_rows``)."""
+        [0, 1 − 2**-24] (exact in float32, like ``sampler.draw_rows``' other uniforms below 1)."""
         return (self.key(position, purpose) >> 39) * _GRID
 
 
