@@ -13,16 +13,22 @@ grid of (BLOCK_N, BLOCK_K, num_warps) for the per-row kernel at those row counts
 per shape (how ``triton_gemv.gemv_config`` was set); ``--sweep-dot-rows 16`` tries a grid of (BLOCK_N,
 BLOCK_K, num_warps, num_stages, SPLIT) for the tensor-core kernel with each shape's fusion (how
 ``triton_dot.dot_config`` was set), compiled first in ``--compile-workers`` processes.
-``--models 8B,SmolLM2`` picks the shapes.
+``--models 8B,SmolLM2`` picks the shapes. ``--sweep-small 1,4,5,6`` times a grid of (BLOCK_N, BLOCK_K,
+num_warps, deferred reduction) for the per-row kernel with each shape's fusion at all of those row
+counts (a config is the same at every row count, so verify rows stay bitwise their decode) and prints
+the best by the sum over the row counts, the best at the first row count, and the default.
 
 Usage: python benchmarks/gpu_gemv.py [--sweep-rows 1,4] [--sweep-dot-rows 16] [--rows 1,2,4,8,16] [--models 8B]
+       [--sweep-small 1,4,5,6]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import statistics
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -99,7 +105,10 @@ def _compile(job: tuple[int, int, str, int, list[tuple[int, int, int, int, int]]
     done = 0
     for cfg in configs:
         try:
-            gemv(x, w, config=cfg, dot=True, **kw)
+            if len(cfg) == 4:  # per-row kernel: (BLOCK_N, BLOCK_K, num_warps, defer)
+                gemv(x, w, config=cfg[:3], defer=bool(cfg[3]), **kw)
+            else:
+                gemv(x, w, config=cfg, dot=True, **kw)
             done += 1
         except Exception:  # noqa: BLE001 - reported when timed
             pass
@@ -115,6 +124,46 @@ def precompile(jobs: list[tuple[int, int, str, int, list[tuple[int, int, int, in
         print(f"precompiled {sum(pool.map(_compile, chunks))} kernels in {workers} processes", flush=True)
 
 
+SMALL_GRID = [(bn, bk, w, d) for bn in (4, 8, 16, 32) for bk in (64, 128, 256, 1024) for w in (2, 4, 8)
+              for d in (0, 1) if bn * bk <= 16384]
+
+
+def sweep_small(name: str, mat: str, n: int, k: int, fusion: str, rows: list[int]) -> tuple[int, int, int, int]:
+    """Per-row kernel configs timed at every row count in ``rows`` (cold weights, one graph per config)."""
+    from tandem.worker.triton_gemv import SHAPE_CONFIGS, gemv, gemv_config
+
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    copies = max(2, -(-400_000_000 // (n * k * 2)))
+    ws = [torch.randn(n, k, device=dev, dtype=dt) / k ** 0.5 for _ in range(copies)]
+    nw = torch.rand(k, device=dev, dtype=dt) + 0.5
+    n_out = n // 2 if fusion == "norm_gated" else n
+    xs = {m: torch.randn(m, k, device=dev, dtype=dt) for m in rows}
+    kws = {m: _fusion_kw(fusion, nw, torch.randn(m, n_out, device=dev, dtype=dt)) for m in rows}
+    table = []
+    default = None
+    for cfg in [None] + SMALL_GRID:
+        try:
+            times = [timed(lambda i, m=m: gemv(xs[m], ws[i % copies], config=cfg and cfg[:3],
+                                                defer=None if cfg is None else bool(cfg[3]), **kws[m]), copies * 2, reps=3)
+                     for m in rows]
+        except Exception as e:  # noqa: BLE001 - a config may not compile
+            print("   cfg", cfg, "failed:", type(e).__name__)
+            continue
+        if cfg is None:
+            default = times
+        else:
+            table.append((sum(times), times, cfg))
+    table.sort()
+    fmt = lambda ts: " / ".join(f"{t:.2f}" for t in ts)  # noqa: E731
+    cfg0 = SHAPE_CONFIGS.get((n, k, fusion.replace("_", "+"))) or gemv_config(1, n, k)
+    print(f"{name} {mat} {n}x{k} ({fusion}) rows {rows}: default {cfg0} {fmt(default)} (sum {sum(default):.2f})")
+    for tot, ts, cfg in table[:4]:
+        print(f"   best sum {cfg}: {fmt(ts)} (sum {tot:.2f})")
+    tot, ts, cfg = min(table, key=lambda r: r[1][0])
+    print(f"   best at {rows[0]} row(s) {cfg}: {fmt(ts)} (sum {tot:.2f})", flush=True)
+    return table[0][2]
+
+
 def main() -> None:
     from tandem.worker.triton_dot import dot_config
     from tandem.worker.triton_gemv import gemv, gemv_config
@@ -126,7 +175,10 @@ def main() -> None:
                     "configs for, e.g. 16")
     ap.add_argument("--models", default=",".join(SHAPES))
     ap.add_argument("--compile-workers", type=int, default=12)
+    ap.add_argument("--sweep-small", default="", help="row counts to sweep per-row configs over jointly, e.g. 1,4,5,6")
+    ap.add_argument("--small-json", type=Path, default=None, help="--sweep-small: write the best-sum configs here")
     args = ap.parse_args()
+    small_rows = [int(r) for r in args.sweep_small.split(",") if r]
     dev = torch.device("cuda")
     dt = torch.bfloat16
     torch.manual_seed(0)
@@ -145,6 +197,15 @@ def main() -> None:
         precompile([(n, k, f, m, dot_grid(k)) for hid, inter, qkv in models.values()
                     for n, k, f in matmuls(hid, inter, qkv).values() for m in sorted(sweep_dot_rows)],
                    args.compile_workers)
+    if small_rows:
+        if args.compile_workers > 1:
+            precompile([(n, k, f, 1, SMALL_GRID) for hid, inter, qkv in models.values()
+                        for n, k, f in matmuls(hid, inter, qkv).values()], args.compile_workers)
+        best = [[n, k, fusion, sweep_small(name, mat, n, k, fusion, small_rows)]
+                for name, (hid, inter, qkv) in models.items() for mat, (n, k, fusion) in matmuls(hid, inter, qkv).items()]
+        if args.small_json:  # what benchmarks/gpu_step_kernels.py --gemv-configs reads
+            args.small_json.write_text(json.dumps(best))
+        return
     for name, (hid, inter, qkv) in models.items():
         mats = matmuls(hid, inter, qkv)
         for mat, (n, k, fusion) in mats.items():

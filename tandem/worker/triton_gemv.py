@@ -125,6 +125,25 @@ def gemv_config(m: int, n: int, k: int) -> tuple[int, int, int]:
     return block_n, block_k, 8 if block_k >= 1024 else 4
 
 
+# Per-row configs (BLOCK_N, BLOCK_K, num_warps, deferred reduction) for weight shapes where
+# ``gemv_config``'s rule is not the fastest, by (N, K, fusion). SmolLM2-135M's qkv / o / gate_up: the
+# rule's (4, 1024, 8) tiles waste 44 % of a 576-wide K row and, with one program per row and 4 column
+# rows each, a k = 4 verify launched 5 x 384 gate_up programs. H200, `benchmarks/gpu_gemv.py --sweep-small
+# 1,2,4,5,6` then `benchmarks/gpu_step_kernels.py` over whole steps (docs/performance.md §34): decode
+# unchanged (0.463 ms graph replay), 5-row verify 0.776 -> 0.619 ms, batch-4 decode 0.665 -> 0.589 ms.
+# The same config at every row count keeps verify rows bitwise their 1-row decode.
+SHAPE_CONFIGS: dict[tuple[int, int, str], tuple[int, int, int, bool]] = {
+    (960, 576, "norm"): (8, 256, 8, True),
+    (576, 576, "res"): (4, 128, 8, True),
+    (3072, 576, "norm+gated"): (4, 1024, 2, True),
+}
+
+
+def fusion_key(norm: bool, gated: bool, residual: bool) -> str:
+    """The fusion part of a ``SHAPE_CONFIGS`` key: "norm", "norm+gated", "res", "plain", ..."""
+    return "+".join(name for name, on in (("norm", norm), ("gated", gated), ("res", residual)) if on) or "plain"
+
+
 def _defer(block_n: int, forced: bool | None) -> bool:
     return block_n <= 4 if forced is None else forced
 
@@ -168,9 +187,15 @@ def gemv(
     if dot and (mrows > 1 or invariant):
         dot_gemv(x, weight, bias, norm_weight, eps, gated, residual, out, config)
         return out
-    block_n, block_k, warps = config or gemv_config(mrows, nw_rows, kin)
-    if gated and config is None:  # each program reads block_n gate rows and block_n up rows
-        block_n = max(4, block_n // 2)
+    tuned = None if config else SHAPE_CONFIGS.get((nw_rows, kin, fusion_key(norm_weight is not None, gated,
+                                                                             residual is not None)))
+    if tuned is not None:
+        block_n, block_k, warps, tuned_defer = tuned
+        defer = tuned_defer if defer is None else defer
+    else:
+        block_n, block_k, warps = config or gemv_config(mrows, nw_rows, kin)
+        if gated and config is None:  # each program reads block_n gate rows and block_n up rows
+            block_n = max(4, block_n // 2)
     pdl = pdl_enabled(x.device)
     _gemv_kernel[(triton.cdiv(nout, block_n) * mrows,)](
         x, weight, bias if bias is not None else out,

@@ -63,6 +63,22 @@ _SCRIPT = textwrap.dedent('''
                                gemv(x[m - 1:], w, norm_weight=nw, eps=1e-5, config=cfg, dot=dot, invariant=dot)[0])
         check(gemv(x, w2, norm_weight=nw, eps=1e-5, gated=True, dot=dot), F.silu(h @ w2[:n].T) * (h @ w2[n:].T),
               "norm + gated, default config")
+    # shapes with a tuned config (triton_gemv.SHAPE_CONFIGS: SmolLM2's qkv, o, gate_up)
+    from tandem.worker.triton_gemv import SHAPE_CONFIGS
+    for (sn, sk, fusion), cfg in SHAPE_CONFIGS.items():
+        sx = torch.randn(1, sk)
+        sw = torch.randn(sn, sk) / sk ** 0.5
+        snw = torch.rand(sk) + 0.5
+        sh = sx * torch.rsqrt(sx.pow(2).mean(-1, keepdim=True) + 1e-5) * snw
+        if fusion == "norm":
+            got, want = gemv(sx, sw, norm_weight=snw, eps=1e-5), sh @ sw.T
+        elif fusion == "norm+gated":
+            half = sn // 2
+            got, want = gemv(sx, sw, norm_weight=snw, eps=1e-5, gated=True), F.silu(sh @ sw[:half].T) * (sh @ sw[half:].T)
+        else:
+            sr = torch.randn(1, sn)
+            got, want = gemv(sx, sw, residual=sr.clone()), sr + sx @ sw.T
+        assert ((got - want).norm() / want.norm()).item() < 1e-5, fusion
     try:
         gemv(torch.randn(17, k), torch.randn(n, k))
     except ValueError as e:
