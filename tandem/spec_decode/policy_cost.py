@@ -20,6 +20,14 @@ engine) are decode samples; a transition step's excess over D(B) is charged to t
 when it was at most ``TRANSITION_SPAN`` steps ago (the restart after it; a drain before a verify
 costs no more than a steady step: it launches nothing).
 
+A step's cost need not be linear in its draft tokens: on the CPU, torch's int4 kernel works in blocks
+of four rows, so a 5-row verify cost 2.57 decodes where a 4-row one cost 1.75 (docs/performance.md
+§34). So at small batch (≤ ``RESIDUAL_MAX_BATCH``, where the same step shapes recur) the fit keeps,
+per (batch size, draft tokens) the bucket has verified, the weighted mean of what the line missed
+there (shrunk towards 0, weight ``RESIDUAL_PRIOR_WEIGHT``), and the prediction for that exact step
+adds it; draft counts never seen get the line alone. (There the first verify of each (batch, draft
+tokens) is a cold start too and is not used.)
+
 A bucket without measurements borrows the nearest measured bucket's fit, and its decode time from
 its neighbours (scaled with B). Everything the policy compares is a ratio to D(B), so it can decide
 before any step was timed. (A model-based proposer's draft cost is the policy's ``draft_cost``, per
@@ -45,6 +53,8 @@ MAX_VERIFIES = 64  # verify steps kept per bucket
 REFIT_EVERY = 8  # timed steps a fit is reused without a new verify (ageing moves weights by 0.995^8: 4 %)
 AGE_DECAY = 0.995  # per timed step: a verify measured 140 steps ago weighs half (no verify since: the prior returns)
 DECODE_ALPHA = 0.1
+RESIDUAL_PRIOR_WEIGHT = 1.0  # a (batch, draft tokens) correction's pull towards 0, in verify steps
+RESIDUAL_MAX_BATCH = 8  # corrections per exact step shape up to this batch (larger ones rarely repeat)
 TRANSITION_SPAN = 2  # steps after a verify whose plain-step excess is the verify's
 
 
@@ -61,8 +71,11 @@ class _Bucket:
     steps_since_decode: int = 0  # steps timed in this bucket since its last decode step (or probe)
     probed: bool = False  # a plain-decode probe was asked for
     steps_since_verify: int = 0  # steps timed in this bucket since its last verify step
-    verifies: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=MAX_VERIFIES))
+    # (draft tokens per request x, seconds, step clock, batch, draft tokens n)
+    verifies: deque[tuple[float, float, int, int, int]] = field(default_factory=lambda: deque(maxlen=MAX_VERIFIES))
+    seen: set[tuple[int, int]] = field(default_factory=set)  # (batch, n) verified at least once
     fit: tuple[float, float] | None = None  # (σ, β) cached ...
+    residuals: dict[tuple[int, int], float] = field(default_factory=dict)  # ... and per (batch, n) corrections
     fit_at: int = -1  # ... since this value of the model's step clock (the data age with every timed step)
     fit_verifies: int = -1  # ... and this many verify steps (a new one: refit)
 
@@ -91,8 +104,8 @@ class StepCostModel:
             b.steps_since_verify += 1
             b.steps_since_decode += 1
             if b.decode is not None and b.verifies and self._steps - b.verifies[-1][2] <= TRANSITION_SPAN:
-                x, t, step = b.verifies[-1]
-                b.verifies[-1] = (x, t + max(0.0, seconds - b.decode), step)
+                x, t, step, vb, vn = b.verifies[-1]
+                b.verifies[-1] = (x, t + max(0.0, seconds - b.decode), step, vb, vn)
                 b.fit = None  # (its data changed)
             return
         if n == 0:
@@ -104,8 +117,13 @@ class StepCostModel:
         b.steps_since_decode += 1
         b.steps_since_verify = 0
         b.num_verify += 1
-        if b.num_verify > 1:  # a bucket's first verify step is a cold start (new shapes), not a cost
-            b.verifies.append((n / batch, seconds, self._steps))
+        # a bucket's first verify step, and at small batch its first of each (batch, draft tokens),
+        # is a cold start (new shapes), not a cost
+        small = batch <= RESIDUAL_MAX_BATCH
+        if b.num_verify > 1 and (not small or (batch, n) in b.seen):
+            b.verifies.append((n / batch, seconds, self._steps, batch, n))
+        if small:
+            b.seen.add((batch, n))
 
     # ---- predictions -------------------------------------------------------------------------------
     def decode_seconds(self, batch: int) -> float | None:
@@ -137,12 +155,26 @@ class StepCostModel:
             b.fit, b.fit_at, b.fit_verifies = self._solve(b), self._steps, b.num_verify
         return b.fit
 
+    def residuals(self, batch: int) -> dict[int, float]:
+        """Draft tokens -> what the line misses for a step of exactly ``batch`` requests with that
+        many drafts (measured ones only; fitted with ``overhead``)."""
+        b = self._buckets.get(bucket_of(batch))
+        if b is None or b.fit is None:
+            return {}
+        return {n: r for (vb, n), r in b.residuals.items() if vb == batch}
+
+    def ratios(self, batch: int, max_draft_tokens: int) -> list[float]:
+        """Predicted step times with 1..``max_draft_tokens`` drafts over the batch, in units of D(B)."""
+        sigma, beta = self.overhead(batch)
+        res = self.residuals(batch)
+        b = max(batch, 1)
+        return [1.0 + max(0.0, sigma + beta * n / b + res.get(n, 0.0)) for n in range(1, max_draft_tokens + 1)]
+
     def ratio(self, batch: int, num_draft_tokens: int) -> float:
         """Predicted step time with ``num_draft_tokens`` drafts over the batch, in units of D(B)."""
         if num_draft_tokens <= 0:
             return 1.0
-        sigma, beta = self.overhead(batch)
-        return 1.0 + max(0.0, sigma + beta * num_draft_tokens / max(batch, 1))
+        return self.ratios(batch, num_draft_tokens)[-1]
 
     def decode_is_stale(self, batch: int, every: int) -> bool:
         """Whether ``batch``'s bucket needs a plain decode step timed: verify steps were timed but no
@@ -185,9 +217,12 @@ class StepCostModel:
         lam = PRIOR_WEIGHT
         w = sx = sy = sxx = sxy = 0.0
         weight = 1.0
-        for x, t, step in reversed(b.verifies):
+        points = []
+        for x, t, step, vb, vn in reversed(b.verifies):
             y = t / d - 1.0
             wt = weight * AGE_DECAY ** (self._steps - step)
+            if vb <= RESIDUAL_MAX_BATCH:
+                points.append((x, y, wt, (vb, vn)))
             w, sx, sy, sxx, sxy = w + wt, sx + wt * x, sy + wt * y, sxx + wt * x * x, sxy + wt * x * y
             weight *= self.forget
         a11, a12, a22 = w + lam, sx, sxx + lam
@@ -195,5 +230,11 @@ class StepCostModel:
         det = a11 * a22 - a12 * a12
         sigma, beta = (r1 * a22 - a12 * r2) / det, (a11 * r2 - a12 * r1) / det
         if beta < 0:  # more tokens never make a step cheaper: the mean overhead, beta = 0
-            return r1 / a11, 0.0
+            sigma, beta = r1 / a11, 0.0
+        sums: dict[tuple[int, int], list[float]] = {}
+        for x, y, wt, key in points:
+            acc = sums.setdefault(key, [0.0, 0.0])
+            acc[0] += wt * (y - sigma - beta * x)
+            acc[1] += wt
+        b.residuals = {key: r / (wsum + RESIDUAL_PRIOR_WEIGHT) for key, (r, wsum) in sums.items()}
         return sigma, beta

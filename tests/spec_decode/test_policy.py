@@ -38,8 +38,10 @@ class Sim:
     ``alpha()`` (the true rate, may change over time). Drafts are always k long (free proposer)."""
 
     def __init__(self, policy: GoodputPolicy, batch: int, step_time: StepTime, alpha: Callable[[], float],
-                 seed: int = 0, draft_step: float = 0.0, restart: float = 0.0) -> None:
+                 seed: int = 0, draft_step: float = 0.0, restart: float = 0.0,
+                 draft_lengths: tuple[int, ...] = (K,)) -> None:
         self.policy, self.batch, self.step_time, self.alpha = policy, batch, step_time, alpha
+        self.draft_lengths = draft_lengths  # a host proposer's draft length, drawn per request and step
         self.draft_step = draft_step  # > 0: a model proposer (k chosen first, each draft step costs this)
         # an asynchronous engine: the plain step after a verify restarts the pipeline (+ ``restart``
         # seconds, reported as not steady)
@@ -62,8 +64,10 @@ class Sim:
         drafts, real = {}, {}
         for rid, toks in self.tokens.items():
             d = tuple(self._fresh() for _ in range(K))
+            if len(self.draft_lengths) > 1:
+                d = d[:self.rng.choice(self.draft_lengths)]
             m = 0  # how far the target's continuation follows the draft
-            while m < K and self.rng.random() < self.alpha():
+            while m < len(d) and self.rng.random() < self.alpha():
                 m += 1
             real[rid] = list(d[:m]) + [self._fresh() for _ in range(K + 1 - m)]
             drafts[rid] = d
@@ -141,6 +145,29 @@ def test_stops_when_it_does_not_pay(batch, step_time, alpha):
     assert sim.drafting_share(200) < 0.05
     baseline = batch / step_time(batch, 0)
     assert sim.goodput() >= 0.97 * baseline  # the few probe drafts at the start cost little
+
+
+def blocked_cost(decode: float = 1e-2) -> StepTime:
+    """Batch 1 on the 2-core CPU's int4 kernel, which multiplies rows in blocks of four: a verify of
+    2 / 3 / 4 / 5 rows costs 1.29 / 1.5 / 1.75 / 2.57 decodes (docs/performance.md §34)."""
+    extra = {0: 0.0, 1: 0.29, 2: 0.5, 3: 0.75, 4: 1.57}
+    return lambda batch, n: decode * (1 + extra[n])
+
+
+def test_cost_model_learns_a_step_shape_the_line_misses(monkeypatch):
+    """Verify cost not linear in the draft length (a 5-row step jumps): the per-shape corrections
+    let the policy verify 3 drafts instead of 4 where 3 pay more; the straight line alone cannot."""
+    def run() -> Sim:
+        return Sim(_policy(), 1, blocked_cost(), lambda: 0.9, draft_lengths=(1, 2, 3, 4, 4, 4), seed=3).run(1500)
+
+    sim = run()
+    chosen = [ks[0] for ks in sim.ks[-500:]]
+    assert chosen.count(3) > 3 * chosen.count(4), (chosen.count(3), chosen.count(4))
+    with monkeypatch.context() as m:
+        m.setattr(StepCostModel, "residuals", lambda self, batch: {})
+        line_only = run()
+    assert [ks[0] for ks in line_only.ks[-500:]].count(4) > 100
+    assert sim.goodput() > 1.05 * line_only.goodput()
 
 
 def test_recovers_when_acceptance_rises():
