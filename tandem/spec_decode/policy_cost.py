@@ -75,9 +75,9 @@ class _Bucket:
     verifies: deque[tuple[float, float, int, int, int]] = field(default_factory=lambda: deque(maxlen=MAX_VERIFIES))
     seen: set[tuple[int, int]] = field(default_factory=set)  # (batch, n) verified at least once
     fit: tuple[float, float] | None = None  # (σ, β) cached ...
-    residuals: dict[tuple[int, int], float] = field(default_factory=dict)  # ... and per (batch, n) corrections
     fit_at: int = -1  # ... since this value of the model's step clock (the data age with every timed step)
     fit_verifies: int = -1  # ... and this many verify steps (a new one: refit)
+    residuals: dict[tuple[int, int], float] = field(default_factory=dict)  # per (batch, n), with the fit
 
 
 class StepCostModel:

@@ -40,9 +40,10 @@ from tandem.worker.triton_ops import rmsnorm, silu_mul
 # Models up to this hidden size run steps of up to SMALL_MODEL_ROW_ROWS rows (a k <= 5 verify at batch
 # 1, decode at batch <= 6) one program per row: their matmuls are a few µs of launch latency, not
 # bandwidth, so k + 1 row programs cost little more than one (SmolLM2-135M shape on the H200: q=5
-# verify graph 0.619 ms with triton_gemv.SHAPE_CONFIGS, 0.902 ms on cuBLAS, decode 0.463 ms), and each row is bitwise its 1-row
-# decode. On bigger weights a program per row costs ~rows × one row (Llama-3.2-1B: already at 2 rows
-# 1.070 vs 1.045 ms on cuBLAS), so there 2+ rows take the tensor-core kernel (docs/performance.md §24).
+# verify graph 0.619 ms with triton_gemv.SHAPE_CONFIGS, 0.902 ms on cuBLAS, decode 0.463 ms), and
+# each row is bitwise its 1-row decode. On bigger weights a program per row costs ~rows × one row
+# (Llama-3.2-1B: already at 2 rows 1.070 vs 1.045 ms on cuBLAS), so there 2+ rows take the
+# tensor-core kernel (docs/performance.md §24).
 SMALL_MODEL_HIDDEN = 1024
 SMALL_MODEL_ROW_ROWS = 6
 

@@ -127,11 +127,12 @@ def gemv_config(m: int, n: int, k: int) -> tuple[int, int, int]:
 
 # Per-row configs (BLOCK_N, BLOCK_K, num_warps, deferred reduction) for weight shapes where
 # ``gemv_config``'s rule is not the fastest, by (N, K, fusion). SmolLM2-135M's qkv / o / gate_up: the
-# rule's (4, 1024, 8) tiles waste 44 % of a 576-wide K row and, with one program per row and 4 column
-# rows each, a k = 4 verify launched 5 x 384 gate_up programs. H200, `benchmarks/gpu_gemv.py --sweep-small
-# 1,2,4,5,6` then `benchmarks/gpu_step_kernels.py` over whole steps (docs/performance.md §34): decode
-# unchanged (0.463 ms graph replay), 5-row verify 0.776 -> 0.619 ms, batch-4 decode 0.665 -> 0.589 ms.
-# The same config at every row count keeps verify rows bitwise their 1-row decode.
+# rule's 1024-wide K tiles leave 44 % of a 576-wide row masked, and its 4-column gate_up programs made
+# a k = 4 verify launch 5 x 384 of them. Measured on an H200 (`benchmarks/gpu_gemv.py --sweep-small
+# 1,2,4,5,6`, then sets of configs over whole steps with `benchmarks/gpu_step_kernels.py`;
+# docs/performance.md §34): decode unchanged (0.463 ms graph replay), 5-row verify 0.776 -> 0.619 ms,
+# batch-4 decode 0.665 -> 0.589 ms. The same config at every row count keeps verify rows bitwise their
+# 1-row decode.
 SHAPE_CONFIGS: dict[tuple[int, int, str], tuple[int, int, int, bool]] = {
     (960, 576, "norm"): (8, 256, 8, True),
     (576, 576, "res"): (4, 128, 8, True),

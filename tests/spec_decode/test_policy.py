@@ -35,13 +35,14 @@ def linear_cost(decode: float, per_row: float, sync: float, per_token: float) ->
 
 class Sim:
     """``batch`` requests decoding forever; each draft position is accepted with probability
-    ``alpha()`` (the true rate, may change over time). Drafts are always k long (free proposer)."""
+    ``alpha()`` (the true rate, may change over time). Drafts are k long (free proposer), or of a
+    length drawn from ``draft_lengths`` per request and step (as n-gram matches are)."""
 
     def __init__(self, policy: GoodputPolicy, batch: int, step_time: StepTime, alpha: Callable[[], float],
                  seed: int = 0, draft_step: float = 0.0, restart: float = 0.0,
                  draft_lengths: tuple[int, ...] = (K,)) -> None:
         self.policy, self.batch, self.step_time, self.alpha = policy, batch, step_time, alpha
-        self.draft_lengths = draft_lengths  # a host proposer's draft length, drawn per request and step
+        self.draft_lengths = draft_lengths
         self.draft_step = draft_step  # > 0: a model proposer (k chosen first, each draft step costs this)
         # an asynchronous engine: the plain step after a verify restarts the pipeline (+ ``restart``
         # seconds, reported as not steady)

@@ -133,14 +133,17 @@ def test_gemv_matches_reference(m, fusion, dot):
     assert _rel(got.float(), want) < 1e-2
 
 
-@pytest.mark.parametrize("fusion", ["norm", "norm_gated", "res"])
-def test_gemv_rows_are_one_row_products(fusion):
+@pytest.mark.parametrize("fusion,n", [
+    ("norm", 960), ("norm_gated", 1536), ("res", 576),  # SmolLM2's qkv, gate_up, o: triton_gemv.SHAPE_CONFIGS
+    ("norm_gated", 960), ("res", 960),  # tiles from gemv_config's rule
+])
+def test_gemv_rows_are_one_row_products(fusion, n):
     """Several rows (one program per row): every row bit-identical to that row alone."""
     from tandem.worker.triton_gemv import gemv
 
     dev, dt = torch.device("cuda"), torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(7)
-    n, k, m = 960, 576, 5  # SmolLM2's qkv
+    k, m = 576, 6
     w = (torch.randn(2 * n if fusion == "norm_gated" else n, k, device=dev, generator=g) / k ** 0.5).to(dt)
     x = torch.randn(m, k, device=dev, generator=g).to(dt)
     nw = (torch.rand(k, device=dev, generator=g) + 0.5).to(dt)

@@ -65,7 +65,7 @@ _SCRIPT = textwrap.dedent('''
               "norm + gated, default config")
     # shapes with a tuned config (triton_gemv.SHAPE_CONFIGS: SmolLM2's qkv, o, gate_up)
     from tandem.worker.triton_gemv import SHAPE_CONFIGS
-    for (sn, sk, fusion), cfg in SHAPE_CONFIGS.items():
+    for sn, sk, fusion in SHAPE_CONFIGS:
         sx = torch.randn(1, sk)
         sw = torch.randn(sn, sk) / sk ** 0.5
         snw = torch.rand(sk) + 0.5
