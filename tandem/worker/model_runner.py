@@ -84,6 +84,9 @@ class TorchRunner:
                 raise ValueError("token_ids needs one token per single-token chunk")
             # a host read: fine on this path, where nothing runs ahead of the host
             chunks = [SeqChunk([t], c.start, c.block_ids) for c, t in zip(chunks, token_ids.tolist())]
+        if (len(chunks) == 1 and len(chunks[0].token_ids) > LoneDecoder.MAX_ROWS and token_ids is None
+                and self._verify_kernels is not None and list(rows) == list(range(len(chunks[0].token_ids)))):
+            return self._long_verify(chunks[0], aux_layers, argmax_only)
         if (len(chunks) == 1 and 0 < len(chunks[0].token_ids) <= LoneDecoder.MAX_ROWS
                 and list(rows) == list(range(len(chunks[0].token_ids)))):  # a batch-1 decode or verify
             if self._lone is None:
@@ -119,6 +122,18 @@ class TorchRunner:
         else:
             logits = self.model.compute_logits(hidden, argmax_only)
         return StepOutput(logits, aux)
+
+    def _long_verify(self, chunk: SeqChunk, aux_layers: tuple[int, ...], argmax_only: bool) -> StepOutput:
+        """A batch-1 verify of more than ``LoneDecoder.MAX_ROWS`` rows (suffix decoding's k = 24) on a
+        packed CPU model, as consecutive verifies of at most that many rows: each row is then bitwise
+        its decode (the lone path), where the long-query attention (SDPA over a causal mask) rounds
+        differently and greedy speculation drifted from plain decoding (docs/performance.md §34)."""
+        m = LoneDecoder.MAX_ROWS
+        outs = [self.forward([SeqChunk(chunk.token_ids[i:i + m], chunk.start + i, chunk.block_ids)],
+                             list(range(len(chunk.token_ids[i:i + m]))), aux_layers=aux_layers, argmax_only=argmax_only)
+                for i in range(0, len(chunk.token_ids), m)]
+        aux = [torch.cat(parts) for parts in zip(*(o.aux_hidden for o in outs))]
+        return StepOutput(torch.cat([o.logits for o in outs]), aux)
 
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:
         """Nothing to compile or capture on the torch path."""

@@ -20,7 +20,8 @@ from tandem.models.layers import Linear
 
 @pytest.mark.parametrize("weights", ["int4", "gguf-mixed"])  # gguf-mixed: Q4_0 packed + Q6_K in float
 @pytest.mark.parametrize("family", ["llama", "gemma3"])  # gemma3: a sliding-window layer too
-def test_verify_rows_equal_decode_steps_bitwise(tmp_path, family, weights):
+@pytest.mark.parametrize("rows", [4, 12])  # 12: more than a lone step holds (suffix decoding's k = 24)
+def test_verify_rows_equal_decode_steps_bitwise(tmp_path, family, weights, rows):
     from gguf import GGMLQuantizationType as Q
 
     from tandem import LLM
@@ -43,8 +44,10 @@ def test_verify_rows_equal_decode_steps_bitwise(tmp_path, family, weights):
     blocks = list(range(60))
     prompt = [(7 * j) % 90 + 6 for j in range(181)]  # longer than the sliding window (8)
     runner.forward_logits([SeqChunk(prompt, 0, blocks)], [len(prompt) - 1])
-    tail = [11, 23, 35, 47]
-    verify = runner.forward([SeqChunk(tail, len(prompt), blocks)], [0], aux_layers=final).aux_hidden[0].clone()
+    tail = [(11 + 12 * j) % 90 + 6 for j in range(rows)]
+    # every row's logits wanted, as the executor asks for a verify's
+    verify = runner.forward([SeqChunk(tail, len(prompt), blocks)], list(range(rows)), aux_layers=final).aux_hidden[0]
+    verify = verify.clone()
     for r, t in enumerate(tail):  # decode the same tokens one by one (rewrites identical KV)
         row = runner.forward([SeqChunk([t], len(prompt) + r, blocks)], [0], aux_layers=final).aux_hidden[0]
         assert torch.equal(row[0], verify[r]), r
