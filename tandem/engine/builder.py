@@ -160,7 +160,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
     runner = make_runner(model, allocate_kv_cache(arch, num_blocks, block_size, dtype, device), block_size,
                          device, runner_cfg, max_model_len=max_model_len, lookahead=lookahead,
                          feature_layers=features, feature_cache=feature_cache,
-                         batch_invariant=model_cfg.batch_invariant)
+                         batch_invariant=model_cfg.batch_invariant, max_verify_rows=k + 1)
     runners = [runner]
     draft_runner = None
     if draft_arch is not None and spec is not None:

@@ -30,8 +30,10 @@ from tandem.worker.step_output import StepOutput
 class TorchRunner:
     def __init__(self, model: CausalLM, kv_caches: list[KVCache], block_size: int,
                  device: torch.device, batch_invariant: bool = False, script: bool = True,
-                 feature_layers: tuple[int, ...] = (), feature_cache: FeatureCache | None = None) -> None:
+                 feature_layers: tuple[int, ...] = (), feature_cache: FeatureCache | None = None,
+                 max_verify_rows: int = 1) -> None:
         self.model = model
+        self.max_verify_rows = max_verify_rows  # a verify's query rows at most (k + 1): see _long_verify
         # EAGLE: with a feature cache, every forward also computes these layers' input hidden states
         # for all query rows and writes them to their slots there (the head reads them there)
         self.feature_layers = tuple(feature_layers) if feature_cache is not None else ()
@@ -84,7 +86,7 @@ class TorchRunner:
                 raise ValueError("token_ids needs one token per single-token chunk")
             # a host read: fine on this path, where nothing runs ahead of the host
             chunks = [SeqChunk([t], c.start, c.block_ids) for c, t in zip(chunks, token_ids.tolist())]
-        if (len(chunks) == 1 and len(chunks[0].token_ids) > LoneDecoder.MAX_ROWS and token_ids is None
+        if (len(chunks) == 1 and LoneDecoder.MAX_ROWS < len(chunks[0].token_ids) <= self.max_verify_rows
                 and self._verify_kernels is not None and list(rows) == list(range(len(chunks[0].token_ids)))):
             return self._long_verify(chunks[0], aux_layers, argmax_only)
         if (len(chunks) == 1 and 0 < len(chunks[0].token_ids) <= LoneDecoder.MAX_ROWS
@@ -127,7 +129,9 @@ class TorchRunner:
         """A batch-1 verify of more than ``LoneDecoder.MAX_ROWS`` rows (suffix decoding's k = 24) on a
         packed CPU model, as consecutive verifies of at most that many rows: each row is then bitwise
         its decode (the lone path), where the long-query attention (SDPA over a causal mask) rounds
-        differently and greedy speculation drifted from plain decoding (docs/performance.md §34)."""
+        differently and greedy speculation drifted from plain decoding (docs/performance.md §34).
+        (A prefill whose every row is wanted, for prompt logprobs, is split only when it is no
+        longer than a verify: ``max_verify_rows``.)"""
         m = LoneDecoder.MAX_ROWS
         outs = [self.forward([SeqChunk(chunk.token_ids[i:i + m], chunk.start + i, chunk.block_ids)],
                              list(range(len(chunk.token_ids[i:i + m]))), aux_layers=aux_layers, argmax_only=argmax_only)

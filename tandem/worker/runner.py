@@ -56,7 +56,7 @@ class ModelRunner(Protocol):
 def make_runner(model: CausalLM, kv_caches: list[KVCache], block_size: int, device: torch.device,
                 cfg: RunnerConfig, *, max_model_len: int | None = None, lookahead: int = 0,
                 feature_layers: tuple[int, ...] = (), feature_cache: FeatureCache | None = None,
-                batch_invariant: bool = False) -> ModelRunner:
+                batch_invariant: bool = False, max_verify_rows: int = 1) -> ModelRunner:
     """The CUDA runner on CUDA devices unless ``cfg.backend == "torch"``; the torch runner otherwise.
 
     ``max_model_len`` + ``lookahead`` (draft slots past it) bound a request's KV blocks: the CUDA
@@ -64,7 +64,9 @@ def make_runner(model: CausalLM, kv_caches: list[KVCache], block_size: int, devi
     ``feature_layers``: what an EAGLE head reads; the CUDA runner computes them in every step (its
     graphs included), the torch runner when it has a ``feature_cache`` or ``forward`` asks. With a
     ``feature_cache`` (kv/feature_cache.py) every forward writes them to their slots there. ``batch_invariant``
-    (``ModelConfig.batch_invariant``, checked by the builder): the CUDA runner's batch-invariant mode."""
+    (``ModelConfig.batch_invariant``, checked by the builder): the CUDA runner's batch-invariant mode.
+    ``max_verify_rows``: a verify step's query rows at most (k + 1; the torch runner keeps longer
+    batch-1 verifies exact, ``TorchRunner._long_verify``)."""
     if device.type == "cuda" and cfg.backend != "torch":
         from tandem.worker.gpu_runner import GpuModelRunner  # imports Triton: CUDA only
 
@@ -74,4 +76,5 @@ def make_runner(model: CausalLM, kv_caches: list[KVCache], block_size: int, devi
     from tandem.worker.model_runner import TorchRunner
 
     return TorchRunner(model, kv_caches, block_size, device, batch_invariant=batch_invariant,
-                       script=cfg.cpu_script, feature_layers=feature_layers, feature_cache=feature_cache)
+                       script=cfg.cpu_script, feature_layers=feature_layers, feature_cache=feature_cache,
+                       max_verify_rows=max_verify_rows)

@@ -36,7 +36,9 @@ def test_verify_rows_equal_decode_steps_bitwise(tmp_path, family, weights, rows)
         raw = {f"blk.{i}.ffn_down.weight": (random_quant_bytes(576, 256, Q.Q6_K, seed=i), Q.Q6_K) for i in range(2)}
         kw = {"tokenizer": str(path)}  # the tiny GGUF has no vocabulary of its own
         path = write_tiny_gguf(path, tmp_path / "m.gguf", qtype=Q.Q4_0, raw=raw)
-    llm = LLM(str(path), device="cpu", dtype="float32", kv_cache_memory_bytes=16 << 20, block_size=4, **kw)
+    spec = {"method": "ngram", "num_speculative_tokens": rows - 1}  # a verify of ``rows`` rows (k + 1)
+    llm = LLM(str(path), device="cpu", dtype="float32", kv_cache_memory_bytes=16 << 20, block_size=4,
+              speculative_config=spec, **kw)
     runner = llm.engine.runner
     if weights == "gguf-mixed":
         assert any(isinstance(m, Linear) for m in runner.model.model.layers.modules())
