@@ -70,13 +70,14 @@ def patch_gemv(sets: dict[str, list[list[Any]]], current: list[Any]) -> None:
     """Route the layer kernels' per-row ``gemv`` calls through the config of their shape and fusion
     in the set named ``current[0]`` (none: unchanged)."""
     import tandem.worker.cuda_kernels as ck
+    from tandem.worker.triton_gemv import fusion_key
 
-    tables = {name: {(n, k, f): cfg for n, k, f, cfg in configs} for name, configs in sets.items()}
+    # gpu_gemv.py names fusions "norm_gated", triton_gemv "norm+gated"
+    tables = {name: {(n, k, f.replace("_", "+")): cfg for n, k, f, cfg in configs} for name, configs in sets.items()}
     orig = ck.gemv
 
     def gemv(x: torch.Tensor, weight: Any, bias: Any = None, **kw: Any) -> torch.Tensor:
-        fusion = "norm_gated" if kw.get("gated") else "norm" if kw.get("norm_weight") is not None else \
-            "res" if kw.get("residual") is not None else "plain"
+        fusion = fusion_key(kw.get("norm_weight") is not None, bool(kw.get("gated")), kw.get("residual") is not None)
         table = tables.get(current[0], {})
         cfg = None if kw.get("dot") else table.get((weight.shape[0], weight.shape[1], fusion))
         if cfg is not None:
