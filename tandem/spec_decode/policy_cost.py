@@ -163,18 +163,13 @@ class StepCostModel:
             return {}
         return {n: r for (vb, n), r in b.residuals.items() if vb == batch}
 
-    def ratios(self, batch: int, max_draft_tokens: int) -> list[float]:
-        """Predicted step times with 1..``max_draft_tokens`` drafts over the batch, in units of D(B)."""
-        sigma, beta = self.overhead(batch)
-        res = self.residuals(batch)
-        b = max(batch, 1)
-        return [1.0 + max(0.0, sigma + beta * n / b + res.get(n, 0.0)) for n in range(1, max_draft_tokens + 1)]
-
     def ratio(self, batch: int, num_draft_tokens: int) -> float:
         """Predicted step time with ``num_draft_tokens`` drafts over the batch, in units of D(B)."""
         if num_draft_tokens <= 0:
             return 1.0
-        return self.ratios(batch, num_draft_tokens)[-1]
+        sigma, beta = self.overhead(batch)
+        over = sigma + beta * num_draft_tokens / max(batch, 1) + self.residuals(batch).get(num_draft_tokens, 0.0)
+        return 1.0 + max(0.0, over)
 
     def decode_is_stale(self, batch: int, every: int) -> bool:
         """Whether ``batch``'s bucket needs a plain decode step timed: verify steps were timed but no

@@ -133,9 +133,10 @@ class TorchRunner:
         (A prefill whose every row is wanted, for prompt logprobs, is split only when it is no
         longer than a verify: ``max_verify_rows``.)"""
         m = LoneDecoder.MAX_ROWS
-        outs = [self.forward([SeqChunk(chunk.token_ids[i:i + m], chunk.start + i, chunk.block_ids)],
-                             list(range(len(chunk.token_ids[i:i + m]))), aux_layers=aux_layers, argmax_only=argmax_only)
-                for i in range(0, len(chunk.token_ids), m)]
+        parts = [SeqChunk(chunk.token_ids[i:i + m], chunk.start + i, chunk.block_ids)
+                 for i in range(0, len(chunk.token_ids), m)]
+        outs = [self.forward([p], list(range(len(p.token_ids))), aux_layers=aux_layers, argmax_only=argmax_only)
+                for p in parts]
         aux = [torch.cat(parts) for parts in zip(*(o.aux_hidden for o in outs))]
         return StepOutput(torch.cat([o.logits for o in outs]), aux)
 

@@ -65,8 +65,8 @@ def make_runner(model: CausalLM, kv_caches: list[KVCache], block_size: int, devi
     graphs included), the torch runner when it has a ``feature_cache`` or ``forward`` asks. With a
     ``feature_cache`` (kv/feature_cache.py) every forward writes them to their slots there. ``batch_invariant``
     (``ModelConfig.batch_invariant``, checked by the builder): the CUDA runner's batch-invariant mode.
-    ``max_verify_rows``: a verify step's query rows at most (k + 1; the torch runner keeps longer
-    batch-1 verifies exact, ``TorchRunner._long_verify``)."""
+    ``max_verify_rows``: a verify step's query rows at most (k + 1): the torch runner splits a batch-1
+    verify longer than its exact lone step into lone steps (``TorchRunner._long_verify``)."""
     if device.type == "cuda" and cfg.backend != "torch":
         from tandem.worker.gpu_runner import GpuModelRunner  # imports Triton: CUDA only
 
