@@ -16,7 +16,8 @@ the wait for the device shows where the host reads results):
 - ``observe``   ``speculator.observe`` (counters, policy evidence; not inside the step's own timing)
 - ``cycle``     the time from one ``step()`` call to the next (what throughput sees)
 
-Prints per configuration: steps, tokens per step, ms per token, and mean ms per step of each phase.
+Prints per configuration: steps, tokens per step, ms per token, and mean ms per step of each phase;
+then the same phases over the steps that verified drafts only (and their whole ``step()`` call).
 Optionally writes a cProfile of each configuration (``--cprofile DIR``).
 
 Usage: python benchmarks/spec_step_profile.py [--model M] [--batch 1] [--num-prompts 8]
@@ -90,6 +91,8 @@ def profile(args: argparse.Namespace, name: str) -> dict[str, Any]:
     prompts = _prompts(args, llm)
     sp = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=0 if args.temperature else None)
 
+    verify: dict[str, float] = defaultdict(float)  # the phases of the steps that verified drafts
+
     def run(tag: str, acc: dict[str, float] | None) -> tuple[int, int, float]:
         queue = list(prompts)
         live = 0
@@ -104,11 +107,18 @@ def profile(args: argparse.Namespace, name: str) -> dict[str, Any]:
             if acc is not None and last is not None:
                 acc["cycle"] += now - last
             last = now
+            before, drafts = dict(acc or {}), eng.stats.spec.num_drafts
+            t_step = time.perf_counter()
             for o in eng.step():
                 if o.finished:
                     live -= 1
                     tokens += len(o.outputs[0].token_ids)
             steps += 1
+            if acc is not None and eng.stats.spec.num_drafts > drafts:
+                verify["steps"] += 1
+                verify["step()"] += time.perf_counter() - t_step
+                for p in PHASES[:-1]:
+                    verify[p] += acc[p] - before.get(p, 0.0)
         return steps, tokens, time.perf_counter() - t0
 
     run("warm", None)
@@ -149,8 +159,10 @@ def profile(args: argparse.Namespace, name: str) -> dict[str, Any]:
     spec_stats = eng.stats.spec
     tau = (1 + spec_stats.num_accepted_tokens / spec_stats.num_drafts) if spec_stats.num_drafts else None
     del llm
+    nv = int(verify["steps"])
     return {"name": name, "steps": steps, "tokens": tokens, "seconds": dt, "tau": tau,
-            **{p: 1e3 * acc[p] / max(steps, 1) for p in PHASES}}
+            **{p: 1e3 * acc[p] / max(steps, 1) for p in PHASES}, "verify_steps": nv,
+            "verify": {p: 1e3 * verify[p] / nv for p in (*PHASES[:-1], "step()")} if nv else {}}
 
 
 def main() -> None:
@@ -181,6 +193,13 @@ def main() -> None:
         print(f"| {r['name']} | {r['steps']} | {r['tokens'] / r['steps']:.2f} | {1e3 * r['seconds'] / r['tokens']:.3f} "
               f"| {tau} | " + " | ".join(f"{r[p]:.3f}" for p in PHASES) + " |")
     print("(phase columns: mean ms per step)")
+    vphases = (*PHASES[:-1], "step()")
+    print("\n| config | verify steps | " + " | ".join(vphases) + " |")
+    print("|" + "---|" * (2 + len(vphases)))
+    for r in rows:
+        if r["verify"]:
+            print(f"| {r['name']} | {r['verify_steps']} | " + " | ".join(f"{r['verify'][p]:.3f}" for p in vphases) + " |")
+    print("(mean ms per step that verified drafts; step(): the whole call)")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,14 @@ Where drafts come from:
   round is due): a synchronous engine, which could propose every step, skips the proposal (the
   full lookups for the whole batch and their scoring) like an asynchronous one that chains decode
   steps — at T = 0.8 on the H200 the every-step proposals had cost 0.69–0.84× at concurrency 8–64
-  with nobody drafting (docs/performance.md §32).
+  with nobody drafting (docs/performance.md §32). On an asynchronous engine the question comes in
+  two states: with a decode step in flight (a yes drains the pipeline, and the run of verifies it
+  starts ends with a restart: ρ per run, spread over the runs' measured length) and drained, right
+  after a verify (going on costs the verify alone). A host proposer's *live* draft — a pending
+  proposal or shadow whose tokens the request has followed so far — stands for a match now; the
+  others are weighed by how often their proposals found one. (Charging the restart to every
+  verify, and the policy's own host work on each synchronous round, had held the policy at
+  1.16× on HumanEval at batch 1 where drafting every step gained 1.5×; docs/performance.md §35.)
 - Model-based proposers: the policy chooses k from the estimates first (the drafting costs
   forwards), and the granted drafts are scored the same way.
 
@@ -67,8 +74,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 from tandem.engine.stats import SpecStats
 from tandem.spec_decode.policy_accept import AcceptanceModel, score_draft
@@ -133,8 +138,10 @@ class GoodputPolicy:
         self._rotation = 0  # where this step's lazy shadows start in the batch (round robin)
         self._shadow_credit = 0.0
         self._step = 0  # engine steps seen
-        # wants_any's cached "no": until which step, for which bucket, with which acceptance evidence
-        self._no_until, self._no_batch, self._no_scored = 0, 0, 0
+        # wants_any's cached "no": until which step, for which bucket, with which evidence (drafts
+        # scored, drafts proposed), asked drained or not
+        self._no_until, self._no_batch, self._no_evidence, self._no_drained = 0, 0, (0, 0), False
+        self._num_proposals = 0  # drafts proposed, real and shadow (cumulative)
         self._steps_since_event = TRANSITION_SPAN + 1  # steps since a round that drafted, or a verify
         self._steps_since_round = TRANSITION_SPAN + 1  # steps since any proposal round
         self.measure_draft_cost = draft_cost is None and not free
@@ -164,7 +171,7 @@ class GoodputPolicy:
             self._decode_probe = self.decode_probe_steps
             self._count(ks)
             return ks
-        ks = self._optimise(batch, candidates, with_reach=False)
+        ks = self._optimise(batch, candidates)
         self._exploring = False
         if any(ks):
             self._explore_every = self.probe_every  # drafting pays on the estimates: explore at the base rate
@@ -174,7 +181,7 @@ class GoodputPolicy:
             self._exploring = True
         elif (self.free and self._steps_since_draft >= self.probe_every
               and self.cost.verify_is_stale(batch, self.verify_probe_every)
-              and any(self._optimise(batch, candidates, with_reach=False, cost=self.cost.prior_overhead()))):
+              and any(self._optimise(batch, candidates, cost=self.cost.prior_overhead()))):
             # the measured cost says no, but it is old and the prior cost says yes: verify the
             # whole drafts once (long verifies beside short ones separate σ from β in the fit)
             ks = [min(c.max_tokens, len(c.draft or ())) for c in candidates]
@@ -184,14 +191,20 @@ class GoodputPolicy:
         self._count(ks)
         return ks
 
-    def wants_any(self, batch: int, candidates: Sequence[Candidate] | Callable[[], Sequence[Candidate]]) -> bool:
+    def wants_any(self, batch: int, candidates: Sequence[Candidate] | Callable[[], Sequence[Candidate]],
+                  drained: bool = False) -> bool:
         """Whether a proposal round now would likely draft for anyone (drafts unknown yet: expected
-        draft lengths from the requests' history). False keeps decode steps asynchronous, and spares
-        a synchronous step the proposal (a host proposer's full lookups for the whole batch, their
-        scoring, ``choose``). Asked every step: a "no" from the estimates is kept until new
-        evidence is scored, for at most ``WANTS_RECHECK`` steps (2 below batch 8; a model proposer:
-        ``probe_every``) (``candidates`` may be a function, called only when the estimates are
-        consulted)."""
+        draft lengths from the requests' history, except where a host proposer's pending draft is
+        *live* — proposed from tokens the request has followed so far: a match now). False keeps
+        decode steps asynchronous, and spares a synchronous step the proposal (a host proposer's
+        full lookups for the whole batch, their scoring, ``choose``). ``drained``: no step is in
+        flight (every token read: the engine is about to schedule), so a verify now costs σ + β n /
+        B; else a round also drains the pipeline and restarts it after the run it starts (ρ,
+        ``cost.restart_ratio``, spread over the run's expected verifies, ``cost.run_length``).
+        Asked every step: a "no" is kept until new evidence (a scored or a new draft), for at most
+        ``WANTS_RECHECK`` steps (2 below batch 8; a model proposer: ``probe_every``), and a "no"
+        with a step in flight does not answer a drained question (``candidates`` may be a
+        function, called only when the estimates are consulted)."""
         if self._off(batch):
             return False
         if self.free:
@@ -201,11 +214,17 @@ class GoodputPolicy:
                 return True  # a real round now and then: ``choose`` may re-verify under the prior cost
         elif self._steps_since_draft >= self._explore_every:
             return True  # a model proposer's exploration round is due
+        evidence = (self.acceptance.num_scored, self._num_proposals)
         if (self._no_until > self._step and self._no_batch == bucket_of(batch)
-                and self._no_scored == self.acceptance.num_scored):
+                and self._no_evidence == evidence and (self._no_drained or not drained)):
             return False
         cands = candidates() if callable(candidates) else candidates
-        if any(self._optimise(batch, cands, with_reach=True)):
+        if self.free and self._pending:  # live drafts: the match they came from holds so far
+            pending = self._pending
+            cands = [Candidate(c.request_id, c.max_tokens, p.draft)
+                     if (p := pending.get(c.request_id)) is not None and p.draft else c for c in cands]
+        restart = 0.0 if drained else self.cost.restart_ratio(batch) / self.cost.run_length(batch)
+        if any(self._optimise(batch, cands, restart=restart)):
             return True
         # The estimates cost O(batch) per step (~0.1 ms at batch 1 on the H200's host: a tenth of a
         # sampled SmolLM2 step). A host proposer's "no" stands until new evidence is scored, for at
@@ -214,7 +233,7 @@ class GoodputPolicy:
         # ``probe_every`` steps: the step-cost fit ages).
         recheck = (WANTS_RECHECK if batch >= 8 else 2) if self.free else self.probe_every
         self._no_until, self._no_batch = self._step + recheck, bucket_of(batch)
-        self._no_scored = self.acceptance.num_scored
+        self._no_evidence, self._no_drained = evidence, drained
         return False
 
     def off(self, batch: int) -> bool:
@@ -229,41 +248,51 @@ class GoodputPolicy:
         return ((self.disable_by_batch_size is not None and batch >= self.disable_by_batch_size)
                 or self._decode_probe > 0 or not self.guard.allows(batch))
 
-    def _optimise(self, batch: int, candidates: Sequence[Candidate], with_reach: bool,
+    def _optimise(self, batch: int, candidates: Sequence[Candidate], restart: float = 0.0,
                   cost: tuple[float, float] | None = None) -> list[int]:
+        """k per candidate; a candidate without a known draft is weighed with its expected reach.
+        ``restart``: a pipeline restart's share per verify (ρ / run length), where the decision
+        starts a run of verifies."""
         batch = max(batch, 1)
         sigma, beta = cost or self.cost.overhead(batch)  # ratio(batch, n) = 1 + max(0, sigma + beta n / batch)
+        sigma += restart
         # measured steps of exactly this shape: what the line misses (the CPU's int4 kernel in 4-row blocks)
         residuals = {} if cost else self.cost.residuals(batch)
         lengths = [min(c.max_tokens, self.k if c.draft is None else len(c.draft)) for c in candidates]
-        if not self._may_pay(batch, candidates, lengths, sigma + min([0.0, *residuals.values()]), beta, with_reach):
+        if not self._may_pay(batch, candidates, lengths, sigma + min([0.0, *residuals.values()]), beta):
             return [0] * len(candidates)
         n = len(candidates)
         surv = self.acceptance.survival_matrix([c.request_id for c in candidates],
-                                               [with_reach or c.draft is None for c in candidates])
-        k = surv.shape[1]
-        # a slot below beta never raises the goodput at the margin (adding it gains s, costs G·β/B ≥ β)
-        valid = (np.arange(k)[None, :] < np.asarray(lengths)[:, None]) & (surv > beta)
-        idx = np.flatnonzero(valid)
-        if idx.size == 0:
+                                               [c.draft is None for c in candidates])
+        # a slot below beta never raises the goodput at the margin (adding it gains s, costs G·β/B ≥ β);
+        # (plain Python: at batch 1 a round's numpy calls had cost ~35 µs of a synchronous step)
+        slots = [(sv, i, j) for i, (row, m) in enumerate(zip(surv, lengths)) for j, sv in enumerate(row[:m]) if sv > beta]
+        if not slots:
             return [0] * n
-        s = surv.ravel()[idx]
-        order = np.argsort(-s, kind="stable")  # ties: lower request, then lower position first
-        idx, s = idx[order], s[order]
-        count = np.arange(1, idx.size + 1)
-        longest = np.maximum.accumulate(idx % k + 1)  # survival falls along a draft: slot j → k_i = j + 1
-        over = sigma + beta * count / batch
-        for drafts, r in residuals.items():
-            if drafts <= over.size:
-                over[drafts - 1] += r
-        g = (batch + np.cumsum(s)) / (1.0 + np.maximum(0.0, over) + self.draft_cost * longest)
-        best = int(np.argmax(g))
-        if g[best] < (1.0 + self.margin) * batch:
+        slots.sort(key=lambda t: -t[0])  # (stable) ties: lower request, then lower position first
+        # survival falls along a draft, so the best N slots take a prefix of each request's draft
+        cap, per_slot = self.draft_cost, beta / batch
+        best_g, best_n = -1.0, 0
+        total, longest = float(batch), 0
+        for count, (sv, _, j) in enumerate(slots, 1):
+            total += sv
+            if j >= longest:
+                longest = j + 1
+            over = sigma + per_slot * count
+            if residuals:
+                over += residuals.get(count, 0.0)
+            g = total / ((1.0 + over if over > 0.0 else 1.0) + cap * longest)
+            if g > best_g:
+                best_g, best_n = g, count
+        if best_g < (1.0 + self.margin) * batch:
             return [0] * n
-        return np.bincount(idx[: best + 1] // k, minlength=n).tolist()
+        ks = [0] * n
+        for _, i, _ in slots[:best_n]:
+            ks[i] += 1
+        return ks
 
     def _may_pay(self, batch: int, candidates: Sequence[Candidate], lengths: Sequence[int], sigma: float,
-                 beta: float, with_reach: bool) -> bool:
+                 beta: float) -> bool:
         """A cheap bound: with every slot as good as the best one (survival ≤ s_max), G(N) ≤
         (B + N s_max) / (1 + σ + β N / B), monotone in N, so its largest value over N ≥ 1 is at N = 1
         or at N = all slots. If neither beats plain decoding by the margin, nothing can. (``sigma``
@@ -271,7 +300,7 @@ class GoodputPolicy:
         total = sum(lengths)
         if total == 0:
             return False
-        s_max = max((self.acceptance.first_survival(c.request_id, with_reach or c.draft is None)
+        s_max = max((self.acceptance.first_survival(c.request_id, c.draft is None)
                      for c, n in zip(candidates, lengths) if n), default=0.0)
         need = (1.0 + self.margin) * batch
         cost = self.draft_cost * max(lengths)
@@ -293,6 +322,7 @@ class GoodputPolicy:
             # superseded undecided: every token produced since matched (else on_tokens decided it)
             self.acceptance.record(request_id, len(old.draft), min(at - old.at, len(old.draft)), decided=False)
         self._pending[request_id] = _Pending(at, tuple(int(t) for t in draft))
+        self._num_proposals += 1
 
     @property
     def wants_tokens(self) -> bool:
@@ -320,6 +350,7 @@ class GoodputPolicy:
             if self.latest_shadow is not None:
                 pending[rid] = _Pending(len(toks), tuple(self.latest_shadow(rid, toks, self.k)))
                 self.stats.num_shadow_drafts += 1
+                self._num_proposals += 1
                 self._shadows_left -= 1
                 self._rotation = start + i + 1
             elif self._shadow_at.get(rid, len(toks)) < len(toks):
@@ -360,6 +391,7 @@ class GoodputPolicy:
         assert self.shadow is not None
         p = self._pending[request_id] = _Pending(at, tuple(self.shadow(token_ids[:at], self.k)))
         self.stats.num_shadow_drafts += 1
+        self._num_proposals += 1
         self._shadows_left -= 1
         return p
 

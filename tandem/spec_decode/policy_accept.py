@@ -22,33 +22,35 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 PRIOR_ACCEPTANCE = 0.5
 PRIOR_WEIGHT = 2.0
 FORGET = 0.85
 GLOBAL_ALPHA = 0.02  # EWMA step of the engine-wide per-position rates
+REACH_ALPHA = 0.3  # EWMA step of a request's reach
 
 
 @dataclass
 class _Counts:
-    acc: np.ndarray  # [k] decayed accepted counts per position
-    seen: np.ndarray  # [k] decayed reached counts per position
-    reach: np.ndarray  # [k] EWMA of [proposal had token j]
+    acc: list[float]  # [k] decayed accepted counts per position
+    seen: list[float]  # [k] decayed reached counts per position
+    reach: list[float]  # [k] EWMA of [proposal had token j]
     num_scored: int = 0
 
 
 class AcceptanceModel:
+    """(Plain Python over k-long lists: a scored draft and a step's estimates sit on the critical
+    path of a synchronous verify step, where numpy's per-call cost on k = 4 elements had made them
+    ~40 µs each on the H200's host.)"""
+
     def __init__(self, k: int, *, prior: float = PRIOR_ACCEPTANCE, prior_weight: float = PRIOR_WEIGHT,
                  forget: float = FORGET, global_alpha: float = GLOBAL_ALPHA) -> None:
         if not 0.0 <= prior <= 1.0:
             raise ValueError(f"prior acceptance must be in [0, 1], got {prior}")
         self.k = k
         self.prior_weight, self.forget, self.global_alpha = prior_weight, forget, global_alpha
-        self.global_rates = np.full(k, prior)  # engine-wide α_j
-        self.global_reach = np.ones(k)
+        self.global_rates = [prior] * k  # engine-wide α_j
+        self.global_reach = [1.0] * k
         self._reqs: dict[str, _Counts] = {}
-        self._pos = np.arange(k)
         self.num_scored = 0  # scored drafts, cumulative (real and shadow)
 
     # ---- updates ---------------------------------------------------------------------------------
@@ -58,20 +60,25 @@ class AcceptanceModel:
         k = self.k
         st = self._reqs.get(request_id)
         if st is None:
-            st = self._reqs[request_id] = _Counts(np.zeros(k), np.zeros(k), np.ones(k))
-        had = self._pos < draft_len
-        st.reach += 0.3 * (had - st.reach)
-        self.global_reach += self.global_alpha * (had - self.global_reach)
+            st = self._reqs[request_id] = _Counts([0.0] * k, [0.0] * k, [1.0] * k)
+        reach, greach, ga = st.reach, self.global_reach, self.global_alpha
+        for j in range(k):
+            had = 1.0 if j < draft_len else 0.0
+            reach[j] += REACH_ALPHA * (had - reach[j])
+            greach[j] += ga * (had - greach[j])
         n = min(draft_len, k)
         if n == 0:
             return
         last = min(accepted + 1, n) if decided else min(accepted, n)
-        st.acc *= self.forget
-        st.seen *= self.forget
-        x = (self._pos[:last] < accepted).astype(np.float64)
-        st.acc[:last] += x
-        st.seen[:last] += 1.0
-        self.global_rates[:last] += self.global_alpha * (x - self.global_rates[:last])
+        f, acc, seen, rates = self.forget, st.acc, st.seen, self.global_rates
+        for j in range(k):
+            acc[j] *= f
+            seen[j] *= f
+        for j in range(last):
+            x = 1.0 if j < accepted else 0.0
+            acc[j] += x
+            seen[j] += 1.0
+            rates[j] += ga * (x - rates[j])
         st.num_scored += 1
         self.num_scored += 1
 
@@ -81,42 +88,41 @@ class AcceptanceModel:
     # ---- estimates -------------------------------------------------------------------------------
     def rates(self, request_id: str) -> list[float]:
         """α[r, j] for j < k: the request's decayed counts blended with the engine-wide rates."""
-        return self._rates(request_id).tolist()
-
-    def _rates(self, request_id: str) -> np.ndarray:
         st = self._reqs.get(request_id)
         if st is None:
-            return self.global_rates.copy()
+            return list(self.global_rates)
         w = self.prior_weight
-        return (st.acc + w * self.global_rates) / (st.seen + w)
+        return [(a + w * g) / (n + w) for a, n, g in zip(st.acc, st.seen, self.global_rates)]
 
-    def survival_matrix(self, request_ids: Sequence[str], with_reach: Sequence[bool]) -> np.ndarray:
-        """[len(request_ids), k]: s[r, j] (times reach[r, j] where ``with_reach``)."""
-        if not request_ids:
-            return np.zeros((0, self.k))
-        rows = [self._rates(r) for r in request_ids]
-        surv = np.cumprod(np.stack(rows), axis=1)
-        for i, (rid, wr) in enumerate(zip(request_ids, with_reach)):
+    def survival_matrix(self, request_ids: Sequence[str], with_reach: Sequence[bool]) -> list[list[float]]:
+        """Per request, s[r, j] for j < k (times reach[r, j] where ``with_reach``)."""
+        out = []
+        for rid, wr in zip(request_ids, with_reach):
+            s, row = 1.0, []
+            for a in self.rates(rid):
+                s *= a
+                row.append(s)
             if wr:
                 st = self._reqs.get(rid)
-                surv[i] *= st.reach if st is not None else self.global_reach
-        return surv
+                row = [v * r for v, r in zip(row, st.reach if st is not None else self.global_reach)]
+            out.append(row)
+        return out
 
     def survival(self, request_id: str, length: int, with_reach: bool = False) -> list[float]:
         """s[r, j] = Π_{i≤j} α[r, i] for j < ``length``; ``with_reach`` also multiplies by the chance
         that a proposal has a token j at all (for decisions made before the draft is known)."""
-        return self.survival_matrix([request_id], [with_reach])[0, : min(length, self.k)].tolist()
+        return self.survival_matrix([request_id], [with_reach])[0][: min(length, self.k)]
 
     def first_survival(self, request_id: str, with_reach: bool = False) -> float:
         """s[r, 0] (times reach[r, 0] with ``with_reach``): the best slot a request has, cheaply."""
         if not self.k:
             return 0.0
         st = self._reqs.get(request_id)
-        g = float(self.global_rates[0])
+        g = self.global_rates[0]
         if st is None:
-            return g * (float(self.global_reach[0]) if with_reach else 1.0)
-        rate = (float(st.acc[0]) + self.prior_weight * g) / (float(st.seen[0]) + self.prior_weight)
-        return rate * (float(st.reach[0]) if with_reach else 1.0)
+            return g * (self.global_reach[0] if with_reach else 1.0)
+        rate = (st.acc[0] + self.prior_weight * g) / (st.seen[0] + self.prior_weight)
+        return rate * (st.reach[0] if with_reach else 1.0)
 
     def expected_tokens(self, request_id: str, length: int) -> float:
         """1 + Σ_j s[r, j]: expected tokens from one verify of ``length`` drafts."""

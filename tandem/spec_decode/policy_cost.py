@@ -3,7 +3,7 @@
 Per batch-size bucket (powers of two: 1, 2, 4, …) the model keeps
 
 - ``decode``: an EWMA of the wall time of steps where every request decoded one token (D(B));
-- a linear fit (over its last verify steps, refitted against the current D(B)) of a verify step's
+- a linear fit (over its verify steps, refitted against the current D(B)) of a verify step's
   *relative* overhead over that decode time, ``t / D(B) − 1 = σ + β · n / B`` with ``n`` the draft
   tokens in the step (query tokens − B): σ is what a verify step costs for being a verify (on CUDA
   it runs synchronously while plain decode steps overlap the host's work), β the price of one more
@@ -12,13 +12,24 @@ Per batch-size bucket (powers of two: 1, 2, 4, …) the model keeps
   step, so a measurement nobody repeats fades), pulled towards the prior (σ₀, β₀) (which is all
   there is before a verify and a decode step were timed) and overridden by measurements within a
   few dozen steps. A bucket's first verify step is not used (new shapes: a cold start, not a cost).
+  Both forgettings are exponential, so the fit keeps running weighted sums (of 1, x, t, x², x·t,
+  scaled on each update) and solves in O(1): it is refitted on every verify step of a run, on the
+  critical path of a synchronous step (a 64-step window re-summed in Python had cost ~90 µs there).
 
-On an asynchronous engine a verify step also costs the steps around it: the pipeline of chained
-decode steps drains before it and restarts after it, so those plain steps take longer than a steady
-one. Only *steady* decode steps (not a drain or restart of the pipeline; every step of a synchronous
-engine) are decode samples; a transition step's excess over D(B) is charged to the last verify step
-when it was at most ``TRANSITION_SPAN`` steps ago (the restart after it; a drain before a verify
-costs no more than a steady step: it launches nothing).
+On an asynchronous engine a run of verify steps also costs the steps around it: the pipeline of
+chained decode steps drains before it and restarts after it, so those plain steps take longer than a
+steady one. Only *steady* decode steps (not a drain or restart of the pipeline; every step of a
+synchronous engine) are decode samples. A transition step's excess over D(B), when the last verify
+step was at most ``TRANSITION_SPAN`` steps ago (the restart after a run; a drain before a verify
+costs no more than a steady step: it launches nothing), is the *restart* cost ρ (an EWMA per bucket,
+in units of D(B): ``restart_ratio``), kept apart from the verify fit: it is paid once per run of
+verifies, not per verify. So the policy weighs it only where a decision starts a run (asking for a
+round while a decode step is in flight), spread over the run's expected length (``run_length``, an
+EWMA of the verify steps between restarts); once the pipeline is drained, going on verifying costs
+σ + β n / B and stopping pays the restart all the same. (Charging it to every verify had made a verify
+cycle look like 2.6 decodes on the H200 where consecutive verifies cost 2.05: the policy drafted in
+382 of ~1,850 steps of HumanEval at batch 1 and gained 1.14–1.19× where drafting every step gained
+1.47–1.60×, docs/performance.md §34.)
 
 A step's cost need not be linear in its draft tokens: on the CPU, torch's int4 kernel works in blocks
 of four rows, so a 5-row verify cost 2.57 decodes where a 4-row one cost 1.75 (docs/performance.md
@@ -37,7 +48,6 @@ draft step in units of D(B).)
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
 
 # Priors: a verify step costs 10% more than a decode step plus 25% of a decode row per draft token
@@ -46,16 +56,19 @@ PRIOR_SIGMA = 0.10
 # ... on an asynchronous engine: a verify's cycle was 2.05 decode cycles (1.07 vs 0.52 ms; H200,
 # SmolLM2-135M, batch 1, benchmarks/spec_step_profile.py, 2026-12-02)
 ASYNC_PRIOR_SIGMA = 1.0
+# ... and restarting its pipeline after a run of verifies: a synchronous plain step's excess over a
+# chained one (0.751 vs 0.522 ms, same profile)
+ASYNC_PRIOR_RESTART = 0.45
 PRIOR_BETA = 0.25
 PRIOR_WEIGHT = 1.0  # ridge weight of the prior, in verify steps
 FORGET = 0.95  # per verify observation: ~20 steps of memory
-MAX_VERIFIES = 64  # verify steps kept per bucket
 REFIT_EVERY = 8  # timed steps a fit is reused without a new verify (ageing moves weights by 0.995^8: 4 %)
 AGE_DECAY = 0.995  # per timed step: a verify measured 140 steps ago weighs half (no verify since: the prior returns)
 DECODE_ALPHA = 0.1
 RESIDUAL_PRIOR_WEIGHT = 1.0  # a (batch, draft tokens) correction's pull towards 0, in verify steps
 RESIDUAL_MAX_BATCH = 8  # corrections per exact step shape up to this batch (larger ones rarely repeat)
-TRANSITION_SPAN = 2  # steps after a verify whose plain-step excess is the verify's
+TRANSITION_SPAN = 2  # steps after a verify whose plain-step excess is the restart's
+RESTART_ALPHA = 0.2  # EWMA step of the restart cost, per run of verifies
 
 
 def bucket_of(batch: int) -> int:
@@ -71,21 +84,31 @@ class _Bucket:
     steps_since_decode: int = 0  # steps timed in this bucket since its last decode step (or probe)
     probed: bool = False  # a plain-decode probe was asked for
     steps_since_verify: int = 0  # steps timed in this bucket since its last verify step
-    # (draft tokens per request x, seconds, step clock, batch, draft tokens n)
-    verifies: deque[tuple[float, float, int, int, int]] = field(default_factory=lambda: deque(maxlen=MAX_VERIFIES))
+    # the verify steps' weighted sums of (1, x, t, x², x·t), x = draft tokens per request, t = seconds,
+    # as of step clock ``sums_at``; per (batch, n) at small batch, of (1, x, t)
+    sums: list[float] = field(default_factory=lambda: [0.0] * 5)
+    shape_sums: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+    sums_at: int = 0
     seen: set[tuple[int, int]] = field(default_factory=set)  # (batch, n) verified at least once
     fit: tuple[float, float] | None = None  # (σ, β) cached ...
     fit_at: int = -1  # ... since this value of the model's step clock (the data age with every timed step)
     fit_verifies: int = -1  # ... and this many verify steps (a new one: refit)
     residuals: dict[tuple[int, int], float] = field(default_factory=dict)  # per (batch, n), with the fit
+    last_verify: int = -(1 << 30)  # step clock of the bucket's last verify step
+    restart: float | None = None  # EWMA of a run's restart excess, seconds
+    restart_of: int = -1  # the verify (its step clock) whose restart the EWMA last took in
+    run_verifies: int = 0  # verify steps since the last restart
+    run_length: float | None = None  # EWMA of the verify steps a run had before its restart
 
 
 class StepCostModel:
     def __init__(self, *, prior_sigma: float = PRIOR_SIGMA, prior_beta: float = PRIOR_BETA,
-                 forget: float = FORGET, decode_alpha: float = DECODE_ALPHA, max_k: int = 4) -> None:
-        if prior_sigma < 0 or prior_beta < 0:
-            raise ValueError(f"cost priors must be >= 0, got sigma={prior_sigma}, beta={prior_beta}")
-        self.prior_sigma, self.prior_beta = prior_sigma, prior_beta
+                 prior_restart: float = 0.0, forget: float = FORGET, decode_alpha: float = DECODE_ALPHA,
+                 max_k: int = 4) -> None:
+        if prior_sigma < 0 or prior_beta < 0 or prior_restart < 0:
+            raise ValueError(f"cost priors must be >= 0, got sigma={prior_sigma}, beta={prior_beta}, "
+                             f"restart={prior_restart}")
+        self.prior_sigma, self.prior_beta, self.prior_restart = prior_sigma, prior_beta, prior_restart
         self.forget, self.decode_alpha, self.max_k = forget, decode_alpha, max(1, max_k)
         self._buckets: dict[int, _Bucket] = {}
         self._steps = 0  # timed steps, all buckets: the clock verify observations age by
@@ -103,10 +126,16 @@ class StepCostModel:
         if n == 0 and not steady:
             b.steps_since_verify += 1
             b.steps_since_decode += 1
-            if b.decode is not None and b.verifies and self._steps - b.verifies[-1][2] <= TRANSITION_SPAN:
-                x, t, step, vb, vn = b.verifies[-1]
-                b.verifies[-1] = (x, t + max(0.0, seconds - b.decode), step, vb, vn)
-                b.fit = None  # (its data changed)
+            if b.decode is not None and self._steps - b.last_verify <= TRANSITION_SPAN:
+                excess = max(0.0, seconds - b.decode)
+                if b.restart_of == b.last_verify:  # a second transition step of the same restart
+                    b.restart = (b.restart or 0.0) + (RESTART_ALPHA if b.run_length is not None else 1.0) * excess
+                else:
+                    b.restart = excess if b.restart is None else b.restart + RESTART_ALPHA * (excess - b.restart)
+                    run = float(b.run_verifies)
+                    b.run_length = run if b.run_length is None else b.run_length + RESTART_ALPHA * (run - b.run_length)
+                    b.run_verifies = 0
+                b.restart_of = b.last_verify
             return
         if n == 0:
             b.decode = seconds if b.decode is None else (1 - self.decode_alpha) * b.decode + self.decode_alpha * seconds
@@ -117,11 +146,19 @@ class StepCostModel:
         b.steps_since_decode += 1
         b.steps_since_verify = 0
         b.num_verify += 1
+        b.last_verify = self._steps
+        b.run_verifies += 1
         # a bucket's first verify step, and at small batch its first of each (batch, draft tokens),
         # is a cold start (new shapes), not a cost
         small = batch <= RESIDUAL_MAX_BATCH
         if b.num_verify > 1 and (not small or (batch, n) in b.seen):
-            b.verifies.append((n / batch, seconds, self._steps, batch, n))
+            self._age(b, self.forget)  # older verify steps weigh ``forget`` less
+            x = n / batch
+            for i, v in enumerate((1.0, x, seconds, x * x, x * seconds)):
+                b.sums[i] += v
+            if small:
+                acc = b.shape_sums.setdefault((batch, n), [0.0, 0.0, 0.0])
+                acc[0], acc[1], acc[2] = acc[0] + 1.0, acc[1] + x, acc[2] + seconds
         if small:
             b.seen.add((batch, n))
 
@@ -146,7 +183,7 @@ class StepCostModel:
     def overhead(self, batch: int) -> tuple[float, float]:
         """(σ, β) for ``batch``: the bucket's fit, else the nearest fitted bucket's, else the prior."""
         key = bucket_of(batch)
-        fitted = [k for k, v in self._buckets.items() if v.verifies and v.decode is not None]
+        fitted = [k for k, v in self._buckets.items() if v.sums[0] > 0 and v.decode is not None]
         if not fitted:
             return self.prior_sigma, self.prior_beta
         near = min(fitted, key=lambda k: (abs(math.log2(k) - math.log2(key)), k))
@@ -154,6 +191,28 @@ class StepCostModel:
         if b.fit is None or b.fit_verifies != b.num_verify or self._steps - b.fit_at >= REFIT_EVERY:
             b.fit, b.fit_at, b.fit_verifies = self._solve(b), self._steps, b.num_verify
         return b.fit
+
+    def restart_ratio(self, batch: int) -> float:
+        """ρ: what restarting the asynchronous pipeline after a run of verifies costs, in units of
+        D(B) (the bucket's, else the nearest measured bucket's, else the prior: 0 on a synchronous
+        engine, where no step restarts anything)."""
+        key = bucket_of(batch)
+        known = [k for k, v in self._buckets.items() if v.restart is not None and v.decode]
+        if not known:
+            return self.prior_restart
+        b = self._buckets[min(known, key=lambda k: (abs(math.log2(k) - math.log2(key)), k))]
+        assert b.restart is not None and b.decode
+        return b.restart / b.decode
+
+    def run_length(self, batch: int) -> float:
+        """The verify steps a run has had before its pipeline restart (the bucket's EWMA, else the
+        nearest measured bucket's; 1 before any restart was measured)."""
+        key = bucket_of(batch)
+        known = [k for k, v in self._buckets.items() if v.run_length is not None]
+        if not known:
+            return 1.0
+        length = self._buckets[min(known, key=lambda k: (abs(math.log2(k) - math.log2(key)), k))].run_length
+        return max(1.0, length or 1.0)
 
     def residuals(self, batch: int) -> dict[int, float]:
         """Draft tokens -> what the line misses for a step of exactly ``batch`` requests with that
@@ -202,34 +261,33 @@ class StepCostModel:
             b = self._buckets[key] = _Bucket()
         return b
 
+    def _age(self, b: _Bucket, factor: float = 1.0) -> None:
+        """Scale the bucket's sums to the current step clock (``AGE_DECAY`` per timed step), times ``factor``."""
+        f = factor * AGE_DECAY ** (self._steps - b.sums_at)
+        b.sums_at = self._steps
+        if f != 1.0:
+            b.sums[:] = [v * f for v in b.sums]
+            for acc in b.shape_sums.values():
+                acc[0], acc[1], acc[2] = acc[0] * f, acc[1] * f, acc[2] * f
+
     def _solve(self, b: _Bucket) -> tuple[float, float]:
-        """Ridge least squares of ``t / D − 1 = σ + β x`` over the bucket's recent verify steps (the
-        newest weighing most: ``forget`` per step), pulled towards the prior (σ₀, β₀) with weight
-        ``PRIOR_WEIGHT`` each: when every step had the same draft count, the data fix σ + β x there
-        and the prior splits it, instead of a degenerate or wild line."""
+        """Ridge least squares of ``t / D − 1 = σ + β x`` over the bucket's verify steps (the newest
+        weighing most: ``forget`` per step, ``AGE_DECAY`` per timed step), pulled towards the prior
+        (σ₀, β₀) with weight ``PRIOR_WEIGHT`` each: when every step had the same draft count, the
+        data fix σ + β x there and the prior splits it, instead of a degenerate or wild line."""
         d = b.decode
         assert d is not None
+        self._age(b)
         lam = PRIOR_WEIGHT
-        w = sx = sy = sxx = sxy = 0.0
-        weight = 1.0
-        points = []
-        for x, t, step, vb, vn in reversed(b.verifies):
-            y = t / d - 1.0
-            wt = weight * AGE_DECAY ** (self._steps - step)
-            if vb <= RESIDUAL_MAX_BATCH:
-                points.append((x, y, wt, (vb, vn)))
-            w, sx, sy, sxx, sxy = w + wt, sx + wt * x, sy + wt * y, sxx + wt * x * x, sxy + wt * x * y
-            weight *= self.forget
+        w, sx, st, sxx, sxt = b.sums
+        sy, sxy = st / d - w, sxt / d - sx  # y = t / D − 1
         a11, a12, a22 = w + lam, sx, sxx + lam
         r1, r2 = sy + lam * self.prior_sigma, sxy + lam * self.prior_beta
         det = a11 * a22 - a12 * a12
         sigma, beta = (r1 * a22 - a12 * r2) / det, (a11 * r2 - a12 * r1) / det
         if beta < 0:  # more tokens never make a step cheaper: the mean overhead, beta = 0
             sigma, beta = r1 / a11, 0.0
-        sums: dict[tuple[int, int], list[float]] = {}
-        for x, y, wt, key in points:
-            acc = sums.setdefault(key, [0.0, 0.0])
-            acc[0] += wt * (y - sigma - beta * x)
-            acc[1] += wt
-        b.residuals = {key: r / (wsum + RESIDUAL_PRIOR_WEIGHT) for key, (r, wsum) in sums.items()}
+        # per (batch, n): the weighted mean of y − σ − β x there, shrunk towards 0
+        b.residuals = {key: ((wt / d - ww) - sigma * ww - beta * wx) / (ww + RESIDUAL_PRIOR_WEIGHT)
+                       for key, (ww, wx, wt) in b.shape_sums.items()}
         return sigma, beta

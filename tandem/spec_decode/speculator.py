@@ -48,7 +48,7 @@ from tandem.request import Request
 from tandem.scheduler import SchedulerOutput
 from tandem.spec_decode.device_drafts import PENDING, DeviceDrafts, pending
 from tandem.spec_decode.policy import Candidate, GoodputPolicy
-from tandem.spec_decode.policy_cost import ASYNC_PRIOR_SIGMA, PRIOR_SIGMA, StepCostModel
+from tandem.spec_decode.policy_cost import ASYNC_PRIOR_RESTART, ASYNC_PRIOR_SIGMA, PRIOR_SIGMA, StepCostModel
 from tandem.spec_decode.proposers import EngineProposer, TokenProposerAdapter
 
 
@@ -135,7 +135,7 @@ class Speculator:
         if policy is None and self._capped(len(requests)):
             return dict.fromkeys([r.request_id for r in reqs], NO_DRAFT)
         if policy is not None and (policy.off(len(requests)) or not policy.wants_any(
-                len(requests), lambda: [Candidate(r.request_id, self._room(r)) for r in reqs])):
+                len(requests), lambda: [Candidate(r.request_id, self._room(r)) for r in reqs], drained=True)):
             # no proposal costs while nobody may draft, nor while the estimates say nobody would
             # (the question asynchronous decode asks: ``will_draft``); evidence keeps coming from
             # the lazy shadows and the rounds ``wants_any`` forces
@@ -217,7 +217,8 @@ class Speculator:
         Without the policy a proposer may find drafts for anyone: true below ``disable_by_batch_size``."""
         if self.policy is None:
             return not self._capped(len(requests))
-        return self.policy.wants_any(len(requests), lambda: [Candidate(r.request_id, self._room(r)) for r in requests])
+        return self.policy.wants_any(len(requests), lambda: [Candidate(r.request_id, self._room(r)) for r in requests],
+                                     drained=False)
 
     def observe(self, record: StepRecord) -> None:
         """The step's evidence, then its timing — which includes this bookkeeping (host work the
@@ -316,5 +317,6 @@ def build_speculator(config: SpeculativeConfig | None, proposer: EngineProposer 
                            disable_by_batch_size=config.disable_by_batch_size,
                            draft_cost=None if free else declared, latest_shadow=latest,
                            cost=StepCostModel(prior_sigma=ASYNC_PRIOR_SIGMA if asynchronous else PRIOR_SIGMA,
+                                              prior_restart=ASYNC_PRIOR_RESTART if asynchronous else 0.0,
                                               max_k=config.num_speculative_tokens))
     return Speculator(config, proposer, stats, policy)

@@ -130,9 +130,9 @@ def test_draft_model_with_policy_is_lossless_and_chooses_per_request(tmp_path_fa
     calls = [0]
     real = policy._optimise
 
-    def alternate(batch, candidates, with_reach):  # every other round: nobody drafts
+    def alternate(batch, candidates, **kw):  # every other round: nobody drafts
         calls[0] += 1
-        return [0] * len(candidates) if calls[0] % 2 else real(batch, candidates, with_reach)
+        return [0] * len(candidates) if calls[0] % 2 else real(batch, candidates, **kw)
 
     monkeypatch.setattr(policy, "_optimise", alternate)
     assert tokens_of(llm.generate(prompts, greedy(24), use_tqdm=False)) == want
@@ -153,7 +153,7 @@ def test_async_transitions_are_marked_and_timed(llama_dir, prompts, want, monkey
     asked, rounds = [0], [0]
     choose = GoodputPolicy.choose
 
-    def every_sixth(self, batch, candidates):  # a verify now and then, chained decode steps between
+    def every_sixth(self, batch, candidates, drained=False):  # a verify now and then, chained decode steps between
         asked[0] += 1  # (asked by will_draft, then by the proposal round it let happen)
         return asked[0] % 6 in (0, 1)
 
