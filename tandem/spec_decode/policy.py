@@ -90,7 +90,8 @@ SHADOW_PER_STEP = 2  # lazy shadow drafts in one step, at most (each costs a hos
 SHADOW_RATE = 0.5  # ... and per step on average at most this (one every other step at batch 1: a
 #                    shadow, lookup + score, took ~0.09 ms of the H200 host's time, a ~1 ms sampled step)
 SHADOW_BATCH = 8  # ... and SHADOW_BATCH / batch below that (batch 64: one every 8 steps)
-WANTS_RECHECK = 4  # steps a host proposer's "nobody would draft" answer stands at most (batch >= 8; else 2)
+WANTS_RECHECK = 4  # steps a host proposer's "nobody would draft" answer stands (batch >= 8: at least, B / 8 at
+#                   batch B, new evidence or not; below 8: at most 2, until new evidence)
 DRAFT_COST_ALPHA = 0.2
 PRIOR_DRAFT_COST = 0.1  # a model-based proposer's draft step, in target decode steps, until measured
 
@@ -141,6 +142,7 @@ class GoodputPolicy:
         # wants_any's cached "no": until which step, for which bucket, with which evidence (drafts
         # scored, drafts proposed), asked drained or not
         self._no_until, self._no_batch, self._no_evidence, self._no_drained = 0, 0, (0, 0), False
+        self._no_holds = False  # ... and whether new evidence leaves it standing (batch >= 8)
         self._num_proposals = 0  # drafts proposed, real and shadow (cumulative)
         self._steps_since_event = TRANSITION_SPAN + 1  # steps since a round that drafted, or a verify
         self._steps_since_round = TRANSITION_SPAN + 1  # steps since any proposal round
@@ -201,10 +203,11 @@ class GoodputPolicy:
         flight (every token read: the engine is about to schedule), so a verify now costs σ + β n /
         B; else a round also drains the pipeline and restarts it after the run it starts (ρ,
         ``cost.restart_ratio``, spread over the run's expected verifies, ``cost.run_length``).
-        Asked every step: a "no" is kept until new evidence (a scored or a new draft), for at most
-        ``WANTS_RECHECK`` steps (2 below batch 8; a model proposer: ``probe_every``), and a "no"
-        with a step in flight does not answer a drained question (``candidates`` may be a
-        function, called only when the estimates are consulted)."""
+        Asked every step: a host proposer's "no" is kept ``max(WANTS_RECHECK, B / 8)`` steps at
+        batch B ≥ 8 and, below, until new evidence (a scored or a new draft) for at most 2; a model
+        proposer's until new evidence, for at most ``probe_every``; and a "no" with a step in
+        flight does not answer a drained question (``candidates`` may be a function, called only
+        when the estimates are consulted)."""
         if self._off(batch):
             return False
         if self.free:
@@ -216,7 +219,7 @@ class GoodputPolicy:
             return True  # a model proposer's exploration round is due
         evidence = (self.acceptance.num_scored, self._num_proposals)
         if (self._no_until > self._step and self._no_batch == bucket_of(batch)
-                and self._no_evidence == evidence and (self._no_drained or not drained)):
+                and (self._no_evidence == evidence or self._no_holds) and (self._no_drained or not drained)):
             return False
         cands = candidates() if callable(candidates) else candidates
         if self.free and self._pending:  # live drafts: the match they came from holds so far
@@ -226,14 +229,17 @@ class GoodputPolicy:
         restart = 0.0 if drained else self.cost.restart_ratio(batch) / self.cost.run_length(batch)
         if any(self._optimise(batch, cands, restart=restart)):
             return True
-        # The estimates cost O(batch) per step (~0.1 ms at batch 1 on the H200's host: a tenth of a
-        # sampled SmolLM2 step). A host proposer's "no" stands until new evidence is scored, for at
-        # most WANTS_RECHECK steps (2 below batch 8, where a missed verify costs more); a model
+        # The estimates cost O(batch) (~0.1 ms at batch 64 on this CPU, where the lazy shadows bring
+        # new evidence every few steps). A host proposer's "no" stands WANTS_RECHECK steps at batch
+        # >= 8, B / 8 at batch B, so the estimates cost O(1) per step (a round starting a few steps
+        # late costs little where each request's drafts are a small part of the step); below batch 8
+        # (where a missed verify costs more) until new evidence, for at most 2 steps. A model
         # proposer learns only from its own drafts, so its "no" stands until a draft is scored (or
         # ``probe_every`` steps: the step-cost fit ages).
-        recheck = (WANTS_RECHECK if batch >= 8 else 2) if self.free else self.probe_every
+        hold = self.free and batch >= 8
+        recheck = (max(WANTS_RECHECK, batch // 8) if hold else 2) if self.free else self.probe_every
         self._no_until, self._no_batch = self._step + recheck, bucket_of(batch)
-        self._no_evidence, self._no_drained = evidence, drained
+        self._no_evidence, self._no_drained, self._no_holds = evidence, drained, hold
         return False
 
     def off(self, batch: int) -> bool:
