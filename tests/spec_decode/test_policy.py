@@ -614,3 +614,32 @@ def test_a_live_draft_is_a_match_now():
     policy.on_tokens("r0", tokens)
     policy.on_step(1, 1, 1e-3)
     assert "r0" not in policy._pending and not policy.wants_any(1, cands, drained=False)
+
+
+def test_a_no_at_large_batch_stands_b_over_8_steps():
+    """The estimates cost O(B): at batch B >= 8 a host proposer's "no" stands B / 8 steps (at least 4)
+    while shadows bring new evidence, so they are consulted O(1) times per step; below 8 new
+    evidence re-opens the question at once."""
+    for batch, most in ((64, 64 // 8 + 1), (16, 64 // 4 + 1)):
+        policy = _policy()
+        for r in range(batch):
+            policy.acceptance.record(f"r{r}", K, 0)  # nothing accepted: nobody would draft
+        calls = [0]
+        real = policy._optimise
+
+        def counted(*a, **kw):
+            calls[0] += 1
+            return real(*a, **kw)
+
+        policy._optimise = counted  # type: ignore[method-assign]
+        cands = [Candidate(f"r{r}", K) for r in range(batch)]
+        for step in range(64):
+            assert not policy.wants_any(batch, cands)
+            policy.acceptance.record(f"r{step % batch}", K, 0)  # new evidence every step
+            policy.on_step(batch, batch, 1e-3)
+        assert calls[0] <= most, (batch, calls[0])
+    small = _policy()
+    assert not small.wants_any(2, [Candidate("r0", K)]) and not small.wants_any(2, [Candidate("r0", K)])
+    small.acceptance.global_rates[:] = [0.99] * K  # new evidence: the question re-opens at once
+    small.acceptance.record("r0", K, K)
+    assert small.wants_any(2, [Candidate("r0", K)])
