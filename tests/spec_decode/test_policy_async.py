@@ -25,11 +25,14 @@ def _policy() -> GoodputPolicy:
                          cost=StepCostModel(prior_sigma=ASYNC_PRIOR_SIGMA, prior_restart=ASYNC_PRIOR_RESTART, max_k=K))
 
 
+def _drafting_every_step_and_policy(seed: int, length: int, copy: float) -> tuple[AsyncSim, AsyncSim]:
+    stream = code_like_stream(random.Random(seed), length, copy=copy)
+    return (AsyncSim(None, [stream], 64, H200_BATCH1).run(), AsyncSim(_policy(), [stream], 64, H200_BATCH1).run())
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_repetitive_text_drafts_in_runs_close_to_every_step(seed):
-    stream = code_like_stream(random.Random(seed), 2400, copy=0.9)
-    every = AsyncSim(None, [stream], 64, H200_BATCH1).run()
-    sim = AsyncSim(_policy(), [stream], 64, H200_BATCH1).run()
+    every, sim = _drafting_every_step_and_policy(seed, 2400, copy=0.9)
     plain = H200_BATCH1.decode
     assert sim.seconds_per_token() < plain / 1.3
     assert sim.seconds_per_token() < every.seconds_per_token() / 0.9
@@ -38,9 +41,7 @@ def test_repetitive_text_drafts_in_runs_close_to_every_step(seed):
 
 @pytest.mark.parametrize("seed", range(2))
 def test_text_without_matches_costs_nothing(seed):
-    stream = code_like_stream(random.Random(seed), 1600, copy=0.0)
-    every = AsyncSim(None, [stream], 64, H200_BATCH1).run()
-    sim = AsyncSim(_policy(), [stream], 64, H200_BATCH1).run()
+    every, sim = _drafting_every_step_and_policy(seed, 1600, copy=0.0)
     plain = H200_BATCH1.decode
     assert every.seconds_per_token() > plain / 0.7  # (drafting every step loses: synchronous steps)
     assert sim.seconds_per_token() < plain / 0.98
