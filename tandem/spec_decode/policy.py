@@ -272,7 +272,8 @@ class GoodputPolicy:
                                                [c.draft is None for c in candidates])
         # a slot below beta never raises the goodput at the margin (adding it gains s, costs G·β/B ≥ β);
         # (plain Python: at batch 1 a round's numpy calls had cost ~35 µs of a synchronous step)
-        slots = [(sv, i, j) for i, (row, m) in enumerate(zip(surv, lengths)) for j, sv in enumerate(row[:m]) if sv > beta]
+        slots = [(sv, i, j) for i, (row, m) in enumerate(zip(surv, lengths))
+                 for j, sv in enumerate(row[:m]) if sv > beta]
         if not slots:
             return [0] * n
         slots.sort(key=lambda t: -t[0])  # (stable) ties: lower request, then lower position first

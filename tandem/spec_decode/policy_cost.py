@@ -96,7 +96,8 @@ class _Bucket:
     residuals: dict[tuple[int, int], float] = field(default_factory=dict)  # per (batch, n), with the fit
     last_verify: int = -(1 << 30)  # step clock of the bucket's last verify step
     restart: float | None = None  # EWMA of a run's restart excess, seconds
-    restart_of: int = -1  # the verify (its step clock) whose restart the EWMA last took in
+    restart_of: int = -1  # the verify (its step clock) whose restart the EWMA last took in ...
+    restart_weight: float = 1.0  # ... with this weight (its later transition steps add theirs at it)
     run_verifies: int = 0  # verify steps since the last restart
     run_length: float | None = None  # EWMA of the verify steps a run had before its restart
 
@@ -117,7 +118,7 @@ class StepCostModel:
     def observe(self, batch: int, num_query_tokens: int, seconds: float, steady: bool = True) -> None:
         """One timed step of ``batch`` requests each decoding (``num_query_tokens == batch``) or
         verifying drafts (more query tokens). ``steady`` False: a plain step that drained or
-        restarted an asynchronous pipeline (its excess over D(B) is charged to a verify)."""
+        restarted an asynchronous pipeline (its excess over D(B), after a verify, is the restart's)."""
         if batch <= 0 or seconds <= 0 or num_query_tokens < batch:
             return
         b = self._bucket(batch)
@@ -128,9 +129,10 @@ class StepCostModel:
             b.steps_since_decode += 1
             if b.decode is not None and self._steps - b.last_verify <= TRANSITION_SPAN:
                 excess = max(0.0, seconds - b.decode)
-                if b.restart_of == b.last_verify:  # a second transition step of the same restart
-                    b.restart = (b.restart or 0.0) + (RESTART_ALPHA if b.run_length is not None else 1.0) * excess
+                if b.restart is not None and b.restart_of == b.last_verify:  # the same restart's next step
+                    b.restart += b.restart_weight * excess
                 else:
+                    b.restart_weight = 1.0 if b.restart is None else RESTART_ALPHA
                     b.restart = excess if b.restart is None else b.restart + RESTART_ALPHA * (excess - b.restart)
                     run = float(b.run_verifies)
                     b.run_length = run if b.run_length is None else b.run_length + RESTART_ALPHA * (run - b.run_length)

@@ -571,6 +571,14 @@ def test_restart_is_spread_over_the_run_it_ends():
     assert cost.run_length(1) == 6.0  # (a cold first verify is no cost sample, but a step of its run)
     assert cost.ratio(1, 4) == pytest.approx(2.0, rel=0.05)  # the verify alone
     assert StepCostModel().run_length(1) == 1.0
+    two = StepCostModel()  # a restart over two transition steps is their sum, in every run
+    for _ in range(4):
+        for _ in range(4):
+            two.observe(1, 1, 1e-3)
+        two.observe(1, 5, 2e-3)
+        two.observe(1, 1, 2e-3, steady=False)
+        two.observe(1, 1, 1.5e-3, steady=False)
+    assert two.restart_ratio(1) == pytest.approx(1.5)
 
 
 def test_a_run_goes_on_where_starting_one_would_not_pay():
