@@ -48,6 +48,7 @@ draft step in units of D(B).)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Priors: a verify step costs 10% more than a decode step plus 25% of a decode row per draft token
@@ -67,6 +68,7 @@ AGE_DECAY = 0.995  # per timed step: a verify measured 140 steps ago weighs half
 DECODE_ALPHA = 0.1
 RESIDUAL_PRIOR_WEIGHT = 1.0  # a (batch, draft tokens) correction's pull towards 0, in verify steps
 RESIDUAL_MAX_BATCH = 8  # corrections per exact step shape up to this batch (larger ones rarely repeat)
+MIN_SHAPE_WEIGHT = 1e-3  # a step shape's correction below this weight is dropped (it is shrunk to ~0)
 TRANSITION_SPAN = 2  # steps after a verify whose plain-step excess is the restart's
 RESTART_ALPHA = 0.2  # EWMA step of the restart cost, per run of verifies
 
@@ -184,12 +186,9 @@ class StepCostModel:
 
     def overhead(self, batch: int) -> tuple[float, float]:
         """(σ, β) for ``batch``: the bucket's fit, else the nearest fitted bucket's, else the prior."""
-        key = bucket_of(batch)
-        fitted = [k for k, v in self._buckets.items() if v.sums[0] > 0 and v.decode is not None]
-        if not fitted:
+        b = self._nearest(batch, lambda v: v.sums[0] > 0 and v.decode is not None)
+        if b is None:
             return self.prior_sigma, self.prior_beta
-        near = min(fitted, key=lambda k: (abs(math.log2(k) - math.log2(key)), k))
-        b = self._buckets[near]
         if b.fit is None or b.fit_verifies != b.num_verify or self._steps - b.fit_at >= REFIT_EVERY:
             b.fit, b.fit_at, b.fit_verifies = self._solve(b), self._steps, b.num_verify
         return b.fit
@@ -198,23 +197,16 @@ class StepCostModel:
         """ρ: what restarting the asynchronous pipeline after a run of verifies costs, in units of
         D(B) (the bucket's, else the nearest measured bucket's, else the prior: 0 on a synchronous
         engine, where no step restarts anything)."""
-        key = bucket_of(batch)
-        known = [k for k, v in self._buckets.items() if v.restart is not None and v.decode]
-        if not known:
+        b = self._nearest(batch, lambda v: v.restart is not None and bool(v.decode))
+        if b is None or b.restart is None or not b.decode:
             return self.prior_restart
-        b = self._buckets[min(known, key=lambda k: (abs(math.log2(k) - math.log2(key)), k))]
-        assert b.restart is not None and b.decode
         return b.restart / b.decode
 
     def run_length(self, batch: int) -> float:
         """The verify steps a run has had before its pipeline restart (the bucket's EWMA, else the
         nearest measured bucket's; 1 before any restart was measured)."""
-        key = bucket_of(batch)
-        known = [k for k, v in self._buckets.items() if v.run_length is not None]
-        if not known:
-            return 1.0
-        length = self._buckets[min(known, key=lambda k: (abs(math.log2(k) - math.log2(key)), k))].run_length
-        return max(1.0, length or 1.0)
+        b = self._nearest(batch, lambda v: v.run_length is not None)
+        return max(1.0, b.run_length or 1.0) if b is not None else 1.0
 
     def residuals(self, batch: int) -> dict[int, float]:
         """Draft tokens -> what the line misses for a step of exactly ``batch`` requests with that
@@ -263,6 +255,15 @@ class StepCostModel:
             b = self._buckets[key] = _Bucket()
         return b
 
+    def _nearest(self, batch: int, has: Callable[[_Bucket], bool]) -> _Bucket | None:
+        """The bucket of ``batch`` if it ``has`` what is asked, else the nearest one that has (in
+        log2 of the batch size, the smaller on a tie); None if none has."""
+        key = bucket_of(batch)
+        known = [k for k, v in self._buckets.items() if has(v)]
+        if not known:
+            return None
+        return self._buckets[min(known, key=lambda k: (abs(math.log2(k) - math.log2(key)), k))]
+
     def _age(self, b: _Bucket, factor: float = 1.0) -> None:
         """Scale the bucket's sums to the current step clock (``AGE_DECAY`` per timed step), times ``factor``."""
         f = factor * AGE_DECAY ** (self._steps - b.sums_at)
@@ -271,6 +272,8 @@ class StepCostModel:
             b.sums[:] = [v * f for v in b.sums]
             for acc in b.shape_sums.values():
                 acc[0], acc[1], acc[2] = acc[0] * f, acc[1] * f, acc[2] * f
+            if factor != 1.0:  # (a new verify: shapes not seen for long weigh nothing, drop them)
+                b.shape_sums = {key: acc for key, acc in b.shape_sums.items() if acc[0] >= MIN_SHAPE_WEIGHT}
 
     def _solve(self, b: _Bucket) -> tuple[float, float]:
         """Ridge least squares of ``t / D − 1 = σ + β x`` over the bucket's verify steps (the newest
