@@ -20,7 +20,9 @@ three points:
    (``device_drafts.py``; the policy hears of the proposal then).
 2. ``will_draft(requests)``: whether any of these requests may draft in its next step. Drafts are
    proposed from read tokens, so the engine schedules a decode step before the previous step's tokens
-   are read (asynchronous decode) only when none will.
+   are read (asynchronous decode) only when none will. It is asked with a step in flight, so a "yes"
+   drains the pipeline (the policy's ``wants_any(drained=False)``); ``drafts_for`` asks with every
+   token read (``drained=True``: going on after a verify costs the verify alone).
 3. ``observe(StepRecord)``, after every step: per request that got tokens, its drafted / accepted
    counts (the counters) and its new tokens (``policy.on_step_tokens``: pending proposals scored,
    a budget of lazy shadows; skipped while the policy has nothing to score); the requests that
