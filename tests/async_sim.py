@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from tandem.spec_decode.ngram import NgramProposer
 from tandem.spec_decode.policy import Candidate, GoodputPolicy
+from tandem.spec_decode.policy_accept import score_draft
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class AsyncSim:
                 self._record("chained", c.decode, True, emitted=self.emitted - before)
             return
         drafts: dict[str, list[int]] = {}
-        if p is None or not (p.off(b) or not p.wants_any(b, self._cands(), drained=True)):
+        if p is None or (not p.off(b) and p.wants_any(b, self._cands(), drained=True)):
             full = {r: self.proposer.propose_one(t, self.k) for r, t in self.tokens.items()}
             if p is None:
                 drafts = full
@@ -120,13 +121,8 @@ class AsyncSim:
                 drafts = {r: full[r][:kk] for r, kk in zip(self.tokens, ks)}
         n = sum(len(d) for d in drafts.values())
         if n:
-            acc = {}
-            for r, d in drafts.items():
-                s, at = self.streams[r], len(self.tokens[r])
-                a = 0
-                while a < len(d) and s[at + a] == d[a]:
-                    a += 1
-                acc[r] = a
+            # greedy verification against the target's stream: the draft's longest matching prefix
+            acc = {r: score_draft(d, len(self.tokens[r]), self.streams[r])[0] if d else 0 for r, d in drafts.items()}
             self.verified_drafts += n
             self.accepted += sum(acc.values())
             self._read(acc)
