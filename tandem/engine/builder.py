@@ -69,6 +69,7 @@ class EngineParts:
     proposer: EngineProposer | None
     speculator: AnySpeculator
     async_scheduling: bool
+    draft_limit: int | None  # drafts per request per step at most, whatever k says (``draft_limit``)
 
 
 def _fmt_bytes(n: int) -> str:
@@ -187,7 +188,12 @@ def build_engine(config: EngineConfig) -> EngineParts:
     proposer = build_proposer(spec, draft_runner, generator, head_runner)
     use_async = sched_cfg.async_scheduling
     use_async = device.type == "cuda" if use_async is None else bool(use_async)
-    speculator = build_speculator(spec, proposer, stats.spec, device, asynchronous=use_async)
+    limit = draft_limit(runner)
+    if spec is not None and limit is not None and limit < k:
+        logger.info("speculation: at most %d drafts per request per step (num_speculative_tokens=%d): a longer "
+                    "verify would not fit the CUDA graphs (%d query rows) and would run eagerly", limit, k, limit + 1)
+        k = limit
+    speculator = build_speculator(spec, proposer, stats.spec, device, asynchronous=use_async, draft_limit=limit)
     # On CUDA, compile the step kernels' variants and capture the decode / verify graphs of every
     # batch bucket now rather than on first use (a capture costs ~0.1 s, a compile up to ~1 s): no
     # request of a fresh engine waits for either.
@@ -209,5 +215,14 @@ def build_engine(config: EngineConfig) -> EngineParts:
         max_model_len=max_model_len, eos_token_ids=tuple(sorted(eos)), generator=generator, model=model,
         runner=runner, num_blocks=num_blocks, pool=pool, scheduler=scheduler, stats=stats, proposer=proposer,
         speculator=speculator,
-        async_scheduling=use_async,
+        async_scheduling=use_async, draft_limit=limit,
     )
+
+
+def draft_limit(runner: ModelRunner) -> int | None:
+    """Drafts per request per step at most on this target runner: one less than the query rows its
+    captured steps take (None: no limit). A verify past them runs eagerly — on the H200, SmolLM2
+    verifies of 8+ drafts took ~12 ms against ~1 ms replayed (docs/performance.md §36) — so suffix
+    decoding's 24 (vLLM's default k) would turn its longest, best matches into its slowest steps."""
+    rows = runner.graph_query_limit
+    return None if rows is None else max(1, rows - 1)

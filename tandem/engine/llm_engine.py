@@ -69,6 +69,7 @@ class LLMEngine:
         self.model, self.runner, self.num_blocks, self.pool = p.model, p.runner, p.num_blocks, p.pool
         self.scheduler, self.stats = p.scheduler, p.stats
         self.proposer = p.proposer  # kept while speculation is switched off (``spec``)
+        self.draft_limit = p.draft_limit  # the target runner's (builder.draft_limit)
         # Decode steps may run asynchronously (settable between runs; benchmarks compare both).
         self.async_scheduling = p.async_scheduling
         self.executor = Executor(self.runner, self.generator)
@@ -97,7 +98,7 @@ class LLMEngine:
         """Switch speculation between runs (benchmarks): the proposer, KV lookahead and token budget
         built at engine start stay; ``None`` turns speculation off."""
         self._use(build_speculator(config, self.proposer, self.stats.spec, self.device,
-                                   asynchronous=self.async_scheduling))
+                                   asynchronous=self.async_scheduling, draft_limit=self.draft_limit))
 
     @property
     def policy(self) -> GoodputPolicy | None:

@@ -110,12 +110,12 @@ class StepRecord:
 
 class Speculator:
     def __init__(self, config: SpeculativeConfig, proposer: EngineProposer, stats: SpecStats,
-                 policy: GoodputPolicy | None = None) -> None:
+                 policy: GoodputPolicy | None = None, k: int | None = None) -> None:
         self.config = config
         self.proposer = proposer
         self.stats = stats
         self.policy = policy
-        self.k = config.num_speculative_tokens
+        self.k = config.num_speculative_tokens if k is None else k  # drafts per request per step at most
         self._new_tokens: set[str] = set()  # requests that got tokens since their last proposal
         self._draft_seconds, self._draft_steps = 0.0, 0  # model drafting in the step being timed
         # drafts on the device for the next step and (request, tokens when proposed) of each drafter
@@ -296,29 +296,33 @@ AnySpeculator = Speculator | NoSpeculation
 
 
 def build_speculator(config: SpeculativeConfig | None, proposer: EngineProposer | None, stats: SpecStats,
-                     device: torch.device, asynchronous: bool = False) -> AnySpeculator:
+                     device: torch.device, asynchronous: bool = False, draft_limit: int | None = None
+                     ) -> AnySpeculator:
     """The engine's speculator. The goodput policy is on where ``disable_by_acceptance`` says so
     (None: on for the device types in ``POLICY_BY_DEFAULT_ON``). Host proposers (the token-only ones) draft at no device cost; the stateless ones
     (``drafts_on_host_for_free``: n-gram) also give the policy lazy shadow drafts. A proposer may
     declare ``draft_step_cost`` (one draft step in target decode steps); otherwise a model-based
     proposer's is measured. On an ``asynchronous`` engine a verify step runs synchronously while
     plain decode steps overlap the host's work, so the policy starts from a verify costing twice a
-    decode step (``ASYNC_PRIOR_SIGMA``, measured: H200, SmolLM2, batch 1) until it has measured its own."""
+    decode step (``ASYNC_PRIOR_SIGMA``, measured: H200, SmolLM2, batch 1) until it has measured its own.
+    ``draft_limit`` (the target runner's, engine/builder.py): drafts per request per step at most,
+    below ``num_speculative_tokens`` where a longer verify would leave the runner's fast path."""
     if config is None:
         return NoSpeculation()
     if proposer is None:
         raise RuntimeError(f"speculative method {config.method!r} needs its proposer built at engine start")
+    k = config.num_speculative_tokens if draft_limit is None else min(config.num_speculative_tokens, draft_limit)
     on = config.disable_by_acceptance
     if on is False or (on is None and device.type not in POLICY_BY_DEFAULT_ON):
-        return Speculator(config, proposer, stats, None)
+        return Speculator(config, proposer, stats, None, k)
     declared = getattr(proposer, "draft_step_cost", None)
     free = declared == 0 if declared is not None else isinstance(proposer, TokenProposerAdapter)
     shadow = proposer.propose_one if proposer.drafts_on_host_for_free else None  # type: ignore[attr-defined]
     latest = proposer.propose_for if free and isinstance(proposer, TokenProposerAdapter) else None
-    policy = GoodputPolicy(config.num_speculative_tokens, free=free, shadow=shadow, stats=stats,
+    policy = GoodputPolicy(k, free=free, shadow=shadow, stats=stats,
                            disable_by_batch_size=config.disable_by_batch_size,
                            draft_cost=None if free else declared, latest_shadow=latest,
                            cost=StepCostModel(prior_sigma=ASYNC_PRIOR_SIGMA if asynchronous else PRIOR_SIGMA,
                                               prior_restart=ASYNC_PRIOR_RESTART if asynchronous else 0.0,
-                                              max_k=config.num_speculative_tokens))
-    return Speculator(config, proposer, stats, policy)
+                                              max_k=k))
+    return Speculator(config, proposer, stats, policy, k)

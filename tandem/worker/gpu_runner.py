@@ -125,6 +125,11 @@ class GpuModelRunner:
         self._want_features = False  # ``forward`` asks for them (the engine reads the feature cache)
 
     # ---- public ------------------------------------------------------------------------------
+    @property
+    def graph_query_limit(self) -> int | None:
+        """Steps of more query rows per request than this run eagerly (None without graphs)."""
+        return self.max_graph_q if self.use_graphs else None
+
     def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
                 aux_layers: tuple[int, ...] = (), argmax_only: bool = False) -> StepOutput:
         """``forward_logits`` plus the features of every query row. ``aux_layers`` must be the

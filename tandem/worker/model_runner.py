@@ -28,6 +28,8 @@ from tandem.worker.step_output import StepOutput
 
 
 class TorchRunner:
+    graph_query_limit: int | None = None  # no captured steps: a verify of any length takes the same path
+
     def __init__(self, model: CausalLM, kv_caches: list[KVCache], block_size: int,
                  device: torch.device, batch_invariant: bool = False, script: bool = True,
                  feature_layers: tuple[int, ...] = (), feature_cache: FeatureCache | None = None,

@@ -27,6 +27,10 @@ class ModelRunner(Protocol):
     kv_caches: list[KVCache]
     block_size: int
     device: torch.device
+    # The most query rows per request a decode / verify step may have and still replay a captured
+    # step (None: no such limit). A longer verify runs eagerly, an order of magnitude slower on a
+    # small model (docs/performance.md §36): the speculator drafts at most this minus one.
+    graph_query_limit: int | None
 
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
                        token_ids: torch.Tensor | None = None, argmax_only: bool = False,

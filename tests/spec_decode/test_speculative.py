@@ -9,6 +9,7 @@ import pytest
 
 from engine_utils import chi2_same, greedy, make_llm, random_prompts, token_counts, tokens_of
 from tandem import SamplingParams
+from tandem.worker.model_runner import TorchRunner
 from tiny_models import write_tiny_hf_checkpoint
 
 
@@ -79,6 +80,42 @@ def test_suffix_greedy_equals_no_speculation(dirs, prompts, reference, k):
     print(f"suffix k={k}: accepted {accepted}/{mid[0] - start[0]}, "
           f"again {st.num_accepted_tokens - mid[1]}/{st.num_draft_tokens - mid[0]}")
     assert st.num_accepted_tokens - mid[1] > accepted
+
+
+def _draft_lengths(llm) -> list[int]:
+    """Every draft length the engine's speculator hands out from now on."""
+    spec = llm.engine.speculator
+    seen: list[int] = []
+    propose = spec.drafts_for
+
+    def spy(requests):
+        drafts = propose(requests)
+        seen.extend(len(d.token_ids) for d in drafts.values())
+        return drafts
+
+    spec.drafts_for = spy
+    return seen
+
+
+def test_drafts_stop_at_the_runners_graph_query_limit(dirs, prompts, reference, monkeypatch):
+    """A verify longer than the target runner's captured steps would run eagerly (the CUDA runner's
+    ``graph_query_limit``; faked here on the torch runner): suffix's default k = 24 is cut to fit,
+    and stays cut when speculation is switched between runs."""
+    free = spec_llm(dirs[0], method="suffix")
+    seen = _draft_lengths(free)
+    for _ in range(2):  # the second time the global tree holds the answers: long matches
+        assert tokens_of(free.generate(prompts, greedy(32), use_tqdm=False)) == reference
+    assert free.engine.draft_limit is None and max(seen) > 3  # without a limit, longer drafts come
+
+    monkeypatch.setattr(TorchRunner, "graph_query_limit", 4)
+    llm = spec_llm(dirs[0], method="suffix")
+    assert llm.engine.draft_limit == 3 and llm.engine.speculator.k == 3
+    seen = _draft_lengths(llm)
+    for _ in range(2):
+        assert tokens_of(llm.generate(prompts, greedy(32), use_tqdm=False)) == reference
+    assert max(seen) == 3
+    llm.engine.spec = llm.engine.spec  # rebuilt between runs (benchmarks): the limit holds
+    assert llm.engine.speculator.k == 3 and llm.engine.policy is None
 
 
 def test_suffix_with_preemption_and_chunking(dirs, prompts, reference):

@@ -387,12 +387,13 @@ def test_engine_generates_same_tokens_with_and_without_graphs(tmp_path, monkeypa
     assert graphs == eager
 
 
-@pytest.mark.parametrize("spec", [None, "ngram"])
+@pytest.mark.parametrize("spec", [None, "ngram", "suffix"])
 def test_nothing_is_captured_or_compiled_while_serving(tmp_path, spec):
     """The engine captures the graph of every batch bucket up to max_num_seqs when it starts (every
     query length at batch <= 8, decodes and full verifies above) and compiles every kernel variant:
     serving 40 requests at once (the batch shrinking through every bucket as they finish; n-gram
-    verifies of every length) captures no graph and compiles no Triton kernel."""
+    verifies of every length) captures no graph and compiles no Triton kernel. Suffix decoding's
+    k = 24 is cut to the graphs' query length (7 drafts + 1)."""
     from engine_utils import greedy
     from tiny_models import write_tiny_hf_checkpoint
     from tandem import LLM
@@ -401,11 +402,14 @@ def test_nothing_is_captured_or_compiled_while_serving(tmp_path, spec):
 
     path = write_tiny_hf_checkpoint(tmp_path, "llama", vocab_size=256, hidden_size=128, intermediate_size=256,
                                     num_attention_heads=4, num_key_value_heads=2, head_dim=32)
-    cfg = {"method": "ngram", "num_speculative_tokens": 3, "disable_by_acceptance": False} if spec else None
+    cfg = {"ngram": {"method": "ngram", "num_speculative_tokens": 3, "disable_by_acceptance": False},
+           "suffix": {"method": "suffix", "disable_by_acceptance": False}, None: None}[spec]
     llm = LLM(str(path), device="cuda", dtype="bfloat16", kv_cache_memory_bytes=256 << 20, max_num_seqs=40,
               enable_prefix_caching=False, speculative_config=cfg)
     graphs = llm.engine.runner.graphs
-    want = {(b, q) for sizes, qs in warm_up_plan(40, 256, 4 if spec else 1) for b in sizes for q in qs}
+    k = {"ngram": 3, "suffix": llm.engine.runner.max_graph_q - 1, None: 0}[spec]
+    assert spec is None or (llm.engine.speculator.k == k and k < 24)
+    want = {(b, q) for sizes, qs in warm_up_plan(40, 256, k + 1) for b in sizes for q in qs}
     assert set(graphs.graphs) == want and (40, 1) in want
     before, compiled = set(graphs.graphs), _compiled_variants()
     rng = random.Random(5)
