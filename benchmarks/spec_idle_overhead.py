@@ -16,7 +16,7 @@ neighbours in time), the share of steps launched ahead of the previous read (``n
 / steps: 1.0 is a fully overlapped pipeline), and the drafting share (request-steps that verified
 drafts / request-steps).
 
-``--engines``: a comma-separated subset of none, ngram, ngram-every, eagle3 (default: all).
+``--engines``: a comma-separated subset of none, ngram, ngram-every, suffix, eagle3 (default: all).
 ``--profile NAME``: instead of the table, cProfile the decode steps of one engine (after one warm-up
 round) and print its 25 most expensive functions by own time. ``--breakdown``: after the table, the
 wall time per decode step of each engine's stages (the target forward — for EAGLE with the write
@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-ENGINES = ("none", "ngram", "ngram-every", "eagle3")
+ENGINES = ("none", "ngram", "ngram-every", "suffix", "eagle3")
 STAGES = ("target forward", "drafts_for", "will_draft", "observe", "proposer")
 
 
@@ -93,6 +93,8 @@ def spec_config(name: str, target: Path) -> dict[str, Any] | None:
         return {"method": "ngram", "num_speculative_tokens": 4, "disable_by_acceptance": True}
     if name == "ngram-every":
         return {"method": "ngram", "num_speculative_tokens": 4, "disable_by_acceptance": False}
+    if name == "suffix":  # vLLM's defaults (k = 24)
+        return {"method": "suffix", "disable_by_acceptance": True}
     if name == "eagle3":
         from eagle_heads import write_eagle_head  # tests/ (on the path after tiny_model_dir)
 

@@ -8,6 +8,7 @@ A step is a pipeline of typed stages (vLLM V1's shape)::
     scheduler.update_from_output(sched, out)        rollback of rejected drafts by count
     outputs = output_processor.process(sched, out)  detokenize, stops, RequestOutputs
     speculator.observe(record)                      counters, goodput policy
+    (speculator.background(), while the device computes a step: finished outputs to the proposer)
 
 Speculation is inside the continuous batch: a request with drafts contributes k + 1 sampled rows,
 one without contributes 1, and prefill chunks, decodes and verifies ride in the same forward. An
@@ -180,6 +181,7 @@ class LLMEngine:
                 launched = self.executor.start(sched, self.speculator.device_drafts)
                 outputs += self.output_processor.flush()  # the previous verify's text, while this step runs
                 self.speculator.resolve_drafts()  # drafts left on the device: read once the verify is queued
+                self.speculator.background()  # (host work that may wait, while the step runs)
                 out = self.executor.finish(launched)
                 self.scheduler.update_from_output(sched, out)
                 self._apply(sched, out, sampled)
@@ -192,6 +194,7 @@ class LLMEngine:
                     self.num_chained_steps += 1
                     ahead = True
             outputs += self.output_processor.flush()
+            self.speculator.background()
             self._apply(prev.sched, prev.read(), sampled)  # the host sync
         if kind is not StepKind.VERIFY or not self.async_scheduling:
             outputs += self.output_processor.flush()  # else: the next step() flushes once it has launched

@@ -26,9 +26,15 @@ three points:
 3. ``observe(StepRecord)``, after every step: per request that got tokens, its drafted / accepted
    counts (the counters) and its new tokens (``policy.on_step_tokens``: pending proposals scored,
    a budget of lazy shadows; skipped while the policy has nothing to score); the requests that
-   finished (``forget``: the proposer gets their output, which the suffix proposer caches); the
+   finished (``forget``: the policy drops them, their outputs queue for the proposer); the
    step's kind, size, tokens, steadiness and wall time — this bookkeeping included — (``on_step``:
    the policy's step-cost model and goodput guard).
+
+Host work that may wait runs in ``background()``, which the engine calls while the device computes
+a step (after launching it, before reading it): finished outputs go to the proposer there, about
+``FORGET_TOKENS_PER_STEP`` tokens' worth per call. The suffix proposer caches each one in its global
+tree (~3-6 µs per token): forgotten inside ``observe``, the 64 outputs of a batch that finishes
+together had cost ~0.8 ms each on the H200's host, on the critical path (docs/performance.md §36).
 
 ``disable_by_acceptance: false`` turns the policy off: every request drafts up to k every step, as
 vLLM does (the policy is on by default). Without speculation the engine holds a ``NoSpeculation``: no drafts, never in the way of
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,6 +60,9 @@ from tandem.spec_decode.policy import Candidate, GoodputPolicy
 from tandem.spec_decode.policy_cost import ASYNC_PRIOR_RESTART, ASYNC_PRIOR_SIGMA, PRIOR_SIGMA, StepCostModel
 from tandem.spec_decode.proposers import EngineProposer, TokenProposerAdapter
 
+
+# Finished requests' output tokens handed to the proposer per ``background()`` call (at least one request)
+FORGET_TOKENS_PER_STEP = 128
 
 # Where the policy is on without ``disable_by_acceptance``: everywhere. (On the 2-core CPU, drafting
 # every step ran at 0.62-0.89x of plain decoding on chat and at concurrency 8, docs/performance.md §15.)
@@ -120,6 +130,7 @@ class Speculator:
         self._draft_seconds, self._draft_steps = 0.0, 0  # model drafting in the step being timed
         # drafts on the device for the next step and (request, tokens when proposed) of each drafter
         self._pending: tuple[DeviceDrafts, list[tuple[Request, int]]] | None = None
+        self._finishing: deque[tuple[str, Sequence[int]]] = deque()  # (request id, output) for the proposer
 
     @property
     def synthetic_acceptance_rate(self) -> float | None:
@@ -253,12 +264,25 @@ class Speculator:
         self._draft_seconds, self._draft_steps = 0.0, 0
 
     def forget(self, request: Request) -> None:
-        """A finished request: its output goes to the proposer (the suffix proposer caches it)."""
+        """A finished request: the policy drops it; its output queues for the proposer (the suffix
+        proposer caches it), handed over by ``background``."""
         rid = request.request_id
         self._new_tokens.discard(rid)
-        self.proposer.forget(rid, request.output_token_ids)
+        self._finishing.append((rid, request.output_token_ids))
         if self.policy is not None:
             self.policy.forget(rid)
+
+    def background(self, drain: bool = False) -> None:
+        """Host work that may wait, done while the device computes a step: queued finished outputs
+        to the proposer, about ``FORGET_TOKENS_PER_STEP`` tokens' worth (at least one request; all
+        with ``drain``). Until then a proposal does not see them (the suffix global tree lags a few
+        steps)."""
+        queue = self._finishing
+        budget = FORGET_TOKENS_PER_STEP
+        while queue and (budget > 0 or drain):
+            rid, output = queue.popleft()
+            self.proposer.forget(rid, output)
+            budget -= len(output) + 1
 
     def _capped(self, batch: int) -> bool:
         """``disable_by_batch_size`` without the policy (the policy applies it itself)."""
@@ -289,6 +313,9 @@ class NoSpeculation:
         return False
 
     def observe(self, record: StepRecord) -> None:
+        pass
+
+    def background(self, drain: bool = False) -> None:
         pass
 
 

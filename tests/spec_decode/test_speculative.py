@@ -73,6 +73,10 @@ def test_suffix_greedy_equals_no_speculation(dirs, prompts, reference, k):
     assert accepted > 0, "repetitive tiny-model output should give suffix hits"
     assert sum(o.outputs[0].num_accepted_tokens for o in outs) == accepted
     proposer = llm.engine.speculator.proposer.proposer
+    # finished outputs reach the proposer while later steps run (Speculator.background): a batch's
+    # last ones are still queued when it ends
+    assert len(proposer.global_tree) < 1 + len(prompts)
+    llm.engine.speculator.background(drain=True)
     assert proposer.num_active_requests == 0 and len(proposer.global_tree) == 1 + len(prompts)
     # the same prompts again: their finished outputs, now in the global tree, predict them
     mid = (st.num_draft_tokens, st.num_accepted_tokens)

@@ -127,6 +127,8 @@ def test_suffix_proposer_learns_finished_outputs_without_lazy_shadows():
     a.status = RequestStatus.FINISHED_LENGTH
     spec.observe(_record(SampledTokens(a, 0, 0), finished=(a,)))
     suffix = proposer.proposer
+    assert suffix.num_active_requests == 1 and not suffix.global_tree  # queued for ``background``
+    spec.background()
     assert suffix.num_active_requests == 0 and suffix.global_tree._seqs == {"a": [3, 4, 9, 8, 7]}
     b = _req("b", [5, 5, 4, 9])
     spec.observe(_record(SampledTokens(b, 0, 0)))
@@ -134,7 +136,37 @@ def test_suffix_proposer_learns_finished_outputs_without_lazy_shadows():
     gone = _req("gone", [1, 2])  # aborted before any token: nothing to cache
     gone.status = RequestStatus.FINISHED_ABORTED
     spec.observe(_record(finished=(gone,)))
+    spec.background()
     assert "gone" not in suffix.global_tree
+
+
+def test_finished_outputs_reach_the_proposer_a_budget_per_background_call():
+    """``observe`` only queues finished requests; each ``background`` call (the engine makes one
+    while the device computes a step) hands about FORGET_TOKENS_PER_STEP output tokens' worth to the
+    proposer, at least one request, in finishing order; ``drain`` hands all."""
+    told: list[tuple[str, int]] = []
+
+    class Recorder(TokenProposerAdapter):
+        def forget(self, request_id, output_token_ids):
+            told.append((request_id, len(output_token_ids)))
+
+    spec = build_speculator(_cfg(), Recorder(NgramProposer(1, 3, 3)), SpecStats(), CPU)
+    done = []
+    for i, n in enumerate((100, 100, 300, 5, 5, 5)):
+        r = _req(f"r{i}", [1, 2])
+        r.token_ids += [7] * n
+        r.status = RequestStatus.FINISHED_LENGTH
+        done.append(r)
+    spec.observe(_record(finished=tuple(done)))
+    assert told == []
+    spec.background()  # 101 + 101 > 128
+    assert told == [("r0", 100), ("r1", 100)]
+    spec.background()  # one request at least, however long
+    assert told[2:] == [("r2", 300)]
+    spec.background(drain=True)
+    assert [rid for rid, _ in told] == [f"r{i}" for i in range(6)]
+    spec.background()  # nothing left
+    assert len(told) == 6
 
 
 def test_spec_stats_count_the_drafts_that_reached_each_position():
