@@ -25,7 +25,7 @@ Where drafts come from:
   asynchronously (no proposal), the policy also drafts lazily from earlier prefixes, position after
   position, as the gate did, so evidence keeps coming without giving up asynchronous decode.
   Stateful host proposers (``latest_shadow``: suffix's ``propose_for(request_id, tokens, k)``) draft
-  from a request's latest tokens instead. Shadows cost host time on every step, so a step gets at
+  from a request's latest tokens instead, in ``background`` (while the device computes a step). Shadows cost host time on every step, so a step gets at
   most ``shadow_per_step`` of them, ``SHADOW_RATE`` per step on average and ``SHADOW_BATCH / batch``
   at large batch (round robin over the batch), none while the guard blocks. A request never
   proposed for gets its first shadow from its latest tokens (the chain goes on from there).
@@ -150,6 +150,7 @@ class GoodputPolicy:
         self.draft_cost = 0.0 if free else (PRIOR_DRAFT_COST if draft_cost is None else draft_cost)
         self._pending: dict[str, _Pending] = {}
         self._shadow_at: dict[str, int] = {}  # lazy shadows: the next position to draft from
+        self._shadow_due: list[tuple[str, Sequence[int]]] = []  # latest shadows for ``background`` (id, tokens)
         self._decode_probe = 0  # plain steps left to re-measure the decode time
         self._steps_since_proposal = 0
         # model proposers: steps since any request drafted; the first round explores (full k for all)
@@ -355,10 +356,9 @@ class GoodputPolicy:
             if rid in pending:
                 continue
             if self.latest_shadow is not None:
-                pending[rid] = _Pending(len(toks), tuple(self.latest_shadow(rid, toks, self.k)))
-                self.stats.num_shadow_drafts += 1
-                self._num_proposals += 1
-                self._shadows_left -= 1
+                if all(rid != due for due, _ in self._shadow_due):
+                    self._shadow_due.append((rid, toks))  # drafted by ``background``
+                    self._shadows_left -= 1
                 self._rotation = start + i + 1
             elif self._shadow_at.get(rid, len(toks)) < len(toks):
                 self.on_tokens(rid, toks)
@@ -366,6 +366,20 @@ class GoodputPolicy:
             elif rid not in self._shadow_at:  # never proposed for: a first shadow from its latest tokens
                 self._shadow(rid, len(toks), toks)
                 self._rotation = start + i + 1
+
+    def background(self) -> None:
+        """The latest shadows due (``on_step_tokens``), drafted now: the engine calls this while the
+        device computes a step. A stateful proposer's lookup first brings its per-request index up to
+        date — the whole prompt and output at a request's first one (~0.6 ms for 550 tokens on the
+        2-core CPU) — host work that may wait a step."""
+        due, self._shadow_due = self._shadow_due, []
+        for rid, toks in due:
+            if rid in self._pending:  # proposed for meanwhile
+                continue
+            assert self.latest_shadow is not None
+            self._pending[rid] = _Pending(len(toks), tuple(self.latest_shadow(rid, toks, self.k)))
+            self.stats.num_shadow_drafts += 1
+            self._num_proposals += 1
 
     def on_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
         """New tokens of a request: score its pending proposal, then (lazy shadows) propose and score
@@ -447,5 +461,7 @@ class GoodputPolicy:
 
     def forget(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
+        if self._shadow_due:
+            self._shadow_due = [d for d in self._shadow_due if d[0] != request_id]
         self._shadow_at.pop(request_id, None)
         self.acceptance.forget_request(request_id)

@@ -31,7 +31,8 @@ three points:
    the policy's step-cost model and goodput guard).
 
 Host work that may wait runs in ``background()``, which the engine calls while the device computes
-a step (after launching it, before reading it): finished outputs go to the proposer there, about
+a step (after launching it, before reading it): the policy's latest shadows (the suffix proposer's
+lookups) are drafted and finished outputs go to the proposer there, about
 ``FORGET_TOKENS_PER_STEP`` tokens' worth per call. The suffix proposer caches each one in its global
 tree (~3-6 µs per token): forgotten inside ``observe``, the 64 outputs of a batch that finishes
 together had cost ~0.8 ms each on the H200's host, on the critical path (docs/performance.md §36).
@@ -273,10 +274,12 @@ class Speculator:
             self.policy.forget(rid)
 
     def background(self, drain: bool = False) -> None:
-        """Host work that may wait, done while the device computes a step: queued finished outputs
-        to the proposer, about ``FORGET_TOKENS_PER_STEP`` tokens' worth (at least one request; all
+        """Host work that may wait, done while the device computes a step: the policy's latest
+        shadows, then queued finished outputs to the proposer, about ``FORGET_TOKENS_PER_STEP`` tokens' worth (at least one request; all
         with ``drain``). Until then a proposal does not see them (the suffix global tree lags a few
         steps)."""
+        if self.policy is not None:
+            self.policy.background()  # its latest shadows (a stateful proposer's lookups)
         queue = self._finishing
         budget = FORGET_TOKENS_PER_STEP
         while queue and (budget > 0 or drain):

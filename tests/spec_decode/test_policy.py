@@ -502,7 +502,8 @@ def test_shadow_drafts_are_budgeted_per_step_and_rotate():
 
 def test_stateful_proposer_shadows_from_the_latest_tokens():
     """A stateful host proposer (suffix) cannot answer for earlier prefixes: its shadows start at the
-    request's latest tokens, within the same budget, and are scored like any proposal."""
+    request's latest tokens, within the same budget, drafted by ``background`` (a request that
+    finished meanwhile gets none), and are scored like any proposal."""
     calls: list[tuple[str, int]] = []
     motif = [5, 6, 7, 8]
 
@@ -519,10 +520,22 @@ def test_stateful_proposer_shadows_from_the_latest_tokens():
         lengths = {rid: len(t) for rid, t in tokens.items()}
         before = len(calls)
         policy.on_step_tokens(list(tokens.items()))
+        assert len(calls) == before  # due: drafted in ``background`` (while the device computes a step)
+        policy.background()
         assert all(n == lengths[rid] for rid, n in calls[before:])  # drafted from the latest tokens
         policy.on_step(4, 4, 1e-3)
     assert len(calls) >= 20 and policy.acceptance.num_scored >= 10
     assert min(policy.acceptance.rates("r0")) > 0.8  # every shadow came true
+    for rid in tokens:
+        policy.forget(rid)
+    while policy._shadows_left <= 0:
+        policy.on_step(4, 4, 1e-3)
+    policy.on_step_tokens([("late", [5, 6, 7, 8])])
+    assert [rid for rid, _ in policy._shadow_due] == ["late"]
+    policy.forget("late")
+    before = len(calls)
+    policy.background()
+    assert len(calls) == before and not policy._pending
 
 
 def test_score_draft():
