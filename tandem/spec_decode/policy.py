@@ -25,7 +25,8 @@ Where drafts come from:
   asynchronously (no proposal), the policy also drafts lazily from earlier prefixes, position after
   position, as the gate did, so evidence keeps coming without giving up asynchronous decode.
   Stateful host proposers (``latest_shadow``: suffix's ``propose_for(request_id, tokens, k)``) draft
-  from a request's latest tokens instead, in ``background`` (while the device computes a step). Shadows cost host time on every step, so a step gets at
+  from a request's latest tokens instead (at batch >= 8 in ``background``, while the device
+  computes a step). Shadows cost host time on every step, so a step gets at
   most ``shadow_per_step`` of them, ``SHADOW_RATE`` per step on average and ``SHADOW_BATCH / batch``
   at large batch (round robin over the batch), none while the guard blocks. A request never
   proposed for gets its first shadow from its latest tokens (the chain goes on from there).
@@ -90,6 +91,7 @@ SHADOW_PER_STEP = 2  # lazy shadow drafts in one step, at most (each costs a hos
 SHADOW_RATE = 0.5  # ... and per step on average at most this (one every other step at batch 1: a
 #                    shadow, lookup + score, took ~0.09 ms of the H200 host's time, a ~1 ms sampled step)
 SHADOW_BATCH = 8  # ... and SHADOW_BATCH / batch below that (batch 64: one every 8 steps)
+DEFER_SHADOWS_BATCH = 8  # from this batch on, latest shadows are drafted in ``background``
 WANTS_RECHECK = 4  # steps a host proposer's "nobody would draft" answer stands (batch >= 8: at least, B / 8 at
 #                   batch B, new evidence or not; below 8: at most 2, until new evidence)
 DRAFT_COST_ALPHA = 0.2
@@ -356,7 +358,10 @@ class GoodputPolicy:
             if rid in pending:
                 continue
             if self.latest_shadow is not None:
-                if all(rid != due for due, _ in self._shadow_due):
+                if n < DEFER_SHADOWS_BATCH:  # fresh evidence first where a missed verify costs most
+                    self._latest(rid, toks)
+                    self._shadows_left -= 1
+                elif all(rid != due for due, _ in self._shadow_due):
                     self._shadow_due.append((rid, toks))  # drafted by ``background``
                     self._shadows_left -= 1
                 self._rotation = start + i + 1
@@ -368,18 +373,21 @@ class GoodputPolicy:
                 self._rotation = start + i + 1
 
     def background(self) -> None:
-        """The latest shadows due (``on_step_tokens``), drafted now: the engine calls this while the
-        device computes a step. A stateful proposer's lookup first brings its per-request index up to
-        date — the whole prompt and output at a request's first one (~0.6 ms for 550 tokens on the
-        2-core CPU) — host work that may wait a step."""
+        """The latest shadows due (``on_step_tokens``, batch >= ``DEFER_SHADOWS_BATCH``), drafted
+        now: the engine calls this while the device computes a step. A stateful proposer's lookup
+        first brings its per-request index up to date — the whole prompt and output at a request's
+        first one (~0.6 ms for 550 tokens on the 2-core CPU) — host work that may wait a step where
+        a request's drafts are a small part of the step."""
         due, self._shadow_due = self._shadow_due, []
         for rid, toks in due:
-            if rid in self._pending:  # proposed for meanwhile
-                continue
-            assert self.latest_shadow is not None
-            self._pending[rid] = _Pending(len(toks), tuple(self.latest_shadow(rid, toks, self.k)))
-            self.stats.num_shadow_drafts += 1
-            self._num_proposals += 1
+            if rid not in self._pending:  # (else proposed for meanwhile)
+                self._latest(rid, toks)
+
+    def _latest(self, request_id: str, token_ids: Sequence[int]) -> None:
+        assert self.latest_shadow is not None
+        self._pending[request_id] = _Pending(len(token_ids), tuple(self.latest_shadow(request_id, token_ids, self.k)))
+        self.stats.num_shadow_drafts += 1
+        self._num_proposals += 1
 
     def on_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
         """New tokens of a request: score its pending proposal, then (lazy shadows) propose and score

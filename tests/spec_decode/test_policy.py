@@ -502,8 +502,8 @@ def test_shadow_drafts_are_budgeted_per_step_and_rotate():
 
 def test_stateful_proposer_shadows_from_the_latest_tokens():
     """A stateful host proposer (suffix) cannot answer for earlier prefixes: its shadows start at the
-    request's latest tokens, within the same budget, drafted by ``background`` (a request that
-    finished meanwhile gets none), and are scored like any proposal."""
+    request's latest tokens, within the same budget (at batch >= 8 drafted by ``background``: a
+    request that finished meanwhile gets none), and are scored like any proposal."""
     calls: list[tuple[str, int]] = []
     motif = [5, 6, 7, 8]
 
@@ -520,22 +520,29 @@ def test_stateful_proposer_shadows_from_the_latest_tokens():
         lengths = {rid: len(t) for rid, t in tokens.items()}
         before = len(calls)
         policy.on_step_tokens(list(tokens.items()))
-        assert len(calls) == before  # due: drafted in ``background`` (while the device computes a step)
-        policy.background()
         assert all(n == lengths[rid] for rid, n in calls[before:])  # drafted from the latest tokens
         policy.on_step(4, 4, 1e-3)
     assert len(calls) >= 20 and policy.acceptance.num_scored >= 10
     assert min(policy.acceptance.rates("r0")) > 0.8  # every shadow came true
+    # from batch 8 on, shadows are due in ``background`` (the engine: while the device computes a
+    # step); one for a request that finished meanwhile is dropped
     for rid in tokens:
         policy.forget(rid)
-    while policy._shadows_left <= 0:
-        policy.on_step(4, 4, 1e-3)
-    policy.on_step_tokens([("late", [5, 6, 7, 8])])
-    assert [rid for rid, _ in policy._shadow_due] == ["late"]
-    policy.forget("late")
-    before = len(calls)
-    policy.background()
-    assert len(calls) == before and not policy._pending
+    big = [(f"b{i}", [motif[j % 4] for j in range(12)]) for i in range(8)]
+    dues = []
+    for finished in (False, True):
+        while policy._shadows_left <= 0:
+            policy.on_step(8, 8, 1e-3)
+        before = len(calls)
+        policy.on_step_tokens(big)
+        due = [rid for rid, _ in policy._shadow_due]
+        assert len(calls) == before and len(due) == 1 and due[0] not in dues
+        dues += due
+        if finished:
+            policy.forget(due[0])
+        policy.background()
+        assert calls[before:] == ([] if finished else [(due[0], 12)])
+    assert set(policy._pending) == {dues[0]}
 
 
 def test_score_draft():
