@@ -97,7 +97,9 @@ class LLMEngine:
     @spec.setter
     def spec(self, config: SpeculativeConfig | None) -> None:
         """Switch speculation between runs (benchmarks): the proposer, KV lookahead and token budget
-        built at engine start stay; ``None`` turns speculation off."""
+        built at engine start stay; ``None`` turns speculation off. (The old speculator hands its
+        queued finished outputs to the proposer first.)"""
+        self.speculator.background(drain=True)
         self._use(build_speculator(config, self.proposer, self.stats.spec, self.device,
                                    asynchronous=self.async_scheduling, draft_limit=self.draft_limit))
 

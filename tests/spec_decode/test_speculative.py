@@ -118,8 +118,12 @@ def test_drafts_stop_at_the_runners_graph_query_limit(dirs, prompts, reference, 
     for _ in range(2):
         assert tokens_of(llm.generate(prompts, greedy(32), use_tqdm=False)) == reference
     assert max(seen) == 3
+    suffix = llm.engine.speculator.proposer.proposer
+    assert len(suffix.global_tree) < 2 * len(prompts)  # the last outputs still queued (``background``)
     llm.engine.spec = llm.engine.spec  # rebuilt between runs (benchmarks): the limit holds
     assert llm.engine.speculator.k == 3 and llm.engine.policy is None
+    # the old speculator handed its queue to the proposer, which the new one keeps
+    assert len(suffix.global_tree) == 2 * len(prompts) and suffix.num_active_requests == 0
 
 
 def test_suffix_with_preemption_and_chunking(dirs, prompts, reference):
