@@ -10,6 +10,8 @@ streams, and the engine's step logic (engine/llm_engine.py) with a cost per step
 - a synchronous plain step (launched, read at once): ``sync_decode``;
 - a verify of n drafts over the batch (synchronous): ``verify(n)``.
 
+The proposer is the n-gram proposer, or a stateful one's ``propose_for`` (suffix decoding).
+
 ``policy=None`` is drafting every step (``disable_by_acceptance: false``): every step synchronous.
 No weights, no device: the H200's batch-1 regime (a verify cycle ~2 chained decode steps) on CPU.
 """
@@ -58,9 +60,12 @@ def code_like_stream(rng: random.Random, length: int, vocab: int = 200, copy: fl
 
 class AsyncSim:
     def __init__(self, policy: GoodputPolicy | None, streams: list[list[int]], prompt_len: int,
-                 costs: AsyncCosts, k: int = 4, proposer: NgramProposer | None = None, first_id: int = 0) -> None:
+                 costs: AsyncCosts, k: int = 4, proposer: NgramProposer | None = None, first_id: int = 0,
+                 propose_for: Callable[[str, list[int], int], list[int]] | None = None) -> None:
         self.policy, self.costs, self.k = policy, costs, k
         self.proposer = proposer if proposer is not None else NgramProposer(1, 4, k)
+        # a stateful proposer (suffix: its ``propose_for``); else the n-gram proposer, by tokens alone
+        self.propose_for = propose_for or (lambda rid, toks, k: self.proposer.propose_one(toks, k))
         self.streams = {f"r{first_id + i}": s for i, s in enumerate(streams)}
         self.tokens = {r: list(s[:prompt_len]) for r, s in self.streams.items()}
         self.inflight = False  # a decode step of the whole batch is in flight (its tokens not read)
@@ -99,6 +104,8 @@ class AsyncSim:
     def step(self) -> None:
         c, p, b = self.costs, self.policy, self.batch
         before = self.emitted
+        if p is not None:
+            p.background()  # (the engine: while the device computes a step)
         if self.inflight:
             assert p is not None
             if p.wants_any(b, self._cands(), drained=False):
@@ -111,7 +118,7 @@ class AsyncSim:
             return
         drafts: dict[str, list[int]] = {}
         if p is None or (not p.off(b) and p.wants_any(b, self._cands(), drained=True)):
-            full = {r: self.proposer.propose_one(t, self.k) for r, t in self.tokens.items()}
+            full = {r: self.propose_for(r, t, self.k) for r, t in self.tokens.items()}
             if p is None:
                 drafts = full
             else:
