@@ -32,8 +32,8 @@ three points:
 
 Host work that may wait runs in ``background()``, which the engine calls while the device computes
 a step (after launching it, before reading it): the policy's latest shadows (the suffix proposer's
-lookups) are drafted and finished outputs go to the proposer there, about
-``FORGET_TOKENS_PER_STEP`` tokens' worth per call. The suffix proposer caches each one in its global
+lookups) are drafted and finished outputs go to the proposer there, ``FORGET_TOKENS_PER_STEP``
+tokens' worth per call plus an eighth of the queue. The suffix proposer caches each one in its global
 tree (~3-6 µs per token): forgotten inside ``observe``, the 64 outputs of a batch that finishes
 together had cost ~0.8 ms each on the H200's host, on the critical path (docs/performance.md §36).
 
@@ -132,6 +132,7 @@ class Speculator:
         # drafts on the device for the next step and (request, tokens when proposed) of each drafter
         self._pending: tuple[DeviceDrafts, list[tuple[Request, int]]] | None = None
         self._finishing: deque[tuple[str, Sequence[int]]] = deque()  # (request id, output) for the proposer
+        self._finishing_tokens = 0  # their output tokens
 
     @property
     def synthetic_acceptance_rate(self) -> float | None:
@@ -269,23 +270,27 @@ class Speculator:
         proposer caches it), handed over by ``background``."""
         rid = request.request_id
         self._new_tokens.discard(rid)
-        self._finishing.append((rid, request.output_token_ids))
+        output = request.output_token_ids
+        self._finishing.append((rid, output))
+        self._finishing_tokens += len(output) + 1
         if self.policy is not None:
             self.policy.forget(rid)
 
     def background(self, drain: bool = False) -> None:
         """Host work that may wait, done while the device computes a step: the policy's latest
-        shadows, then queued finished outputs to the proposer, about ``FORGET_TOKENS_PER_STEP`` tokens' worth (at least one request; all
-        with ``drain``). Until then a proposal does not see them (the suffix global tree lags a few
-        steps)."""
+        shadows, then queued finished outputs to the proposer, ``FORGET_TOKENS_PER_STEP`` tokens'
+        worth plus an eighth of the queue (at least one request; all with ``drain``), so a backlog
+        shrinks geometrically and the queue stays bounded however fast requests finish. Until then
+        a proposal does not see them (the suffix global tree lags a few steps)."""
         if self.policy is not None:
             self.policy.background()  # its latest shadows (a stateful proposer's lookups)
         queue = self._finishing
-        budget = FORGET_TOKENS_PER_STEP
+        budget = FORGET_TOKENS_PER_STEP + self._finishing_tokens // 8
         while queue and (budget > 0 or drain):
             rid, output = queue.popleft()
             self.proposer.forget(rid, output)
             budget -= len(output) + 1
+            self._finishing_tokens -= len(output) + 1
 
     def _capped(self, batch: int) -> bool:
         """``disable_by_batch_size`` without the policy (the policy applies it itself)."""

@@ -142,8 +142,9 @@ def test_suffix_proposer_learns_finished_outputs_without_lazy_shadows():
 
 def test_finished_outputs_reach_the_proposer_a_budget_per_background_call():
     """``observe`` only queues finished requests; each ``background`` call (the engine makes one
-    while the device computes a step) hands about FORGET_TOKENS_PER_STEP output tokens' worth to the
-    proposer, at least one request, in finishing order; ``drain`` hands all."""
+    while the device computes a step) hands FORGET_TOKENS_PER_STEP output tokens' worth plus an
+    eighth of the queue to the proposer, at least one request, in finishing order; ``drain`` hands
+    all; the queue stays bounded when requests finish faster than that."""
     told: list[tuple[str, int]] = []
 
     class Recorder(TokenProposerAdapter):
@@ -167,6 +168,23 @@ def test_finished_outputs_reach_the_proposer_a_budget_per_background_call():
     assert [rid for rid, _ in told] == [f"r{i}" for i in range(6)]
     spec.background()  # nothing left
     assert len(told) == 6
+
+    # finishing faster than FORGET_TOKENS_PER_STEP per step: an eighth of the queue more per call,
+    # so the queue stays bounded (404 tokens per step: steady at 8 * (404 - 128) = 2208)
+    told.clear()
+    most = 0
+    for step in range(300):
+        batch = []
+        for j in range(4):
+            r = _req(f"s{step}.{j}", [1, 2])
+            r.token_ids += [7] * 100
+            r.status = RequestStatus.FINISHED_LENGTH
+            batch.append(r)
+        spec.observe(_record(finished=tuple(batch)))
+        spec.background()
+        most = max(most, spec._finishing_tokens)
+    assert most < 2800 and len(told) > 1100
+    assert [rid for rid, _ in told] == [f"s{i // 4}.{i % 4}" for i in range(len(told))]  # in order
 
 
 def test_spec_stats_count_the_drafts_that_reached_each_position():
