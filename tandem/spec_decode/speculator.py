@@ -33,7 +33,7 @@ three points:
 Host work that may wait runs in ``background()``, which the engine calls while the device computes
 a step (after launching it, before reading it): the policy's latest shadows (the suffix proposer's
 lookups) are drafted and finished outputs go to the proposer there, ``FORGET_TOKENS_PER_STEP``
-tokens' worth per call plus an eighth of the queue. The suffix proposer caches each one in its global
+tokens' worth per call plus 1/64 of the queue. The suffix proposer caches each one in its global
 tree (~3-6 µs per token): forgotten inside ``observe``, the 64 outputs of a batch that finishes
 together had cost ~0.8 ms each on the H200's host, on the critical path (docs/performance.md §36).
 
@@ -279,13 +279,14 @@ class Speculator:
     def background(self, drain: bool = False) -> None:
         """Host work that may wait, done while the device computes a step: the policy's latest
         shadows, then queued finished outputs to the proposer, ``FORGET_TOKENS_PER_STEP`` tokens'
-        worth plus an eighth of the queue (at least one request; all with ``drain``), so a backlog
-        shrinks geometrically and the queue stays bounded however fast requests finish. Until then
-        a proposal does not see them (the suffix global tree lags a few steps)."""
+        worth plus 1/64 of the queue (at least one request; all with ``drain``): the queue stays
+        bounded however fast requests finish, and a batch's burst of finished outputs (64 × 256
+        tokens) is spread over its successor's steps at ~1 ms of the H200 host's time per step at
+        first. Until then a proposal does not see them (the suffix global tree lags a few steps)."""
         if self.policy is not None:
             self.policy.background()  # its latest shadows (a stateful proposer's lookups)
         queue = self._finishing
-        budget = FORGET_TOKENS_PER_STEP + self._finishing_tokens // 8
+        budget = FORGET_TOKENS_PER_STEP + self._finishing_tokens // 64
         while queue and (budget > 0 or drain):
             rid, output = queue.popleft()
             self.proposer.forget(rid, output)
