@@ -191,7 +191,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
     limit = draft_limit(runner)
     if spec is not None and limit is not None and limit < k:
         logger.info("speculation: at most %d drafts per request per step (num_speculative_tokens=%d): a longer "
-                    "verify would not fit the CUDA graphs (%d query rows) and would run eagerly", limit, k, limit + 1)
+                    "verify (over %d query rows) would leave the runner's fast path", limit, k, limit + 1)
         k = limit
     speculator = build_speculator(spec, proposer, stats.spec, device, asynchronous=use_async, draft_limit=limit)
     # On CUDA, compile the step kernels' variants and capture the decode / verify graphs of every
@@ -221,8 +221,9 @@ def build_engine(config: EngineConfig) -> EngineParts:
 
 def draft_limit(runner: ModelRunner) -> int | None:
     """Drafts per request per step at most on this target runner: one less than the query rows its
-    captured steps take (None: no limit). A verify past them runs eagerly — on the H200, SmolLM2
-    verifies of 8+ drafts took ~12 ms against ~1 ms replayed (docs/performance.md §36) — so suffix
-    decoding's 24 (vLLM's default k) would turn its longest, best matches into its slowest steps."""
-    rows = runner.graph_query_limit
+    fast path takes (``fast_query_limit``; None: no limit). A verify past them runs eagerly on CUDA —
+    on the H200, SmolLM2 verifies of 8+ drafts took ~12 ms against ~1 ms replayed — and as several
+    steps on a packed CPU model (docs/performance.md §36), so suffix decoding's 24 (vLLM's default k)
+    would turn its longest, best matches into its slowest steps."""
+    rows = runner.fast_query_limit
     return None if rows is None else max(1, rows - 1)

@@ -126,8 +126,9 @@ class GpuModelRunner:
 
     # ---- public ------------------------------------------------------------------------------
     @property
-    def graph_query_limit(self) -> int | None:
-        """Steps of more query rows per request than this run eagerly (None without graphs)."""
+    def fast_query_limit(self) -> int | None:
+        """Steps of more query rows per request than this run eagerly (None without graphs:
+        every step does)."""
         return self.max_graph_q if self.use_graphs else None
 
     def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,

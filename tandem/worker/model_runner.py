@@ -28,8 +28,6 @@ from tandem.worker.step_output import StepOutput
 
 
 class TorchRunner:
-    graph_query_limit: int | None = None  # no captured steps: a verify of any length takes the same path
-
     def __init__(self, model: CausalLM, kv_caches: list[KVCache], block_size: int,
                  device: torch.device, batch_invariant: bool = False, script: bool = True,
                  feature_layers: tuple[int, ...] = (), feature_cache: FeatureCache | None = None,
@@ -141,6 +139,14 @@ class TorchRunner:
                 for p in parts]
         aux = [torch.cat(parts) for parts in zip(*(o.aux_hidden for o in outs))]
         return StepOutput(torch.cat([o.logits for o in outs]), aux)
+
+    @property
+    def fast_query_limit(self) -> int | None:
+        """A packed CPU model verifies at most ``LoneDecoder.MAX_ROWS`` rows in one step; a longer
+        batch-1 verify runs as consecutive ones (``_long_verify``), each costing about a step (on the
+        2-core CPU, suffix decoding's k = 24 read 1.11-1.27x where drafts cut at 7 read 1.65-1.68x,
+        docs/performance.md §36). None for float models (one forward for any length)."""
+        return LoneDecoder.MAX_ROWS if self._verify_kernels is not None else None
 
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:
         """Nothing to compile or capture on the torch path."""

@@ -27,10 +27,11 @@ class ModelRunner(Protocol):
     kv_caches: list[KVCache]
     block_size: int
     device: torch.device
-    # The most query rows per request a decode / verify step may have and still replay a captured
-    # step (None: no such limit). A longer verify runs eagerly, an order of magnitude slower on a
-    # small model (docs/performance.md §36): the speculator drafts at most this minus one.
-    graph_query_limit: int | None
+    # The most query rows per request a decode / verify step may have and stay on the runner's fast
+    # path — a replayed CUDA graph; a packed CPU model's one-step verify — (None: no such limit). A
+    # longer verify runs eagerly on CUDA (an order of magnitude slower on a small model) and as
+    # several steps on the CPU (docs/performance.md §36): the speculator drafts at most this minus one.
+    fast_query_limit: int | None
 
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
                        token_ids: torch.Tensor | None = None, argmax_only: bool = False,

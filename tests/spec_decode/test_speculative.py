@@ -101,9 +101,9 @@ def _draft_lengths(llm) -> list[int]:
     return seen
 
 
-def test_drafts_stop_at_the_runners_graph_query_limit(dirs, prompts, reference, monkeypatch):
+def test_drafts_stop_at_the_runners_fast_query_limit(dirs, prompts, reference, monkeypatch):
     """A verify longer than the target runner's captured steps would run eagerly (the CUDA runner's
-    ``graph_query_limit``; faked here on the torch runner): suffix's default k = 24 is cut to fit,
+    ``fast_query_limit``; faked here on the torch runner): suffix's default k = 24 is cut to fit,
     and stays cut when speculation is switched between runs."""
     free = spec_llm(dirs[0], method="suffix")
     seen = _draft_lengths(free)
@@ -111,7 +111,7 @@ def test_drafts_stop_at_the_runners_graph_query_limit(dirs, prompts, reference, 
         assert tokens_of(free.generate(prompts, greedy(32), use_tqdm=False)) == reference
     assert free.engine.draft_limit is None and max(seen) > 3  # without a limit, longer drafts come
 
-    monkeypatch.setattr(TorchRunner, "graph_query_limit", 4)
+    monkeypatch.setattr(TorchRunner, "fast_query_limit", 4)
     llm = spec_llm(dirs[0], method="suffix")
     assert llm.engine.draft_limit == 3 and llm.engine.speculator.k == 3
     seen = _draft_lengths(llm)
@@ -124,6 +124,17 @@ def test_drafts_stop_at_the_runners_graph_query_limit(dirs, prompts, reference, 
     assert llm.engine.speculator.k == 3 and llm.engine.policy is None
     # the old speculator handed its queue to the proposer, which the new one keeps
     assert len(suffix.global_tree) == 2 * len(prompts) and suffix.num_active_requests == 0
+
+
+def test_a_packed_cpu_model_cuts_drafts_at_its_one_step_verify(tmp_path):
+    """A packed CPU model verifies at most 8 rows in one step (longer verifies run as several:
+    ``TorchRunner._long_verify``), so suffix decoding's k = 24 is cut to 7; a float model has no
+    such limit."""
+    path = write_tiny_hf_checkpoint(tmp_path, "llama", std=0.2)
+    packed = make_llm(path, quantization="int4", speculative_config={"method": "suffix"})
+    assert packed.engine.runner.fast_query_limit == 8 and packed.engine.speculator.k == 7
+    plain = make_llm(path, speculative_config={"method": "suffix"})
+    assert plain.engine.runner.fast_query_limit is None and plain.engine.speculator.k == 24
 
 
 def test_suffix_with_preemption_and_chunking(dirs, prompts, reference):
