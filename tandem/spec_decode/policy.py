@@ -26,8 +26,8 @@ Where drafts come from:
   position, as the gate did, so evidence keeps coming without giving up asynchronous decode.
   Stateful host proposers (``latest_shadow``: suffix's ``propose_for(request_id, tokens, k)``) draft
   from a request's latest tokens instead (at batch >= 8 in ``background``, while the device
-  computes a step). Shadows cost host time on every step, so a step gets at
-  most ``shadow_per_step`` of them, ``SHADOW_RATE`` per step on average and ``SHADOW_BATCH / batch``
+  computes a step). Shadows cost host time on every step, so a step gets at most
+  ``shadow_per_step`` of them, ``SHADOW_RATE`` per step on average and ``SHADOW_BATCH / batch``
   at large batch (round robin over the batch), none while the guard blocks. A request never
   proposed for gets its first shadow from its latest tokens (the chain goes on from there).
 - A proposal round happens only when ``wants_any`` says someone would likely draft (or a periodic
