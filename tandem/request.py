@@ -11,7 +11,9 @@ Invariants:
 - In the decode phase ``num_computed_tokens == num_tokens - 1`` (the last token is fed next).
 - ``spec_token_ids`` are drafts proposed for the next step; they are query tokens only and never part
   of ``token_ids`` until accepted. Rejected drafts roll back by count: their KV slots are simply
-  overwritten later. A request never has drafts and placeholders at once.
+  overwritten later. A verify launched with its tokens left on the device (a chained verify)
+  counts as k + 1 placeholders, as if it accepted all k drafts, until it is read
+  (``Scheduler.settle_launched``); drafts for the step after it may be proposed meanwhile.
 - ``draft_num_computed`` is the same counter for a draft model's own KV cache (shares block_ids).
 """
 

@@ -243,14 +243,38 @@ class Scheduler:
 
     def add_output_placeholders(self, sched: SchedulerOutput) -> None:
         """A step was launched with its sampled tokens left on the device: its query tokens count
-        as computed now, and each request that samples carries one output placeholder until its
-        token is read (``Request.append_token``), so the next step can be scheduled before that."""
+        as computed now, and each request that samples carries output placeholders until its
+        tokens are read (``Request.append_token``), so the next step can be scheduled before that —
+        one, and for a verify of k drafts k + 1, as if it accepted them all (``settle_launched``
+        takes back what it rejected); its drafts are consumed."""
         for s in sched.scheduled:
-            if s.spec_token_ids:
-                raise RuntimeError("a step with drafts is verified on the host, never left on the device")
-            s.request.num_computed_tokens = s.start + s.num_new_tokens
+            r = s.request
+            r.num_computed_tokens = s.start + s.num_new_tokens
             if s.samples:
-                s.request.num_output_placeholders += 1
+                r.num_output_placeholders += 1 + len(s.spec_token_ids)
+                if s.spec_token_ids:
+                    r.spec_token_ids = []
+                    r.spec_probs = None
+
+    def settle_launched(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> None:
+        """A launched verify was read: each request's rejected drafts are taken back — placeholders
+        and computed positions, by count (a step chained meanwhile was packed past them and moved
+        back on the device by as much) — before its tokens are appended. A preempted request keeps
+        its reset count; a finished one is left alone."""
+        for s, accepted in zip(sched.scheduled, out.num_accepted):
+            num_spec = len(s.spec_token_ids)
+            if not num_spec:
+                continue
+            r = s.request
+            r.num_drafts += 1
+            r.num_draft_tokens += num_spec
+            r.num_accepted_tokens += accepted
+            if r.status.finished:
+                continue
+            rejected = num_spec - accepted
+            r.num_output_placeholders -= rejected
+            if r.status is RequestStatus.RUNNING:
+                r.num_computed_tokens -= rejected
 
     def running_requests(self) -> Iterable[Request]:
         return iter(self.running)

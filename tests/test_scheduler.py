@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tandem.kv.block_pool import BlockPool
+from tandem.outputs import ModelRunnerOutput
 from tandem.request import Request, RequestStatus
 from tandem.sampling_params import SamplingParams
 from tandem.scheduler import Scheduler
@@ -122,7 +123,6 @@ def test_max_num_seqs_limits_admission():
 
 
 def test_update_from_output_rolls_back_rejected_drafts_by_count():
-    from tandem.outputs import ModelRunnerOutput
 
     pool = BlockPool(64)
     s = Scheduler(pool, block_size=4, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=1024)
@@ -168,9 +168,35 @@ def test_output_placeholders_are_scheduled_like_tokens():
         r.append_token(tok)
     assert a.token_ids[-1] == 11 and a.num_output_placeholders == 1 and a.num_tokens == 10
     assert b.num_output_placeholders == 0 and b.num_tokens == 9
-    with pytest.raises(RuntimeError, match="drafts"):
-        a.spec_token_ids = [3]
-        s.add_output_placeholders(s.schedule())
+
+
+def test_a_launched_verify_counts_all_drafts_until_settled():
+    """A verify left on the device counts as k + 1 placeholders (all drafts accepted); the step
+    after it is scheduled past them, and reading the verify takes back the rejected ones by count —
+    placeholders and computed positions — whatever was scheduled meanwhile."""
+    pool = BlockPool(16)
+    s = Scheduler(pool, block_size=4, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=64)
+    a = make_req("a", 7)
+    s.add(a)
+    run_model(s.schedule())  # 8 tokens, 7 computed
+    a.spec_token_ids = [1, 2, 3]
+    verify = s.schedule()
+    assert [(x.start, x.num_new_tokens, x.spec_token_ids) for x in verify.scheduled] == [(7, 4, (1, 2, 3))]
+    s.add_output_placeholders(verify)
+    assert a.num_output_placeholders == 4 and a.num_tokens == 12 and a.num_computed_tokens == 11
+    assert a.spec_token_ids == [] and a.is_decoding
+    a.spec_token_ids = [5, 6]  # drafts for the step after it, proposed before it is read
+    ahead = s.schedule()
+    assert [(x.start, x.num_new_tokens, x.spec_token_ids) for x in ahead.scheduled] == [(11, 3, (5, 6))]
+    s.add_output_placeholders(ahead)
+    assert a.num_output_placeholders == 7 and a.num_computed_tokens == 14
+    out = ModelRunnerOutput(((1, 9),), (1,), (None,), (None,))  # the verify accepted 1 of 3 drafts
+    s.settle_launched(verify, out)
+    for tok in out.sampled_token_ids[0]:
+        a.append_token(tok)
+    assert a.token_ids[-2:] == [1, 9] and a.num_output_placeholders == 3
+    assert a.num_tokens == 13 and a.num_computed_tokens == 12 and a.is_decoding  # 2 rejected: 14 - 2
+    assert (a.num_drafts, a.num_draft_tokens, a.num_accepted_tokens) == (1, 3, 1)
 
 
 def _admitted(out) -> list[str]:

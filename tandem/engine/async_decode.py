@@ -45,23 +45,29 @@ import torch
 from tandem.outputs import ModelRunnerOutput
 from tandem.request import Request
 from tandem.sample.logits import processes_logits
+from tandem.sample.rejection import accept_matching
 from tandem.scheduler import SchedulerOutput
+from tandem.spec_decode.device_drafts import PENDING
+from tandem.worker.batch import ChainedFrom
 from tandem.worker.host_copy import HostCopy
 
 
 @dataclass(frozen=True)
 class InflightStep:
-    """A launched step whose sampled tokens have not been read: one token per scheduled request."""
+    """A launched step whose sampled tokens have not been read: a decode step (one token per
+    request) or a greedy verify (every row's argmax: its drafts are checked when read, and on the
+    device by a step chained on it, ``chained_from``)."""
 
     sched: SchedulerOutput
-    token_ids: torch.Tensor  # [len(sched.scheduled)] int64 on the model's device: each row's token
-    copy: HostCopy  # the same tokens on their way to the host
+    token_ids: torch.Tensor  # decode: [n] each request's token; verify: [Σ(k_i + 1)] each row's argmax
+    copy: HostCopy  # the same on its way to the host
+    verifies: bool = False
 
     @staticmethod
-    def launch(sched: SchedulerOutput, token_ids: torch.Tensor) -> InflightStep:
+    def launch(sched: SchedulerOutput, token_ids: torch.Tensor, verifies: bool = False) -> InflightStep:
         """The step's tokens (queued on the device) and their copy to the host, read later
         (``HostCopy``: reading it waits for this step only, not for the next step queued meanwhile)."""
-        return InflightStep(sched, token_ids, HostCopy.queue(token_ids))
+        return InflightStep(sched, token_ids, HostCopy.queue(token_ids), verifies)
 
     @property
     def requests(self) -> list[Request]:
@@ -73,7 +79,8 @@ class InflightStep:
         return all(s.request.status.finished for s in self.sched.scheduled)
 
     def device_ids(self, requests: Sequence[Request]) -> torch.Tensor:
-        """[len(requests)] device tokens this step sampled for ``requests`` (each one of its own)."""
+        """[len(requests)] device tokens this decode step sampled for ``requests`` (each one of its own)."""
+        assert not self.verifies
         mine = self.requests
         if len(requests) == len(mine) and all(a is b for a, b in zip(requests, mine)):
             return self.token_ids
@@ -81,10 +88,25 @@ class InflightStep:
         keep = torch.tensor([row[id(r)] for r in requests], device=self.token_ids.device)
         return self.token_ids.index_select(0, keep)
 
+    def chained_from(self, requests: Sequence[Request]) -> ChainedFrom:
+        """Where a step chained on this verify finds, per request of ``requests`` (each one of its
+        own), the rows that decide its first token and how far it moves back (worker/chain.py)."""
+        where: dict[int, tuple[int, tuple[int, ...]]] = {}
+        off = 0
+        for s in self.sched.scheduled:
+            where[id(s.request)] = (off, s.spec_token_ids)
+            off += len(s.spec_token_ids) + 1
+        picked = [where[id(r)] for r in requests]
+        return ChainedFrom(self.token_ids, tuple(o for o, _ in picked), tuple(d for _, d in picked))
+
     def read(self) -> ModelRunnerOutput:
-        """The host sync: the step's tokens as an ordinary output (no drafts, no logprobs)."""
+        """The host sync: the step's tokens as an ordinary output (no logprobs)."""
         n = len(self.sched.scheduled)
-        return ModelRunnerOutput(tuple((t,) for t in self.copy.tolist()), (0,) * n, (None,) * n, (None,) * n)
+        if not self.verifies:
+            return ModelRunnerOutput(tuple((t,) for t in self.copy.tolist()), (0,) * n, (None,) * n, (None,) * n)
+        res = accept_matching(self.copy.tolist(), [s.spec_token_ids for s in self.sched.scheduled])
+        return ModelRunnerOutput(tuple(tuple(t) for t in res.token_ids), tuple(res.num_accepted), (None,) * n,
+                                 (None,) * n)
 
 
 def device_sampled(r: Request, num_prior_outputs: int) -> bool:
@@ -100,14 +122,24 @@ def device_greedy(r: Request, num_prior_outputs: int) -> bool:
     return r.params.greedy and device_sampled(r, num_prior_outputs)
 
 
-def launchable(sched: SchedulerOutput) -> bool:
+def launchable(sched: SchedulerOutput, verifies: bool = False) -> bool:
     """A scheduled step that may leave its tokens on the device: one-token decodes sampled on the
-    device only, each after the request's first token (placeholders count as outputs)."""
+    device only, each after the request's first token (placeholders count as outputs). With
+    ``verifies``, also a step with (host-known) drafts whose every row is a plain argmax (greedy, on
+    the device): its drafts are checked there (a chained verify)."""
+    drafts = False
     for s in sched.scheduled:
         r = s.request
-        if (s.num_new_tokens != 1 or s.spec_token_ids or not s.samples or r.num_output_tokens < 1
+        k = len(s.spec_token_ids)
+        if (s.num_new_tokens != 1 + k or not s.samples or r.num_output_tokens < 1
                 or not device_sampled(r, r.num_output_tokens)):
             return False
+        drafts = drafts or k > 0
+    if drafts:
+        return verifies and all(
+            (not s.spec_token_ids or s.spec_token_ids[0] != PENDING)
+            and all(device_greedy(s.request, s.request.num_output_tokens + j) for j in range(len(s.spec_token_ids) + 1))
+            for s in sched.scheduled)
     return bool(sched.scheduled)
 
 

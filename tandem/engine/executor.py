@@ -44,7 +44,7 @@ from tandem.sample.sampler import sample
 from tandem.scheduler import ScheduledRequest, SchedulerOutput
 from tandem.structured.step_masks import step_bitmask
 from tandem.spec_decode.device_drafts import DeviceDrafts
-from tandem.worker.batch import FedTokens, SeqChunk
+from tandem.worker.batch import ChainedFrom, FedTokens, SeqChunk
 from tandem.worker.runner import ModelRunner
 
 
@@ -89,10 +89,14 @@ class Executor:
         self.synthetic_acceptance_rate = synthetic_acceptance_rate
 
     def _forward(self, chunks: list[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
-                 argmax: bool = False, fed: FedTokens | None = None) -> torch.Tensor:
+                 argmax: bool = False, fed: FedTokens | None = None, chain: ChainedFrom | None = None
+                 ) -> torch.Tensor:
         """The target forward: logits of ``rows`` (``argmax``: only their argmax is read). (An EAGLE
         target's runner writes its features to the feature cache inside the forward.)"""
-        return self.runner.forward_logits(chunks, rows, token_ids=token_ids, argmax_only=argmax, fed=fed)
+        if chain is None:  # (runners outside this package may not take ``chain``)
+            return self.runner.forward_logits(chunks, rows, token_ids=token_ids, argmax_only=argmax, fed=fed)
+        return self.runner.forward_logits(chunks, rows, token_ids=token_ids, argmax_only=argmax, fed=fed,
+                                          chain=chain)
 
     # ---- synchronous: sample on the host ---------------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -233,20 +237,33 @@ class Executor:
 
     # ---- asynchronous: tokens stay on the device -------------------------------------------------
     def launch(self, sched: SchedulerOutput, feed: InflightStep | None = None) -> InflightStep:
-        """Run a one-token decode step and leave its tokens on the device (argmax, or sampled there).
-        With ``feed`` every request decodes its placeholder: the token ``feed`` sampled for it, fed
-        on the device."""
+        """Run a decode step (one token per request: the argmax, or sampled on the device) or a
+        greedy verify (every row's argmax: its drafts are checked when read) and leave its tokens
+        on the device. With ``feed`` every request's first query token is its placeholder — the
+        token ``feed`` sampled or emitted for it, fed on the device — and when ``feed`` verified
+        drafts, this step was packed as if ``feed`` accepted them all and moves back by what it
+        rejected, on the device too (the runner's ``chain``: worker/chain.py)."""
         reqs = [s.request for s in sched.scheduled]
         greedy = all(r.params.greedy for r in reqs)
+        verify = any(s.spec_token_ids for s in sched.scheduled)
+        if verify and not greedy:
+            raise RuntimeError("only greedy drafts are verified with their tokens left on the device")
+        if feed is not None and any(s.start != r.num_tokens - 1 or s.num_new_tokens != 1 + len(s.spec_token_ids)
+                                    for s, r in zip(sched.scheduled, reqs)):
+            raise RuntimeError("a step fed on the device must start at each request's placeholder")
+        chunks = [SeqChunk([r.token_ids[s.start] if feed is None else 0, *s.spec_token_ids], s.start, r.block_ids)
+                  for s, r in zip(sched.scheduled, reqs)]  # (a fed placeholder's id is written on the device)
+        rows = range(sum(len(c.token_ids) for c in chunks))
         if feed is None:
-            chunks = [SeqChunk(r.token_ids[s.start:s.start + 1], s.start, r.block_ids)
-                      for s, r in zip(sched.scheduled, reqs)]
-            logits = self._forward(chunks, range(len(chunks)), argmax=greedy)
+            logits = self._forward(chunks, rows, argmax=greedy)
+        elif feed.verifies:
+            logits = self._forward(chunks, rows, argmax=greedy, chain=feed.chained_from(reqs))
         else:
-            if any(s.start != len(r.token_ids) or s.num_new_tokens != 1 for s, r in zip(sched.scheduled, reqs)):
-                raise RuntimeError("a step fed on the device must decode one placeholder per request")
-            chunks = [SeqChunk((0,), s.start, r.block_ids) for s, r in zip(sched.scheduled, reqs)]  # ids fed below
-            logits = self._forward(chunks, range(len(chunks)), token_ids=feed.device_ids(reqs), argmax=greedy)
+            if verify:
+                raise RuntimeError("a verify is chained on a verify only")
+            logits = self._forward(chunks, rows, token_ids=feed.device_ids(reqs), argmax=greedy)
+        if verify:
+            return InflightStep.launch(sched, greedy_ids(logits), verifies=True)
         return InflightStep.launch(sched, greedy_ids(logits) if greedy else self._sample_on_device(reqs, logits))
 
     def _sample_on_device(self, reqs: Sequence[Request], logits: torch.Tensor) -> torch.Tensor:

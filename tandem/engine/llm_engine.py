@@ -40,7 +40,7 @@ from collections.abc import Sequence
 
 from tandem.config import EngineConfig
 from tandem.config.speculative import SpeculativeConfig
-from tandem.engine.async_decode import InflightStep, can_schedule_ahead, launchable
+from tandem.engine.async_decode import InflightStep, can_schedule_ahead, device_greedy, launchable
 from tandem.engine.builder import build_engine
 from tandem.engine.executor import Executor
 from tandem.engine.input_processor import InputProcessor
@@ -83,6 +83,7 @@ class LLMEngine:
         self._inflight: InflightStep | None = None  # a launched step whose tokens are unread
         self._finished: list[Request] = []  # requests finished since the speculator last heard
         self.num_chained_steps = 0  # steps launched before the previous step's tokens were read
+        self.num_chained_verifies = 0  # ... of which verifies (drafts proposed before that read)
 
     # ---- speculation ---------------------------------------------------------------------------
     def _use(self, speculator: AnySpeculator) -> None:
@@ -169,13 +170,13 @@ class LLMEngine:
             prev = None  # every request of the step in flight finished or was aborted meanwhile
         chained = prev is not None  # launched by the previous call, ahead of its read
         ahead = False
-        kind = StepKind.DECODE
+        kind = StepKind.VERIFY if prev is not None and prev.verifies else StepKind.DECODE
         timed = prev.sched if prev is not None else None  # the step this call reads
         if prev is None:
             self._propose()
             sched = self._schedule()
             kind, timed = step_kind(sched), sched
-            if self.async_scheduling and launchable(sched):
+            if self.async_scheduling and launchable(sched, verifies=self.speculator.chains):
                 prev = self._launch(sched)
                 outputs += self.output_processor.flush()
             elif not sched.empty:
@@ -189,15 +190,23 @@ class LLMEngine:
                 self._apply(sched, out, sampled)
             self.speculator.resolve_drafts()  # (none left unless nothing was scheduled)
         if prev is not None:
-            if self._can_schedule_ahead():
+            nxt = None
+            if prev.verifies and self._can_chain():
+                self._propose_ahead(prev)
                 nxt = self._schedule()
-                if not nxt.empty:  # (empty only if every request was preempted)
-                    self._inflight = self._launch(nxt, feed=prev)
-                    self.num_chained_steps += 1
-                    ahead = True
+            elif self._can_schedule_ahead():
+                nxt = self._schedule()
+            if nxt is not None and not nxt.empty:  # (empty only if every request was preempted)
+                self._inflight = self._launch(nxt, feed=prev)
+                self.num_chained_steps += 1
+                self.num_chained_verifies += self._inflight.verifies
+                ahead = True
             outputs += self.output_processor.flush()
             self.speculator.background()
-            self._apply(prev.sched, prev.read(), sampled)  # the host sync
+            out = prev.read()  # the host sync
+            if prev.verifies:
+                self.scheduler.settle_launched(prev.sched, out)
+            self._apply(prev.sched, out, sampled)
         if kind is not StepKind.VERIFY or not self.async_scheduling:
             outputs += self.output_processor.flush()  # else: the next step() flushes once it has launched
         finished, self._finished = tuple(self._finished), []
@@ -232,6 +241,24 @@ class LLMEngine:
         step = self.executor.launch(sched, feed)
         self.scheduler.add_output_placeholders(sched)
         return step
+
+    def _can_chain(self) -> bool:
+        """The next step may be scheduled and launched before the verify in flight is read (a
+        chained verify: the speculator drafts from what it would leave if it accepted everything)."""
+        s = self.scheduler
+        return self.speculator.chains and can_schedule_ahead(s.running, s.admission_open())
+
+    def _propose_ahead(self, prev: InflightStep) -> None:
+        """Drafts for the step after the verify in flight (``Speculator.drafts_ahead``); none unless
+        every running request's next rows are plain argmaxes (the drafts are checked on the device)."""
+        running = self.scheduler.running
+        drafts = {}
+        if all(device_greedy(r, r.num_output_tokens + j) for r in running for j in range(self.speculator.k + 1)):
+            inflight = {s.request.request_id: s.spec_token_ids for s in prev.sched.scheduled}
+            drafts = self.speculator.drafts_ahead(running, inflight)
+        for r in running:
+            d = drafts.get(r.request_id)
+            r.spec_token_ids = list(d.token_ids) if d is not None else []
 
     def _can_schedule_ahead(self) -> bool:
         """The next step may be scheduled and launched before the step in flight is read."""

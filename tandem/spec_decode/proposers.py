@@ -50,6 +50,11 @@ class TokenProposerAdapter:
             [ProposalInput(r.request_id, r.token_ids, k) for r, k in zip(reqs, ks)]
         )
 
+    def propose_contexts(self, request_ids: Sequence[str], contexts: Sequence[Sequence[int]],
+                         ks: Sequence[int]) -> DraftProposal:
+        """Drafts from given token sequences (a chained verify's assumed tokens included)."""
+        return self.proposer.propose([ProposalInput(rid, c, k) for rid, c, k in zip(request_ids, contexts, ks)])
+
     def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None:
         self.proposer.forget(request_id, output_token_ids)
 

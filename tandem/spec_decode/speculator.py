@@ -47,7 +47,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -133,6 +133,11 @@ class Speculator:
         self._pending: tuple[DeviceDrafts, list[tuple[Request, int]]] | None = None
         self._finishing: deque[tuple[str, Sequence[int]]] = deque()  # (request id, output) for the proposer
         self._finishing_tokens = 0  # their output tokens
+        # chained verifies (``drafts_ahead``): per request drafting in the step just launched, the
+        # tokens its drafts assume the verify in flight emits (request, from index, tokens, full draft)
+        self._assumed: dict[str, tuple[Request, int, tuple[int, ...], tuple[int, ...]]] = {}
+        self._unsound: set[str] = set()  # requests whose drafts in flight rest on a failed assumption
+        self.assumptions_held, self.assumptions_failed = 0, 0  # outcomes of those assumptions
 
     @property
     def synthetic_acceptance_rate(self) -> float | None:
@@ -227,6 +232,70 @@ class Speculator:
             if n and r.spec_token_ids[0] == PENDING:
                 r.spec_token_ids = toks[:n]
 
+    # ---- chained verifies (engine/async_decode.py) ----------------------------------------------
+    @property
+    def chains(self) -> bool:
+        """Drafts for the step after a launched verify may be proposed before that verify is read
+        (``drafts_ahead``): a stateless host proposer (n-gram). A stateful one (suffix) would take
+        assumed tokens into its per-request index; model-based ones draft on the device."""
+        return (self.synthetic_acceptance_rate is None and isinstance(self.proposer, TokenProposerAdapter)
+                and self.proposer.drafts_on_host_for_free)
+
+    def drafts_ahead(self, requests: Sequence[Request], inflight: Mapping[str, Sequence[int]]) -> dict[str, Draft]:
+        """Drafts for the step after a launched verify, proposed before it is read (``inflight``:
+        each request's drafts in it), on the assumption that it accepts them all and emits the token
+        the proposer expects next: the proposer is asked for one token more than the request's room
+        from its tokens + those drafts, and the first one stands for the emitted token. Where the
+        assumption fails (known when the verify is read: ``observe``) those drafts are verified all
+        the same — the verify decides, the output stays the target's — and mostly rejected, and the
+        request's next step drafts nothing (its drafts would rest on the failed ones). The policy
+        chooses as in ``drafts_for`` and hears of a proposal once its assumption has held."""
+        unsound, self._unsound = self._unsound, set()
+        batch = len(requests)
+        policy = self.policy
+        if (policy is None and self._capped(batch)) or (policy is not None and policy.off(batch)):
+            return {}
+        reqs = [r for r in requests if r.request_id not in unsound]
+        if not reqs:
+            return {}
+        if policy is not None and not policy.wants_any(
+                batch, lambda: [Candidate(r.request_id, self._room(r)) for r in reqs], drained=True):
+            policy.stats.record_nothing_drafted(len(reqs), self.k)
+            return {}
+        rooms = [self._room(r) for r in reqs]
+        assumed = [tuple(inflight.get(r.request_id, ())) for r in reqs]
+        assert isinstance(self.proposer, TokenProposerAdapter)
+        proposal = self.proposer.propose_contexts([r.request_id for r in reqs],
+                                                  [r.token_ids + list(a) for r, a in zip(reqs, assumed)],
+                                                  [room + 1 if room else 0 for room in rooms])
+        drafts = [tuple(t[1:]) for t in proposal.token_ids]
+        if policy is None:
+            ks = rooms
+        else:
+            ks = policy.choose(batch, [Candidate(r.request_id, room, d) for r, room, d in zip(reqs, rooms, drafts)])
+        out: dict[str, Draft] = {}
+        for r, toks, d, a, k in zip(reqs, proposal.token_ids, drafts, assumed, ks):
+            if k and d:
+                out[r.request_id] = Draft(d[:k])
+                self._assumed[r.request_id] = (r, len(r.token_ids), a + (int(toks[0]),), d)
+        return out
+
+    def _settle_assumptions(self) -> None:
+        """After the verify the last ``drafts_ahead`` assumed about was read: a request whose tokens
+        came out as assumed has a proposal like any other (the policy scores it), the others' drafts
+        in flight rest on nothing."""
+        for rid, (r, at, tokens, draft) in self._assumed.items():
+            if r.status.finished:
+                continue
+            if tuple(r.token_ids[at:at + len(tokens)]) == tokens:
+                self.assumptions_held += 1
+                if self.policy is not None:
+                    self.policy.proposed(rid, at + len(tokens), draft)
+            else:
+                self.assumptions_failed += 1
+                self._unsound.add(rid)
+        self._assumed.clear()
+
     def will_draft(self, requests: Sequence[Request]) -> bool:
         """Whether any request may draft in its next step (its tokens, placeholders included, so far).
         Without the policy a proposer may find drafts for anyone: true below ``disable_by_batch_size``."""
@@ -252,6 +321,8 @@ class Speculator:
             tokens = [(s.request.request_id, s.request.token_ids) for s in sampled if not s.request.status.finished]
             if tokens:
                 policy.on_step_tokens(tokens)
+        if self._assumed:
+            self._settle_assumptions()
         for r in record.finished:
             self.forget(r)
         self.on_step(record, time.perf_counter() - t0)
@@ -270,6 +341,7 @@ class Speculator:
         proposer caches it), handed over by ``background``."""
         rid = request.request_id
         self._new_tokens.discard(rid)
+        self._unsound.discard(rid)
         output = request.output_token_ids
         self._finishing.append((rid, output))
         self._finishing_tokens += len(output) + 1
@@ -311,12 +383,81 @@ class NoSpeculation:
     policy: GoodputPolicy | None = None
     synthetic_acceptance_rate: float | None = None
     device_drafts: DeviceDrafts | None = None
+    chains = False
+    k = 0
+
+    def drafts_ahead(self, requests: Sequence[Request], inflight: Mapping[str, Sequence[int]]) -> dict[str, Draft]:
+        return {}
 
     def drafts_for(self, requests: Sequence[Request]) -> dict[str, Draft]:
         return {}
 
     def resolve_drafts(self) -> None:
         pass
+
+    # ---- chained verifies (engine/async_decode.py) ----------------------------------------------
+    @property
+    def chains(self) -> bool:
+        """Drafts for the step after a launched verify may be proposed before that verify is read
+        (``drafts_ahead``): a stateless host proposer (n-gram). A stateful one (suffix) would take
+        assumed tokens into its per-request index; model-based ones draft on the device."""
+        return (self.synthetic_acceptance_rate is None and isinstance(self.proposer, TokenProposerAdapter)
+                and self.proposer.drafts_on_host_for_free)
+
+    def drafts_ahead(self, requests: Sequence[Request], inflight: Mapping[str, Sequence[int]]) -> dict[str, Draft]:
+        """Drafts for the step after a launched verify, proposed before it is read (``inflight``:
+        each request's drafts in it), on the assumption that it accepts them all and emits the token
+        the proposer expects next: the proposer is asked for one token more than the request's room
+        from its tokens + those drafts, and the first one stands for the emitted token. Where the
+        assumption fails (known when the verify is read: ``observe``) those drafts are verified all
+        the same — the verify decides, the output stays the target's — and mostly rejected, and the
+        request's next step drafts nothing (its drafts would rest on the failed ones). The policy
+        chooses as in ``drafts_for`` and hears of a proposal once its assumption has held."""
+        unsound, self._unsound = self._unsound, set()
+        batch = len(requests)
+        policy = self.policy
+        if (policy is None and self._capped(batch)) or (policy is not None and policy.off(batch)):
+            return {}
+        reqs = [r for r in requests if r.request_id not in unsound]
+        if not reqs:
+            return {}
+        if policy is not None and not policy.wants_any(
+                batch, lambda: [Candidate(r.request_id, self._room(r)) for r in reqs], drained=True):
+            policy.stats.record_nothing_drafted(len(reqs), self.k)
+            return {}
+        rooms = [self._room(r) for r in reqs]
+        assumed = [tuple(inflight.get(r.request_id, ())) for r in reqs]
+        assert isinstance(self.proposer, TokenProposerAdapter)
+        proposal = self.proposer.propose_contexts([r.request_id for r in reqs],
+                                                  [r.token_ids + list(a) for r, a in zip(reqs, assumed)],
+                                                  [room + 1 if room else 0 for room in rooms])
+        drafts = [tuple(t[1:]) for t in proposal.token_ids]
+        if policy is None:
+            ks = rooms
+        else:
+            ks = policy.choose(batch, [Candidate(r.request_id, room, d) for r, room, d in zip(reqs, rooms, drafts)])
+        out: dict[str, Draft] = {}
+        for r, toks, d, a, k in zip(reqs, proposal.token_ids, drafts, assumed, ks):
+            if k and d:
+                out[r.request_id] = Draft(d[:k])
+                self._assumed[r.request_id] = (r, len(r.token_ids), a + (int(toks[0]),), d)
+        return out
+
+    def _settle_assumptions(self) -> None:
+        """After the verify the last ``drafts_ahead`` assumed about was read: a request whose tokens
+        came out as assumed has a proposal like any other (the policy scores it), the others' drafts
+        in flight rest on nothing."""
+        for rid, (r, at, tokens, draft) in self._assumed.items():
+            if r.status.finished:
+                continue
+            if tuple(r.token_ids[at:at + len(tokens)]) == tokens:
+                self.assumptions_held += 1
+                if self.policy is not None:
+                    self.policy.proposed(rid, at + len(tokens), draft)
+            else:
+                self.assumptions_failed += 1
+                self._unsound.add(rid)
+        self._assumed.clear()
 
     def will_draft(self, requests: Sequence[Request]) -> bool:
         return False

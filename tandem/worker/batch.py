@@ -4,6 +4,8 @@ Tokens at positions ``start .. start + len - 1``, whose KV goes into the request
 chunks, decodes, k+1-token verifies and draft-model catch-ups are all SeqChunks; the one input
 packer (``input_packer.py``) flattens a step's chunks into model inputs and attention metadata.
 
+``ChainedFrom``: a step chained on a verify still on the device (worker/chain.py).
+
 ``FedTokens``: query tokens whose ids are on the device only (drafts an EAGLE head left there): the
 chunks carry placeholders at those rows and the runner writes ``values[src[i]]`` into flat query row
 ``rows[i]`` on the device, after its input copy, so the host never waits for the tokens.
@@ -31,3 +33,14 @@ class FedTokens:
     values: torch.Tensor  # [m] int64 on the model's device
     src: tuple[int, ...]  # index into ``values`` of each fed row
     rows: tuple[int, ...]  # flat (unpadded) query rows of the step that take them
+
+
+@dataclass(frozen=True)
+class ChainedFrom:
+    """A step chained on a launched verify whose result is on the device only: chunk i's first token
+    is the token that verify emitted for its request, and the chunk was packed as if the verify
+    accepted every draft it checked for it (worker/chain.py fixes both on the device)."""
+
+    row_tokens: torch.Tensor  # [R] int64 on the device: the verify's row argmaxes
+    offsets: tuple[int, ...]  # per chunk: its request's first row in ``row_tokens``
+    drafts: tuple[tuple[int, ...], ...]  # per chunk: the drafts those rows checked (empty: a decode)

@@ -38,7 +38,7 @@ from tandem.models.decoder import CausalLM, KVCache
 from tandem.models.forward_context import ForwardContext, LayerKernels
 from tandem.models.torch_kernels import TORCH_KERNELS
 from tandem.worker.attn_metadata import AttentionMetadata
-from tandem.worker.batch import FedTokens, SeqChunk
+from tandem.worker.batch import ChainedFrom, FedTokens, SeqChunk
 from tandem.worker.cuda_graphs import CapturedStep, GraphCache, batch_bucket
 from tandem.worker.cuda_kernels import (
     MAX_ROWS,
@@ -51,6 +51,7 @@ from tandem.worker.cuda_kernels import (
 )
 from tandem.worker.input_packer import HostStaging, layout, pack, padded_rows, step_tensors
 from tandem.worker.pdl import set_pdl
+from tandem.worker.chain import HEAD, chain_fixup, chain_width, pack_chain
 from tandem.worker.step_output import StepOutput
 from tandem.worker.triton_argmax import argmax_rows
 from tandem.worker.triton_attention import (
@@ -113,7 +114,8 @@ class GpuModelRunner:
         self.sms = num_sms(device)
         self.graphs = GraphCache(device) if self.use_graphs else None
         tmax = self.max_graph_batch * max_graph_q
-        static_len = layout(tmax, self.max_graph_batch, self.table_width)[-1] + 3 * tmax  # + rows, fed rows
+        static_len = (layout(tmax, self.max_graph_batch, self.table_width)[-1] + 3 * tmax  # + rows, fed rows,
+                      + 12 * self.max_graph_batch)  # chain descriptors (8 drafts)
         self._static = torch.zeros(static_len, dtype=torch.int64, device=device) if self.pad else None
         self._eager = torch.empty(0, dtype=torch.int64, device=device)
         self._host = HostStaging(device)
@@ -146,14 +148,15 @@ class GpuModelRunner:
 
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
                        token_ids: torch.Tensor | None = None, argmax_only: bool = False,
-                       fed: FedTokens | None = None) -> torch.Tensor:
+                       fed: FedTokens | None = None, chain: ChainedFrom | None = None) -> torch.Tensor:
         """Logits [len(rows), V] float32 for flat (unpadded) query rows ``rows`` of the chunks.
 
         Bucketed steps may return a view of a graph's static output: valid until this runner's
         next forward. ``token_ids`` (device, one per single-token chunk) and ``fed`` (device ids for
         given query rows) overwrite the chunks' placeholder ids on the device after the input copy:
-        no host read of sampled tokens. ``argmax_only`` changes nothing here (the screened head is a
-        CPU path): full logits.
+        no host read of sampled tokens; ``chain`` fixes a chained step's first ids and positions there
+        (``chain.py``).
+        ``argmax_only`` changes nothing here (the screened head is a CPU path): full logits.
         """
         n = len(chunks)
         if n == 0:
@@ -163,8 +166,8 @@ class GpuModelRunner:
         if self.pad and qmax <= self.max_graph_q:
             b = batch_bucket(n, self.max_graph_batch)
             if b is not None and max(len(c.block_ids) for c in chunks) <= self.table_width:
-                return self._run_bucketed(chunks, qlens, rows, b, qmax, token_ids, fed)
-        return self._run_eager(chunks, qlens, rows, token_ids, fed)
+                return self._run_bucketed(chunks, qlens, rows, b, qmax, token_ids, fed, chain)
+        return self._run_eager(chunks, qlens, rows, token_ids, fed, chain)
 
     def _meta(self, dev: torch.Tensor, t: int, b: int, w: int, qmax: int, splits: int
               ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
@@ -207,21 +210,28 @@ class GpuModelRunner:
 
     # ---- eager -------------------------------------------------------------------------------
     def _run_eager(self, chunks: Sequence[SeqChunk], qlens: list[int], rows: Sequence[int],
-                   token_ids: torch.Tensor | None = None, fed: FedTokens | None = None) -> torch.Tensor:
+                   token_ids: torch.Tensor | None = None, fed: FedTokens | None = None,
+                   chain: ChainedFrom | None = None) -> torch.Tensor:
         self.num_eager_steps += 1
         n = len(chunks)
         w = max(1, max(len(c.block_ids) for c in chunks))
         total = sum(qlens)
-        cap = layout(total, n, w)[-1] + len(rows) + (2 * len(fed.rows) if fed is not None else 0)
+        cap = (layout(total, n, w)[-1] + len(rows) + (2 * len(fed.rows) if fed is not None else 0)
+               + (len(chunks) * chain_width(chain) if chain is not None else 0))
         if self._eager.numel() < cap:
             self._eager = torch.empty(max(cap, 2 * self._eager.numel()), dtype=torch.int64, device=self.device)
         i, buf = self._host.acquire(cap)
         length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, n, None, w, rows)
         end = _pack_fed(buf, length, fed, fed.rows if fed is not None else ())
+        if chain is not None:
+            end, c_off = pack_chain(buf, end, chain, qlens, None)
         self._host.send(i, end, self._eager)
         if token_ids is not None:  # one token per request: ids occupy rows 0..n-1
             self._eager[:n].copy_(token_ids, non_blocking=True)
         _feed(self._eager, t, length, fed)
+        if chain is not None:
+            chain_fixup(self._eager, t, n, w, self.block_size, c_off, n, chain_width(chain), chain.row_tokens,
+                        max(qlens))
         max_seq = max(c.start + q for c, q in zip(chunks, qlens))
         ids, pos, meta = self._meta(self._eager, t, n, w, max(qlens), self._splits(n, max(qlens), max_seq))
         hidden = self._hidden(ids, pos, meta)
@@ -274,6 +284,12 @@ class GpuModelRunner:
                 ids, pos, meta = self._meta(dev, q, 1, w, q, splits)
                 argmax_rows(self._logits(self._hidden(ids, pos, meta)))
             q *= 2
+        # a chained step's fix-up (one variant for every graph-sized step), on an all-padding step
+        i, buf = self._host.acquire(layout(1, 1, w)[-1] + HEAD + 1)
+        length, _, _, _ = pack(self.block_size, buf, [], [], 1, 1, w, None)
+        buf[length:length + HEAD + 1] = [0, 1, 0, 0, -1]
+        self._host.send(i, length + HEAD + 1, dev)
+        chain_fixup(dev, 1, 1, w, self.block_size, length, 1, HEAD + 1, dev[:1].clone(), 1)
         torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
@@ -289,7 +305,8 @@ class GpuModelRunner:
         return len(self.graphs.graphs)
 
     def _run_bucketed(self, chunks: Sequence[SeqChunk], qlens: list[int], rows: Sequence[int], b: int,
-                      q: int, token_ids: torch.Tensor | None = None, fed: FedTokens | None = None) -> torch.Tensor:
+                      q: int, token_ids: torch.Tensor | None = None, fed: FedTokens | None = None,
+                      chain: ChainedFrom | None = None) -> torch.Tensor:
         self.num_graph_steps += 1
         w = self.table_width
         if self.graphs is not None and self.graphs.get((b, q)) is None:
@@ -299,13 +316,19 @@ class GpuModelRunner:
             if fit is not None:
                 b, q = fit
         step = self._ensure_graph(b, q) if self.graphs is not None else None
-        i, buf = self._host.acquire(layout(b * q, b, w)[-1] + len(rows) + (2 * len(fed.rows) if fed else 0))
+        i, buf = self._host.acquire(layout(b * q, b, w)[-1] + len(rows) + (2 * len(fed.rows) if fed else 0)
+                                    + (len(chunks) * chain_width(chain) if chain is not None else 0))
         length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, b, q, w, rows)
         end = _pack_fed(buf, length, fed, padded_rows(qlens, q, fed.rows) if fed is not None else ())
+        if chain is not None:
+            end, c_off = pack_chain(buf, end, chain, qlens, q)
         self._host.send(i, end, self._static)
         if token_ids is not None:  # request i's single token sits at padded row i * q
             self._static[: len(chunks) * q: q].copy_(token_ids, non_blocking=True)
         _feed(self._static, t, length, fed)
+        if chain is not None:
+            chain_fixup(self._static, t, b, w, self.block_size, c_off, len(chunks), chain_width(chain),
+                        chain.row_tokens, q)
         if step is not None:
             step.graph.replay()
             logits, features = step.logits, step.features

@@ -21,7 +21,7 @@ from tandem.models.decoder import CausalLM, KVCache
 from tandem.models.forward_context import ForwardContext
 from tandem.models.torch_kernels import LONE_VERIFY_KERNELS, ROWWISE_KERNELS, TORCH_KERNELS
 from tandem.worker.attention import TorchAttention
-from tandem.worker.batch import FedTokens, SeqChunk
+from tandem.worker.batch import ChainedFrom, FedTokens, SeqChunk
 from tandem.worker.input_packer import layout, locate, pack, step_tensors
 from tandem.worker.lone_decode import LoneDecoder
 from tandem.worker.step_output import StepOutput
@@ -58,10 +58,13 @@ class TorchRunner:
 
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
                        token_ids: torch.Tensor | None = None, argmax_only: bool = False,
-                       fed: FedTokens | None = None) -> torch.Tensor:
-        if fed is not None and fed.rows:  # a host read: fine on this path, where nothing runs ahead
+                       fed: FedTokens | None = None, chain: ChainedFrom | None = None) -> torch.Tensor:
+        # (host reads of device values: fine on this path, where nothing runs ahead of the host)
+        if fed is not None and fed.rows:
             chunks = substitute(chunks, fed.rows, fed.values.index_select(
                 0, torch.tensor(fed.src, device=fed.values.device)).tolist())
+        if chain is not None:
+            chunks = _chained(chunks, chain)
         return self.forward(chunks, rows, token_ids, argmax_only=argmax_only).logits
 
     @torch.inference_mode()
@@ -158,6 +161,18 @@ def substitute(chunks: Sequence[SeqChunk], flat_rows: Sequence[int], ids: Sequen
     for (i, j), tok in zip(locate([len(t) for t in flat], flat_rows), ids):
         flat[i][j] = tok
     return [SeqChunk(t, c.start, c.block_ids) for t, c in zip(flat, chunks)]
+
+
+def _chained(chunks: Sequence[SeqChunk], chain: ChainedFrom) -> list[SeqChunk]:
+    """The chunks as ``chain`` leaves them (worker/chain.py), from a host read of the verify's rows."""
+    rows = chain.row_tokens.tolist()
+    out = []
+    for c, off, drafts in zip(chunks, chain.offsets, chain.drafts):
+        a = 0
+        while a < len(drafts) and rows[off + a] == drafts[a]:
+            a += 1
+        out.append(SeqChunk([rows[off + a], *c.token_ids[1:]], c.start - (len(drafts) - a), c.block_ids))
+    return out
 
 
 def _concat(aux: list[torch.Tensor]) -> torch.Tensor:

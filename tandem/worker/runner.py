@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from tandem.config.runner import RunnerConfig
-from tandem.worker.batch import FedTokens, SeqChunk
+from tandem.worker.batch import ChainedFrom, FedTokens, SeqChunk
 from tandem.worker.step_output import StepOutput
 
 if TYPE_CHECKING:
@@ -35,12 +35,14 @@ class ModelRunner(Protocol):
 
     def forward_logits(self, chunks: Sequence[SeqChunk], rows: Sequence[int],
                        token_ids: torch.Tensor | None = None, argmax_only: bool = False,
-                       fed: FedTokens | None = None) -> torch.Tensor:
+                       fed: FedTokens | None = None, chain: ChainedFrom | None = None) -> torch.Tensor:
         """Float32 logits [len(rows), V] for flat query rows ``rows`` of the chunks.
 
         ``token_ids`` ([len(chunks)] int64 on the device), for chunks of one token each: run these
         tokens instead of the chunks' own placeholders (tokens sampled on the device, never read on
-        the host). ``fed``: the same for any query rows (drafts an EAGLE head left on the device). ``argmax_only``: the caller reads only each row's argmax, so the rows may come from
+        the host). ``fed``: the same for any query rows (drafts an EAGLE head left on the device).
+        ``chain``: the chunks were packed before the verify they follow was read (worker/chain.py):
+        each one's first token and positions come from that verify's outcome on the device. ``argmax_only``: the caller reads only each row's argmax, so the rows may come from
         a faster head whose other entries are not logits (``CausalLM.compute_logits``). The result may
         be a view valid until this runner's next forward.
         """

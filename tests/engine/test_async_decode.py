@@ -171,9 +171,11 @@ def test_async_scheduling_config_value_is_checked():
     assert e.value.key == "async_scheduling" and "allowed" in str(e.value)
 
 
-def test_speculation_runs_synchronously(llama_dir):
+def test_speculation_with_a_stateful_proposer_runs_synchronously(llama_dir):
+    """Suffix decoding's per-request index must not take assumed tokens: its verifies are read
+    before the next step is proposed (n-gram's chain: test_chained_verify.py)."""
     llm = make_llm(llama_dir, async_scheduling=True,
-                   speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+                   speculative_config={"method": "suffix", "num_speculative_tokens": 3})
     prompts = [{"prompt_token_ids": p * 3} for p in random_prompts(2, 100, lo=3, hi=6, seed=4)]
     llm.generate(prompts, greedy(12), use_tqdm=False)
     assert llm.engine.num_chained_steps == 0 and llm.engine.stats.spec.num_drafts > 0

@@ -142,13 +142,14 @@ def test_draft_model_with_policy_is_lossless_and_chooses_per_request(tmp_path_fa
 
 
 def test_async_transitions_are_marked_and_timed(llama_dir, prompts, want, monkeypatch):
-    """On an asynchronous engine the plain step right after a verify restarts the pipeline and one
-    before it drains it: both are reported not ``steady`` (the cost model charges a restart to the
-    verify), chained decode steps are steady, and every record counts the tokens it emitted."""
+    """On an asynchronous engine the plain step right after a synchronous verify restarts the
+    pipeline and one before it drains it: both are reported not ``steady`` (the cost model charges a
+    restart to the verify), chained decode steps are steady, and every record counts the tokens it
+    emitted. (Suffix decoding verifies synchronously; n-gram's verifies chain: test_chained_verify.py.)"""
     from tandem.spec_decode.speculator import StepKind
 
     llm = make_llm(llama_dir, async_scheduling=True,
-                   speculative_config={"method": "ngram", "num_speculative_tokens": K, "disable_by_acceptance": True})
+                   speculative_config={"method": "suffix", "num_speculative_tokens": K, "disable_by_acceptance": True})
     eng = llm.engine
     asked, rounds = [0], [0]
     choose = GoodputPolicy.choose

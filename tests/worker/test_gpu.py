@@ -363,6 +363,59 @@ def test_runner_fed_rows(mode):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("mode", ["graph", "graph_fit", "eager"])
+def test_runner_chained_step(mode):
+    """A step chained on a verify still on the device (``chain``: its first ids and positions fixed
+    there from the verify's row argmaxes) gives the logits of the same step packed where the
+    verify's outcome puts it, whichever buffer layout it uses."""
+    from tandem.kv.kv_cache import allocate_kv_cache
+    from tandem.config import RunnerConfig
+    from tandem.worker.batch import ChainedFrom, SeqChunk
+    from tandem.worker.gpu_runner import GpuModelRunner
+
+    model = _tiny_model("llama")
+    arch, dev, bs = model.arch, torch.device("cuda"), 4
+    r = GpuModelRunner(model, allocate_kv_cache(arch, 64, bs, torch.bfloat16, dev), bs, dev,
+                       RunnerConfig(cuda_graphs=mode != "eager"))
+    if mode == "graph_fit":
+        r.capture([2], [8])
+    blocks = [list(range(0, 6)), list(range(6, 12))]
+    prompts = [[5, 9, 11, 3, 8, 8, 1], [7, 7, 2, 4, 4]]
+    r.forward_logits([SeqChunk(p, 0, b) for p, b in zip(prompts, blocks)], [6, 11])
+    # the verify before: request 0 checked drafts (21, 22, 23, 24) and accepted 1 (emits 40);
+    # request 1 checked (31,) and accepted it (emits 41)
+    verify_rows = torch.tensor([21, 40, 50, 60, 70, 31, 41], device=dev)
+    chain = ChainedFrom(verify_rows, (0, 5), ((21, 22, 23, 24), (31,)))
+    queries = [[40, 13, 14], [41, 17]]
+    steps = [SeqChunk(q, len(p), b) for p, b, q in zip(prompts, blocks, queries)]
+    rows = list(range(5))
+    want = r.forward_logits(steps, rows).clone()
+    packed = [SeqChunk([0, *c.token_ids[1:]], c.start + s, c.block_ids) for c, s in zip(steps, (3, 0))]
+    got = r.forward_logits(packed, rows, chain=chain)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_chain_fixup_kernel_matches_torch(seed):
+    """The one-launch Triton fix-up writes what the torch reference writes (worker/chain.py)."""
+    import numpy as np
+    from test_chain import _case
+
+    from tandem.worker.chain import chain_fixup, chain_width, pack_chain
+    from tandem.worker.input_packer import pack
+
+    bs, n, _, assumed, qlens, chain, _ = _case(seed)
+    w = max(len(c.block_ids) for c in assumed)
+    buf = np.zeros(8192, dtype=np.int64)
+    length, t, _, _ = pack(bs, buf, assumed, qlens, n, max(qlens), w, None)
+    _, off = pack_chain(buf, length, chain, qlens, max(qlens))
+    cpu = torch.from_numpy(buf.copy())
+    gpu = torch.from_numpy(buf.copy()).cuda()
+    chain_fixup(cpu, t, n, w, bs, off, n, chain_width(chain), chain.row_tokens, max(qlens))
+    chain_fixup(gpu, t, n, w, bs, off, n, chain_width(chain), chain.row_tokens.cuda(), max(qlens))
+    assert torch.equal(gpu.cpu(), cpu)
+
+
 def test_engine_generates_same_tokens_with_and_without_graphs(tmp_path, monkeypatch):
     from engine_utils import greedy, tokens_of
     from tiny_models import write_tiny_hf_checkpoint

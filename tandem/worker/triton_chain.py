@@ -1,0 +1,55 @@
+"""``chain.chain_fixup`` on CUDA: one Triton program per request of the chained step, one launch.
+
+A chained verify at batch 1 on the H200 spends its time on the host (the GPU computes a SmolLM2
+verify in ~0.5 ms); the same fix-up in torch ops was ~25 small launches. Program i reads its
+descriptor (``chain.pack_chain``), counts the accepted drafts against the verify's row argmaxes,
+writes the emitted token as its first id and moves its rows back by the rejected count.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tandem.worker.chain import HEAD
+from tandem.worker.input_packer import layout
+
+
+# (offsets vary with the step's shape: unspecialised, so no shape compiles a variant while serving)
+@triton.jit(do_not_specialize=["o_ids", "o_pos", "o_slot", "o_seq", "o_bt", "w", "bs", "off", "stride"])
+def _chain_fixup_kernel(dev_ptr, rows_ptr, o_ids, o_pos, o_slot, o_seq, o_bt, w, bs, off, stride,
+                        HEAD: tl.constexpr, KP: tl.constexpr, QP: tl.constexpr):
+    i = tl.program_id(0)
+    d = dev_ptr + off + i * stride
+    first = tl.load(d)
+    qlen = tl.load(d + 1)
+    base = tl.load(d + 2)
+    k = tl.load(d + 3)
+    j = tl.arange(0, KP)
+    valid = j < k
+    g = tl.load(rows_ptr + base + j, mask=valid, other=-2)
+    drafts = tl.load(d + HEAD + j, mask=valid, other=-1)
+    accepted = tl.min(tl.where(valid & (g != drafts), j, k), 0)  # the first mismatch, else k
+    emitted = tl.load(rows_ptr + base + accepted)
+    shift = k - accepted
+    tl.store(dev_ptr + o_ids + first, emitted)
+    r = tl.arange(0, QP)
+    real = r < qlen
+    where = first + r
+    p = tl.load(dev_ptr + o_pos + where, mask=real, other=0) - shift
+    tl.store(dev_ptr + o_pos + where, p, mask=real)
+    block = tl.load(dev_ptr + o_bt + i * w + p // bs, mask=real, other=0)
+    tl.store(dev_ptr + o_slot + where, block * bs + p % bs, mask=real)
+    seq = tl.load(dev_ptr + o_seq + i)
+    tl.store(dev_ptr + o_seq + i, seq - shift)
+
+
+def chain_fixup_cuda(dev: torch.Tensor, t: int, b: int, w: int, block_size: int, off: int, n: int, stride: int,
+                     row_tokens: torch.Tensor, max_query_len: int) -> None:
+    """(One compiled variant covers every step of at most 8 query rows and 8 drafts per request:
+    ``GpuModelRunner.compile_kernels`` compiles it at start.)"""
+    o_ids, o_pos, o_slot, o_seq, _, _, o_bt, _ = layout(t, b, w)
+    _chain_fixup_kernel[(n,)](dev, row_tokens, o_ids, o_pos, o_slot, o_seq, o_bt, w, block_size, off, stride,
+                              HEAD=HEAD, KP=max(8, triton.next_power_of_2(stride - HEAD)),
+                              QP=max(8, triton.next_power_of_2(max_query_len)), num_warps=1)

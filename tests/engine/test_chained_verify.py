@@ -1,0 +1,116 @@
+"""Chained verifies (engine/async_decode.py) on CPU: a greedy verify left on the device, the next
+step's drafts proposed from what it would leave if it accepted them all and launched before it is
+read (moved back on the device by what it rejected) — the tokens, texts and finish reasons are
+those of plain decoding, whether the assumptions hold or fail, through stops, length limits,
+preemption, chunked prefill, sampled neighbours and the goodput policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_utils import greedy, make_llm, random_prompts
+from tandem import SamplingParams
+from tandem.spec_decode.policy_cost import StepCostModel
+from tiny_models import write_tiny_hf_checkpoint
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    return write_tiny_hf_checkpoint(tmp_path_factory.mktemp("llama_chained"), "llama")
+
+
+@pytest.fixture(scope="module")
+def plain(llama_dir):
+    return make_llm(llama_dir, async_scheduling=False)
+
+
+def _prompts(n_repetitive: int, n_random: int, seed: int = 3) -> list[dict]:
+    """Repetitive prompts (n-gram matches: long accepted runs, assumptions that hold) and random
+    ones (matches that fail)."""
+    rep = [([5, 6, 7, 8, 9, 10][: 3 + i % 4] * 12)[: 14 + i] for i in range(n_repetitive)]
+    return [{"prompt_token_ids": p} for p in rep + random_prompts(n_random, 100, lo=4, hi=20, seed=seed)]
+
+
+def _summary(outs):
+    return [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason, o.outputs[0].stop_reason)
+            for o in outs]
+
+
+def _chained(llama_dir, **kw):
+    llm = make_llm(llama_dir, async_scheduling=True, speculative_config=kw.pop("spec", NGRAM), **kw)
+    assert llm.engine.speculator.chains
+    return llm
+
+
+@pytest.mark.parametrize("batch", [1, 12])
+def test_chained_verifies_give_the_tokens_of_plain_decoding(llama_dir, plain, batch):
+    prompts = _prompts(8, 4)[:batch] if batch > 1 else _prompts(2, 0)[1:]  # (one whose output repeats)
+    llm = _chained(llama_dir)
+    eng = llm.engine
+    got = _summary(llm.generate(prompts, greedy(40), use_tqdm=False))
+    assert got == _summary(plain.generate(prompts, greedy(40), use_tqdm=False))
+    assert eng.num_chained_verifies > 0
+    assert eng.speculator.assumptions_held > 0
+    if batch > 1:
+        assert eng.speculator.assumptions_failed > 0  # drafts on a failed assumption: verified all the same
+    assert eng.stats.spec.num_accepted_tokens > 0
+
+
+def test_stops_and_limits_inside_chained_verifies(llama_dir, plain):
+    prompts = _prompts(6, 3)
+    probe = plain.generate(prompts[:1], greedy(30), use_tqdm=False)[0].outputs[0].token_ids
+    params = [
+        greedy(40, stop_token_ids=[probe[9]]),  # a stop inside an accepted run: its tail dropped
+        greedy(7),  # max_tokens mid-verify
+        greedy(13),
+        SamplingParams(temperature=0.0, max_tokens=30),  # EOS may stop it
+        greedy(25, min_tokens=12),  # host logits processing until min_tokens: no drafts ahead then
+        greedy(30, stop=["a"]),  # stop strings are decoded at once
+        greedy(60),  # runs into max_model_len
+        greedy(22),
+        greedy(18),
+    ]
+    want = _summary(make_llm(llama_dir, async_scheduling=False, max_model_len=64).generate(
+        prompts, params, use_tqdm=False))
+    llm = _chained(llama_dir, max_model_len=64)
+    assert _summary(llm.generate(prompts, params, use_tqdm=False)) == want
+    assert want[0][2] == "stop" and want[6][2] == "length"
+    assert llm.engine.num_chained_verifies > 0
+
+
+def test_preemption_and_chunked_prefill_under_chained_verifies(llama_dir, plain):
+    prompts = _prompts(10, 6, seed=7)
+    params = [greedy(20 + 3 * (i % 5)) for i in range(len(prompts))]
+    want = _summary(plain.generate(prompts, params, use_tqdm=False))
+    kw = dict(kv_cache_memory_bytes=90 * 2048, max_model_len=128, max_num_batched_tokens=48)  # 2 KiB per block
+    llm = _chained(llama_dir, **kw)
+    assert _summary(llm.generate(prompts, params, use_tqdm=False)) == want
+    eng = llm.engine
+    assert eng.stats.num_preemptions > 0 and eng.num_chained_verifies > 0
+
+
+def test_sampled_neighbours_stop_the_drafts_not_the_chain(llama_dir):
+    """A seeded sampled request gets the same tokens as without speculation; while it runs, the
+    greedy ones draft nothing ahead (only greedy drafts are checked on the device), and they chain
+    again after it finishes."""
+    prompts = _prompts(4, 0)
+    params = [greedy(40), greedy(40), SamplingParams(temperature=0.9, seed=11, max_tokens=12), greedy(30)]
+    want = _summary(make_llm(llama_dir, async_scheduling=False).generate(prompts, params, use_tqdm=False))
+    llm = _chained(llama_dir)
+    assert _summary(llm.generate(prompts, params, use_tqdm=False)) == want
+    assert llm.engine.num_chained_verifies > 0
+
+
+def test_the_policy_chains_verifies(llama_dir, plain, monkeypatch):
+    """With the goodput policy on (the default) the drafts ahead are its choice; a proposal whose
+    assumption held is scored like any other."""
+    monkeypatch.setattr(StepCostModel, "overhead", lambda self, b: (0.0, 0.0))  # a verify always pays
+    prompts = _prompts(4, 0)
+    llm = _chained(llama_dir, spec={**NGRAM, "disable_by_acceptance": None})
+    eng = llm.engine
+    assert eng.policy is not None
+    assert _summary(llm.generate(prompts, greedy(48), use_tqdm=False)) == _summary(
+        plain.generate(prompts, greedy(48), use_tqdm=False))
+    assert eng.num_chained_verifies > 0 and eng.policy.acceptance.num_scored > 0
