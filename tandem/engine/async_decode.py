@@ -89,13 +89,15 @@ class InflightStep:
         return self.token_ids.index_select(0, keep)
 
     def chained_from(self, requests: Sequence[Request]) -> ChainedFrom:
-        """Where a step chained on this verify finds, per request of ``requests`` (each one of its
-        own), the rows that decide its first token and how far it moves back (worker/chain.py)."""
+        """Where a step chained on this one finds, per request of ``requests`` (each one of its
+        own), the rows that decide its first token and how far it moves back (worker/chain.py; a
+        decode step's one row per request: its token, nothing to move)."""
         where: dict[int, tuple[int, tuple[int, ...]]] = {}
         off = 0
         for s in self.sched.scheduled:
-            where[id(s.request)] = (off, s.spec_token_ids)
-            off += len(s.spec_token_ids) + 1
+            drafts = s.spec_token_ids if self.verifies else ()
+            where[id(s.request)] = (off, drafts)
+            off += len(drafts) + 1
         picked = [where[id(r)] for r in requests]
         return ChainedFrom(self.token_ids, tuple(o for o, _ in picked), tuple(d for _, d in picked))
 

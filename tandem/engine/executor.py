@@ -239,10 +239,10 @@ class Executor:
     def launch(self, sched: SchedulerOutput, feed: InflightStep | None = None) -> InflightStep:
         """Run a decode step (one token per request: the argmax, or sampled on the device) or a
         greedy verify (every row's argmax: its drafts are checked when read) and leave its tokens
-        on the device. With ``feed`` every request's first query token is its placeholder — the
-        token ``feed`` sampled or emitted for it, fed on the device — and when ``feed`` verified
-        drafts, this step was packed as if ``feed`` accepted them all and moves back by what it
-        rejected, on the device too (the runner's ``chain``: worker/chain.py)."""
+        on the device. With ``feed`` (the step in flight) every request's first query token is its
+        placeholder — the token ``feed`` sampled or emitted for it, fed on the device — and when
+        ``feed`` verified drafts, this step was packed as if ``feed`` accepted them all and moves
+        back by what it rejected, on the device too (the runner's ``chain``: worker/chain.py)."""
         reqs = [s.request for s in sched.scheduled]
         greedy = all(r.params.greedy for r in reqs)
         verify = any(s.spec_token_ids for s in sched.scheduled)
@@ -256,11 +256,9 @@ class Executor:
         rows = range(sum(len(c.token_ids) for c in chunks))
         if feed is None:
             logits = self._forward(chunks, rows, argmax=greedy)
-        elif feed.verifies:
+        elif feed.verifies or verify:
             logits = self._forward(chunks, rows, argmax=greedy, chain=feed.chained_from(reqs))
-        else:
-            if verify:
-                raise RuntimeError("a verify is chained on a verify only")
+        else:  # a decode on a decode: the tokens straight into the first rows
             logits = self._forward(chunks, rows, token_ids=feed.device_ids(reqs), argmax=greedy)
         if verify:
             return InflightStep.launch(sched, greedy_ids(logits), verifies=True)

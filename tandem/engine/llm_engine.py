@@ -40,7 +40,7 @@ from collections.abc import Sequence
 
 from tandem.config import EngineConfig
 from tandem.config.speculative import SpeculativeConfig
-from tandem.engine.async_decode import InflightStep, can_schedule_ahead, device_greedy, launchable
+from tandem.engine.async_decode import InflightStep, can_schedule_ahead, launchable
 from tandem.engine.builder import build_engine
 from tandem.engine.executor import Executor
 from tandem.engine.input_processor import InputProcessor
@@ -243,17 +243,21 @@ class LLMEngine:
         return step
 
     def _can_chain(self) -> bool:
-        """The next step may be scheduled and launched before the verify in flight is read (a
-        chained verify: the speculator drafts from what it would leave if it accepted everything)."""
+        """The next step may be scheduled and launched before the verify in flight is read, with
+        drafts (a chained verify: the speculator drafts from what that verify would leave if it
+        accepted everything and emitted the token the proposer expects) or without. (Not on a
+        decode in flight: guessing its token too made most such drafts fail on the H200 —
+        HumanEval at batch 1 fell from 1.22x to 1.11x; docs/performance.md §37.)"""
         s = self.scheduler
         return self.speculator.chains and can_schedule_ahead(s.running, s.admission_open())
 
     def _propose_ahead(self, prev: InflightStep) -> None:
         """Drafts for the step after the verify in flight (``Speculator.drafts_ahead``); none unless
-        every running request's next rows are plain argmaxes (the drafts are checked on the device)."""
+        every running request is greedy (its drafts are checked on the device: ``can_schedule_ahead``
+        has found each one's next row free of host logits processing, which only ever ends)."""
         running = self.scheduler.running
         drafts = {}
-        if all(device_greedy(r, r.num_output_tokens + j) for r in running for j in range(self.speculator.k + 1)):
+        if all(r.params.greedy for r in running):
             inflight = {s.request.request_id: s.spec_token_ids for s in prev.sched.scheduled}
             drafts = self.speculator.drafts_ahead(running, inflight)
         for r in running:

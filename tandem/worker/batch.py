@@ -37,10 +37,10 @@ class FedTokens:
 
 @dataclass(frozen=True)
 class ChainedFrom:
-    """A step chained on a launched verify whose result is on the device only: chunk i's first token
-    is the token that verify emitted for its request, and the chunk was packed as if the verify
-    accepted every draft it checked for it (worker/chain.py fixes both on the device)."""
+    """A step chained on a launched step whose result is on the device only: chunk i's first token
+    is the token that step emitted for its request, and the chunk was packed as if that step (a
+    verify) accepted every draft it checked for it (worker/chain.py fixes both on the device)."""
 
-    row_tokens: torch.Tensor  # [R] int64 on the device: the verify's row argmaxes
+    row_tokens: torch.Tensor  # [R] int64 on the device: the step's rows' tokens (a verify's argmaxes)
     offsets: tuple[int, ...]  # per chunk: its request's first row in ``row_tokens``
     drafts: tuple[tuple[int, ...], ...]  # per chunk: the drafts those rows checked (empty: a decode)

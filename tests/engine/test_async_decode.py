@@ -286,10 +286,11 @@ def test_admission_group_config_value_is_checked():
 def test_verify_text_is_decoded_while_the_next_step_runs(llama_dir):
     """An asynchronous engine decodes a verify step's text after launching the next step (the output
     comes one step() later): tokens, texts, stop strings, DELTA pieces, finish reasons and an abort's
-    final text are those of the synchronous engine."""
+    final text are those of the synchronous engine. (Suffix decoding: its verifies run
+    synchronously; n-gram's chain, test_chained_verify.py.)"""
     from tandem.sampling_params import RequestOutputKind
 
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "disable_by_acceptance": False}
+    spec = {"method": "suffix", "num_speculative_tokens": 3, "disable_by_acceptance": False}
     sync = make_llm(llama_dir, async_scheduling=False, speculative_config=spec)
     asy = make_llm(llama_dir, async_scheduling=True, speculative_config=spec)
     prompts = [{"prompt_token_ids": p * 3} for p in random_prompts(5, 100, lo=3, hi=6, seed=11)]

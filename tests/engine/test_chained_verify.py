@@ -49,7 +49,12 @@ def test_chained_verifies_give_the_tokens_of_plain_decoding(llama_dir, plain, ba
     prompts = _prompts(8, 4)[:batch] if batch > 1 else _prompts(2, 0)[1:]  # (one whose output repeats)
     llm = _chained(llama_dir)
     eng = llm.engine
+    sync_verifies = []
+    start = eng.executor.start
+    eng.executor.start = lambda sched, *a: (sync_verifies.append(any(s.spec_token_ids for s in sched.scheduled)),
+                                            start(sched, *a))[1]
     got = _summary(llm.generate(prompts, greedy(40), use_tqdm=False))
+    assert not any(sync_verifies)  # every verify chained or launched: the pipeline never drains to draft
     assert got == _summary(plain.generate(prompts, greedy(40), use_tqdm=False))
     assert eng.num_chained_verifies > 0
     assert eng.speculator.assumptions_held > 0
