@@ -1,4 +1,5 @@
-"""Asynchronous decode: the next step is scheduled and launched before this step's tokens are read.
+"""Asynchronous decode and chained verifies: the next step is scheduled and launched before this
+step's tokens are read.
 
 In a steady decode step every running request decodes one token and nothing has to happen on the
 host between the forward and the token: a greedy argmax, or a sample from the temperature / top-k /
@@ -33,6 +34,18 @@ processing or reading (penalties, logit bias, logprobs, a grammar mask, ``min_to
 reached) and no drafts (the speculator's ``will_draft``). Otherwise the step in flight is read first
 and the engine takes the ordinary path. A step is launched at all (``launchable``) only when it is
 itself such a decode, after the request's first token.
+
+Chained verifies. With a stateless host proposer (n-gram: ``Speculator.chains``) a verify whose
+every row is a plain argmax is launched too (``launchable(sched, verifies=True)``): its row argmaxes
+stay on the device (``InflightStep.verifies``) and each request counts k + 1 placeholders, as if it
+accepted every draft. The next step's drafts are proposed from that assumption
+(``Speculator.drafts_ahead``), it is scheduled past the assumed tokens and launched with the verify's
+rows (``chained_from``): the device counts the accepted drafts, writes the emitted token as the
+step's first id and moves its rows back by the rejected count (worker/chain.py). Reading the verify
+gives the same tokens on the host (``accept_matching``), and ``Scheduler.settle_launched`` takes
+back the rejected placeholders. Drafts whose assumption failed are verified like any others — the
+output is the target's either way. On the H200 a chained verify step of SmolLM2 at batch 1 cost
+0.62–0.68 ms against 1.0 ms synchronously (docs/performance.md §37).
 """
 
 from __future__ import annotations

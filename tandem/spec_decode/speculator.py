@@ -30,6 +30,12 @@ three points:
    step's kind, size, tokens, steadiness and wall time — this bookkeeping included — (``on_step``:
    the policy's step-cost model and goodput guard).
 
+Chained verifies (engine/async_decode.py): with a stateless host proposer (``chains``) a greedy
+verify stays on the device and ``drafts_ahead(running, inflight)`` proposes the next step's drafts
+before it is read, from the assumption that it accepts every draft and emits the token the proposer
+expects next; ``observe`` checks the assumption once the verify is read (held: the policy hears of
+the proposal; failed: the request's next step drafts nothing).
+
 Host work that may wait runs in ``background()``, which the engine calls while the device computes
 a step (after launching it, before reading it): the policy's latest shadows (the suffix proposer's
 lookups) are drafted and finished outputs go to the proposer there, ``FORGET_TOKENS_PER_STEP``
