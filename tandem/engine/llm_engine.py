@@ -256,8 +256,10 @@ class LLMEngine:
 
     def _propose_ahead(self, prev: InflightStep) -> None:
         """Drafts for the step after the verify in flight (``Speculator.drafts_ahead``); none unless
-        every running request is greedy (its drafts are checked on the device: ``can_schedule_ahead``
-        has found each one's next row free of host logits processing, which only ever ends)."""
+        every running request is greedy (its drafts are checked on the device). No row needs host
+        logits processing: the launched verify's rows were checked at their known output positions
+        (``launchable``), the chained rows come at those positions or later, and such processing
+        (``min_tokens``) only ever ends."""
         running = self.scheduler.running
         drafts = {}
         if all(r.params.greedy for r in running):

@@ -59,7 +59,7 @@ def chain_fixup(dev: torch.Tensor, t: int, b: int, w: int, block_size: int, off:
     if dev.is_cuda:
         from tandem.worker.triton_chain import chain_fixup_cuda
 
-        chain_fixup_cuda(dev, t, b, w, block_size, off, n, stride, row_tokens, max_query_len)
+        chain_fixup_cuda(dev, t, b, w, block_size, off, n, stride, HEAD, row_tokens, max_query_len)
         return
     o_ids, o_pos, o_slot, o_seq, _, _, o_bt, _ = layout(t, b, w)
     desc = dev[off:off + n * stride].view(n, stride)

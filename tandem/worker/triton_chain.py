@@ -12,7 +12,6 @@ import torch
 import triton
 import triton.language as tl
 
-from tandem.worker.chain import HEAD
 from tandem.worker.input_packer import layout
 
 
@@ -46,10 +45,11 @@ def _chain_fixup_kernel(dev_ptr, rows_ptr, o_ids, o_pos, o_slot, o_seq, o_bt, w,
 
 
 def chain_fixup_cuda(dev: torch.Tensor, t: int, b: int, w: int, block_size: int, off: int, n: int, stride: int,
-                     row_tokens: torch.Tensor, max_query_len: int) -> None:
-    """(One compiled variant covers every step of at most 8 query rows and 8 drafts per request:
-    ``GpuModelRunner.compile_kernels`` compiles it at start.)"""
+                     head: int, row_tokens: torch.Tensor, max_query_len: int) -> None:
+    """``head``: descriptor fields before the drafts (``chain.HEAD``). (One compiled variant covers
+    every step of at most 8 query rows and 8 drafts per request: ``GpuModelRunner.compile_kernels``
+    compiles it at start.)"""
     o_ids, o_pos, o_slot, o_seq, _, _, o_bt, _ = layout(t, b, w)
     _chain_fixup_kernel[(n,)](dev, row_tokens, o_ids, o_pos, o_slot, o_seq, o_bt, w, block_size, off, stride,
-                              HEAD=HEAD, KP=max(8, triton.next_power_of_2(stride - HEAD)),
+                              HEAD=head, KP=max(8, triton.next_power_of_2(stride - head)),
                               QP=max(8, triton.next_power_of_2(max_query_len)), num_warps=1)

@@ -119,3 +119,54 @@ def test_the_policy_chains_verifies(llama_dir, plain, monkeypatch):
     assert _summary(llm.generate(prompts, greedy(48), use_tqdm=False)) == _summary(
         plain.generate(prompts, greedy(48), use_tqdm=False))
     assert eng.num_chained_verifies > 0 and eng.policy.acceptance.num_scored > 0
+
+
+def test_abort_and_new_requests_mid_chain(llama_dir, plain):
+    """An abort while a chained verify is in flight, and a request arriving mid-chain: outputs as
+    with synchronous speculation, every block returned, the bookkeeping consistent after each step."""
+    prompts = [p["prompt_token_ids"] for p in _prompts(4, 0)]
+    results = []
+    for asy in (False, True):
+        eng = make_llm(llama_dir, async_scheduling=asy, speculative_config=NGRAM).engine
+        for rid, p in zip("ab", prompts):
+            eng.add_request(rid, p, greedy(30))
+        final, calls = {}, 0
+        while eng.has_unfinished_requests():
+            for out in eng.step():
+                if out.finished:
+                    final[out.request_id] = (out.outputs[0].token_ids, out.outputs[0].finish_reason)
+            calls += 1
+            for r in eng.scheduler.running:  # placeholders cover exactly the uncomputed tail
+                assert r.num_computed_tokens == r.num_tokens - 1 or r.num_output_tokens == 0
+            if calls == 6:
+                eng.abort_request("b")
+                eng.add_request("c", prompts[2], greedy(20))
+            if calls == 9:
+                eng.add_request("d", prompts[3], greedy(25))
+        assert eng.num_running == 0 and eng.kv_usage == 0.0
+        if asy:
+            assert eng.num_chained_verifies > 0
+        results.append(final)
+    sync, chained = results
+    assert {k: v for k, v in chained.items() if k != "b"} == {k: v for k, v in sync.items() if k != "b"}
+    assert len(sync["c"][0]) == 20
+    # the abort keeps what was read when it came (a chained engine reads a step later): a prefix
+    full = plain.generate([{"prompt_token_ids": prompts[1]}], greedy(30), use_tqdm=False)[0].outputs[0].token_ids
+    for toks, reason in (sync["b"], chained["b"]):
+        assert reason == "abort" and toks == full[:len(toks)]
+
+
+def test_prefix_cache_under_chained_verifies(llama_dir, plain):
+    """Blocks registered while verifies are chained hold only tokens the host has read (never an
+    assumed one): later requests sharing their prefixes hit them and still decode as without caching."""
+    base = _prompts(3, 0)
+    params = greedy(36)
+    llm = _chained(llama_dir, enable_prefix_caching=True)
+    first = _summary(llm.generate(base, params, use_tqdm=False))
+    assert first == _summary(plain.generate(base, params, use_tqdm=False))
+    # the same prompts extended by their own outputs: their blocks come from the cache
+    again = [{"prompt_token_ids": p["prompt_token_ids"] + o[0][:20]} for p, o in zip(base, first)]
+    outs = llm.generate(again, params, use_tqdm=False)
+    assert _summary(outs) == _summary(plain.generate(again, params, use_tqdm=False))
+    assert all(o.num_cached_tokens > len(p["prompt_token_ids"]) for o, p in zip(outs, base))
+    assert llm.engine.num_chained_verifies > 0

@@ -286,3 +286,35 @@ def test_batch_invariant_kernels_under_interpreter() -> None:
     """Batch-invariant mode's kernels: matmul rows (every fusion, int4, float32 logits) and attention
     rows (prefill, verify, decode of one position) do not depend on the step's other rows."""
     _run_interpreted(_INVARIANT_SCRIPT)
+
+
+_CHAIN_SCRIPT = textwrap.dedent('''
+    import sys
+    import numpy as np
+    import torch
+    sys.path.insert(0, sys.argv[1])
+    from test_chain import _case
+    from tandem.worker.chain import HEAD, chain_fixup, chain_width, pack_chain
+    from tandem.worker.input_packer import pack
+    from tandem.worker.triton_chain import chain_fixup_cuda
+
+    for seed in range(12):
+        bs, n, _, assumed, qlens, chain, _ = _case(seed)
+        w = max(len(c.block_ids) for c in assumed)
+        buf = np.zeros(8192, dtype=np.int64)
+        length, t, _, _ = pack(bs, buf, assumed, qlens, n, max(qlens), w, None)
+        _, off = pack_chain(buf, length, chain, qlens, max(qlens))
+        ref, got = torch.from_numpy(buf.copy()), torch.from_numpy(buf.copy())
+        chain_fixup(ref, t, n, w, bs, off, n, chain_width(chain), chain.row_tokens, max(qlens))
+        chain_fixup_cuda(got, t, n, w, bs, off, n, chain_width(chain), HEAD, chain.row_tokens, max(qlens))
+        assert torch.equal(got, ref), seed
+    print("ok")
+''')
+
+
+def test_chain_fixup_kernel_under_interpreter() -> None:
+    """A chained step's one-launch fix-up (worker/triton_chain.py) writes what the torch reference
+    writes: first ids, positions, KV slots, context lengths (worker/chain.py)."""
+    import pathlib
+
+    _run_interpreted(_CHAIN_SCRIPT, str(pathlib.Path(__file__).parent))
