@@ -20,6 +20,7 @@ from tandem.kv.feature_cache import FeatureCache
 from tandem.models.decoder import CausalLM, KVCache
 from tandem.models.forward_context import ForwardContext
 from tandem.models.torch_kernels import LONE_VERIFY_KERNELS, ROWWISE_KERNELS, TORCH_KERNELS
+from tandem.sample.rejection import accept_matching
 from tandem.worker.attention import TorchAttention
 from tandem.worker.batch import ChainedFrom, FedTokens, SeqChunk
 from tandem.worker.input_packer import layout, locate, pack, step_tensors
@@ -168,10 +169,9 @@ def _chained(chunks: Sequence[SeqChunk], chain: ChainedFrom) -> list[SeqChunk]:
     rows = chain.row_tokens.tolist()
     out = []
     for c, off, drafts in zip(chunks, chain.offsets, chain.drafts):
-        a = 0
-        while a < len(drafts) and rows[off + a] == drafts[a]:
-            a += 1
-        out.append(SeqChunk([rows[off + a], *c.token_ids[1:]], c.start - (len(drafts) - a), c.block_ids))
+        verdict = accept_matching(rows[off:off + len(drafts) + 1], [drafts])
+        rejected = len(drafts) - verdict.num_accepted[0]
+        out.append(SeqChunk([verdict.token_ids[0][-1], *c.token_ids[1:]], c.start - rejected, c.block_ids))
     return out
 
 
