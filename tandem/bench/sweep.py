@@ -254,6 +254,8 @@ def _cell_result(engine: Any, workload: Workload, method: str, num_prompts: int,
     acc = after.num_accepted_tokens - before.num_accepted_tokens
     decided = [a - (before.chosen_k[i] if i < len(before.chosen_k) else 0) for i, a in enumerate(after.chosen_k)]
     policy_on = getattr(engine, "policy", None) is not None
+    held = after.num_assumed_held - before.num_assumed_held
+    failed = after.num_assumed_failed - before.num_assumed_failed
     return CellResult(
         workload.name, concurrency, method, num_prompts, m["output_tokens"], m["duration_s"],
         m["output_tokens"] / m["duration_s"] if m["duration_s"] > 0 else 0.0,
@@ -261,6 +263,7 @@ def _cell_result(engine: Any, workload: Workload, method: str, num_prompts: int,
         acc / dtok if dtok else None, 1 + acc / drafts if drafts else None,
         (sum(decided) - decided[0]) / sum(decided) if policy_on and sum(decided) else (None if not policy_on else 0.0),
         m["num_errors"],
+        held / (held + failed) if held + failed else None,
     )
 
 
@@ -327,7 +330,9 @@ def _run_offline(args: argparse.Namespace, workloads: Sequence[str], concurrenci
         for method, cell in zip(group, got):
             cells.append(cell)
             print(f"[{method.name}] {w} c={c}: {cell.output_throughput:.1f} tok/s, TPOT {cell.mean_tpot_ms:.2f} ms"
-                  + (f", acceptance {cell.acceptance_rate:.2f}" if cell.acceptance_rate is not None else ""),
+                  + (f", acceptance {cell.acceptance_rate:.2f}" if cell.acceptance_rate is not None else "")
+                  + (f", chained drafts' assumption held {cell.assumptions_held:.2f}"
+                     if cell.assumptions_held is not None else ""),
                   flush=True)
 
     def prompts_for(llm: Any, w: str) -> list[list[int]]:

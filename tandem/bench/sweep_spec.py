@@ -45,3 +45,5 @@ class CellResult:
     mean_acceptance_length: float | None  # 1 + accepted / drafts
     drafting_share: float | None  # the policy's decisions that drafted; None without the policy
     num_errors: int = 0
+    # chained verifies: share of the drafts proposed ahead whose assumption held (None: none proposed)
+    assumptions_held: float | None = None

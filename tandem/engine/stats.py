@@ -29,6 +29,10 @@ class SpecStats:
     last_drafting: int = 0  # requests given drafts in the latest proposal round
     last_decided: int = 0  # requests decided in it
     num_shadow_drafts: int = 0  # lazy shadow drafts proposed (n-gram while decode runs ahead)
+    # chained verifies (engine/async_decode.py): requests' drafts proposed before the verify they
+    # follow was read, whose assumption (it accepts everything, emits the expected token) held / failed
+    num_assumed_held: int = 0
+    num_assumed_failed: int = 0
 
     def record_choices(self, ks: list[int] | tuple[int, ...], k: int) -> None:
         self._histogram_to(k)
@@ -82,7 +86,8 @@ class SpecStats:
     def copy(self) -> SpecStats:
         return SpecStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
                          list(self.accepted_per_pos), list(self.drafted_per_pos), list(self.chosen_k),
-                         self.last_drafting, self.last_decided, self.num_shadow_drafts)
+                         self.last_drafting, self.last_decided, self.num_shadow_drafts, self.num_assumed_held,
+                         self.num_assumed_failed)
 
 
 @dataclass
@@ -146,6 +151,10 @@ class PeriodicLogger:
         if sum(d_k):
             msg += (f" | Policy: drafting {100 * (sum(d_k) - d_k[0]) / sum(d_k):.1f}% of requests, "
                     f"chosen k: {' '.join(f'{k}:{c}' for k, c in enumerate(d_k) if c)}")
+        held = spec.num_assumed_held - self._last_spec.num_assumed_held
+        failed = spec.num_assumed_failed - self._last_spec.num_assumed_failed
+        if held + failed:
+            msg += f" | Chained drafts: {held + failed}, assumption held {100 * held / (held + failed):.1f}%"
         logger.info(msg)
         self._last = now
         self._last_prompt = stats.prompt_tokens

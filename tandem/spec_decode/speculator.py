@@ -143,7 +143,6 @@ class Speculator:
         # tokens its drafts assume the verify in flight emits (request, from index, tokens, full draft)
         self._assumed: dict[str, tuple[Request, int, tuple[int, ...], tuple[int, ...]]] = {}
         self._unsound: set[str] = set()  # requests whose drafts in flight rest on a failed assumption
-        self.assumptions_held, self.assumptions_failed = 0, 0  # outcomes of those assumptions
 
     @property
     def synthetic_acceptance_rate(self) -> float | None:
@@ -294,11 +293,11 @@ class Speculator:
             if r.status.finished:
                 continue
             if tuple(r.token_ids[at:at + len(tokens)]) == tokens:
-                self.assumptions_held += 1
+                self.stats.num_assumed_held += 1
                 if self.policy is not None:
                     self.policy.proposed(rid, at + len(tokens), draft)
             else:
-                self.assumptions_failed += 1
+                self.stats.num_assumed_failed += 1
                 self._unsound.add(rid)
         self._assumed.clear()
 

@@ -237,3 +237,22 @@ def test_timed_runs_alternate_between_methods(model_dir):
         sweep.drive = orig
     assert order == ["a", "b", "a", "b"]
     assert [c.method for c in cells] == ["base", "ngram"] and all(c.output_tokens == 18 for c in cells)
+
+
+def test_a_cell_reports_how_often_chained_drafts_held(model_dir):
+    """An asynchronous n-gram engine chains its verifies: the cell says which share of the drafts
+    proposed ahead rested on an assumption that held; an engine that never chains says None."""
+    from tandem import LLM
+    from tandem.bench import sweep
+    from tandem.bench.sweep_spec import WORKLOADS
+
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "disable_by_acceptance": False}
+    kw = dict(device="cpu", dtype="float32", kv_cache_memory_bytes=64 << 20, speculative_config=spec)
+    chained, plain = LLM(str(model_dir), **kw, async_scheduling=True).engine, LLM(str(model_dir), **kw).engine
+    prompts = [[5, 6, 7, 8] * 5, [9, 10, 11] * 6]
+    cells = sweep.run_cells([chained, plain], WORKLOADS["code"], ["chained", "sync"], prompts, 2, 24, runs=1,
+                            warmup=0)
+    spec_stats = chained.stats.spec
+    assert spec_stats.num_assumed_held + spec_stats.num_assumed_failed > 0
+    assert cells[0].assumptions_held is not None and 0.0 <= cells[0].assumptions_held <= 1.0
+    assert cells[1].assumptions_held is None

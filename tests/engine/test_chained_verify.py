@@ -57,9 +57,9 @@ def test_chained_verifies_give_the_tokens_of_plain_decoding(llama_dir, plain, ba
     assert not any(sync_verifies)  # every verify chained or launched: the pipeline never drains to draft
     assert got == _summary(plain.generate(prompts, greedy(40), use_tqdm=False))
     assert eng.num_chained_verifies > 0
-    assert eng.speculator.assumptions_held > 0
+    assert eng.stats.spec.num_assumed_held > 0
     if batch > 1:
-        assert eng.speculator.assumptions_failed > 0  # drafts on a failed assumption: verified all the same
+        assert eng.stats.spec.num_assumed_failed > 0  # drafts on a failed assumption: verified all the same
     assert eng.stats.spec.num_accepted_tokens > 0
 
 
@@ -170,3 +170,18 @@ def test_prefix_cache_under_chained_verifies(llama_dir, plain):
     assert _summary(outs) == _summary(plain.generate(again, params, use_tqdm=False))
     assert all(o.num_cached_tokens > len(p["prompt_token_ids"]) for o, p in zip(outs, base))
     assert llm.engine.num_chained_verifies > 0
+
+
+def test_chained_drafts_show_in_the_periodic_log(llama_dir, caplog):
+    import logging
+
+    from tandem.engine.stats import PeriodicLogger
+
+    llm = _chained(llama_dir)
+    llm.generate(_prompts(4, 2), greedy(30), use_tqdm=False)
+    spec = llm.engine.stats.spec
+    held, failed = spec.num_assumed_held, spec.num_assumed_failed
+    assert held > 0 and failed > 0
+    with caplog.at_level(logging.INFO, logger="tandem"):
+        PeriodicLogger(interval=0.0).maybe_log(llm.engine.stats, 0, 0, 0.0)
+    assert f"Chained drafts: {held + failed}, assumption held {100 * held / (held + failed):.1f}%" in caplog.text
