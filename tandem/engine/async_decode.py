@@ -45,7 +45,7 @@ step's first id and moves its rows back by the rejected count (worker/chain.py).
 gives the same tokens on the host (``accept_matching``), and ``Scheduler.settle_launched`` takes
 back the rejected placeholders. Drafts whose assumption failed are verified like any others — the
 output is the target's either way. On the H200 a chained verify step of SmolLM2 at batch 1 cost
-0.62–0.68 ms against 1.0 ms synchronously (docs/performance.md §37).
+0.65–0.68 ms against 1.03–1.08 ms synchronously (docs/performance.md §37).
 """
 
 from __future__ import annotations
@@ -102,15 +102,14 @@ class InflightStep:
         return self.token_ids.index_select(0, keep)
 
     def chained_from(self, requests: Sequence[Request]) -> ChainedFrom:
-        """Where a step chained on this one finds, per request of ``requests`` (each one of its
-        own), the rows that decide its first token and how far it moves back (worker/chain.py; a
-        decode step's one row per request: its token, nothing to move)."""
+        """Where a step chained on this verify finds, per request of ``requests`` (each one of its
+        own), the rows that decide its first token and how far it moves back (worker/chain.py)."""
+        assert self.verifies
         where: dict[int, tuple[int, tuple[int, ...]]] = {}
         off = 0
         for s in self.sched.scheduled:
-            drafts = s.spec_token_ids if self.verifies else ()
-            where[id(s.request)] = (off, drafts)
-            off += len(drafts) + 1
+            where[id(s.request)] = (off, s.spec_token_ids)
+            off += len(s.spec_token_ids) + 1
         picked = [where[id(r)] for r in requests]
         return ChainedFrom(self.token_ids, tuple(o for o, _ in picked), tuple(d for _, d in picked))
 

@@ -256,8 +256,10 @@ class Executor:
         rows = range(sum(len(c.token_ids) for c in chunks))
         if feed is None:
             logits = self._forward(chunks, rows, argmax=greedy)
-        elif feed.verifies or verify:
+        elif feed.verifies:
             logits = self._forward(chunks, rows, argmax=greedy, chain=feed.chained_from(reqs))
+        elif verify:
+            raise RuntimeError("a verify is chained on a verify only (its drafts assume that verify's outcome)")
         else:  # a decode on a decode: the tokens straight into the first rows
             logits = self._forward(chunks, rows, token_ids=feed.device_ids(reqs), argmax=greedy)
         if verify:
