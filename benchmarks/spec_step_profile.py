@@ -16,6 +16,9 @@ the wait for the device shows where the host reads results):
 - ``observe``   ``speculator.observe`` (counters, policy evidence; not inside the step's own timing)
 - ``cycle``     the time from one ``step()`` call to the next (what throughput sees)
 
+The verify-step table also counts chained verifies (engine/async_decode.py) and how often the
+assumption their drafts rested on held.
+
 Prints per configuration: steps, tokens per step, ms per token, and mean ms per step of each phase;
 then the same phases over the steps that verified drafts only (and their whole ``step()`` call).
 Optionally writes a cProfile of each configuration (``--cprofile DIR``).
@@ -73,6 +76,13 @@ def _prompts(args: argparse.Namespace, llm: Any) -> list[list[int]]:
         return [llm.engine.encode(r["prompt"]) for r in rows[: args.num_prompts]]
     text = "def add(a, b):\n    return a + b\n\n" * 2
     return [llm.engine.encode(f"# file {i}\n" + text) for i in range(args.num_prompts)]
+
+
+def _chain_counts(eng: Any) -> tuple[int, int, int]:
+    """Chained verifies so far, and their drafts' assumptions held / failed (0 in older trees)."""
+    spec = eng.stats.spec
+    return (getattr(eng, "num_chained_verifies", 0), getattr(spec, "num_assumed_held", 0),
+            getattr(spec, "num_assumed_failed", 0))
 
 
 def profile(args: argparse.Namespace, name: str) -> dict[str, Any]:
@@ -144,6 +154,7 @@ def profile(args: argparse.Namespace, name: str) -> dict[str, Any]:
 
     async_decode.InflightStep.read = read  # type: ignore[method-assign]
     prof = cProfile.Profile() if args.cprofile else None
+    counts = _chain_counts(eng)  # (the warm-up's are not the timed run's)
     try:
         if prof is not None:
             prof.enable()
@@ -158,9 +169,13 @@ def profile(args: argparse.Namespace, name: str) -> dict[str, Any]:
         prof.dump_stats(str(out / f"{name}.prof"))
     spec_stats = eng.stats.spec
     tau = (1 + spec_stats.num_accepted_tokens / spec_stats.num_drafts) if spec_stats.num_drafts else None
+    # chained verifies (older trees have none): launched before the verify they follow was read,
+    # and how often the assumption their drafts rested on held
+    chained, held, failed = (a - b for a, b in zip(_chain_counts(eng), counts))
     del llm
     nv = int(verify["steps"])
-    return {"name": name, "steps": steps, "tokens": tokens, "seconds": dt, "tau": tau,
+    return {"name": name, "steps": steps, "tokens": tokens, "seconds": dt, "tau": tau, "chained": chained,
+            "held": held / (held + failed) if held + failed else None,
             **{p: 1e3 * acc[p] / max(steps, 1) for p in PHASES}, "verify_steps": nv,
             "verify": {p: 1e3 * verify[p] / nv for p in (*PHASES[:-1], "step()")} if nv else {}}
 
@@ -194,12 +209,16 @@ def main() -> None:
               f"| {tau} | " + " | ".join(f"{r[p]:.3f}" for p in PHASES) + " |")
     print("(phase columns: mean ms per step)")
     vphases = (*PHASES[:-1], "step()")
-    print("\n| config | verify steps | " + " | ".join(vphases) + " |")
-    print("|" + "---|" * (2 + len(vphases)))
+    print("\n| config | verify steps | chained | assumption held | " + " | ".join(vphases) + " |")
+    print("|" + "---|" * (4 + len(vphases)))
     for r in rows:
         if r["verify"]:
-            print(f"| {r['name']} | {r['verify_steps']} | " + " | ".join(f"{r['verify'][p]:.3f}" for p in vphases) + " |")
-    print("(mean ms per step that verified drafts; step(): the whole call)")
+            held = f"{100 * r['held']:.0f} %" if r["held"] is not None else "-"
+            print(f"| {r['name']} | {r['verify_steps']} | {r['chained']} | {held} | "
+                  + " | ".join(f"{r['verify'][p]:.3f}" for p in vphases) + " |")
+    print("(mean ms per step that verified drafts; step(): the whole call; chained: verifies launched\n"
+          " before the verify they follow was read, with drafts resting on the assumption that it accepted\n"
+          " everything — held: how often that assumption did)")
 
 
 if __name__ == "__main__":
