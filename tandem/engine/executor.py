@@ -93,8 +93,6 @@ class Executor:
                  ) -> torch.Tensor:
         """The target forward: logits of ``rows`` (``argmax``: only their argmax is read). (An EAGLE
         target's runner writes its features to the feature cache inside the forward.)"""
-        if chain is None:  # (runners outside this package may not take ``chain``)
-            return self.runner.forward_logits(chunks, rows, token_ids=token_ids, argmax_only=argmax, fed=fed)
         return self.runner.forward_logits(chunks, rows, token_ids=token_ids, argmax_only=argmax, fed=fed,
                                           chain=chain)
 

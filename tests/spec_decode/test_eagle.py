@@ -399,12 +399,12 @@ def test_drafts_feed_the_verify_on_the_device(target, heads, prompts, reference,
     fed_tokens: list[int] = []
     orig_forward, orig_read = runner.forward_logits, DeviceDrafts.read
 
-    def forward(chunks, rows, token_ids=None, argmax_only=False, fed=None):
+    def forward(chunks, rows, token_ids=None, argmax_only=False, fed=None, chain=None):
         if fed is not None:
             flat = [t for c in chunks for t in c.token_ids]
             fed_tokens.extend(flat[r] for r in fed.rows)
             events.append("verify")
-        return orig_forward(chunks, rows, token_ids=token_ids, argmax_only=argmax_only, fed=fed)
+        return orig_forward(chunks, rows, token_ids=token_ids, argmax_only=argmax_only, fed=fed, chain=chain)
 
     def read(self):
         events.append("read")
