@@ -35,7 +35,7 @@ reached) and no drafts (the speculator's ``will_draft``). Otherwise the step in 
 and the engine takes the ordinary path. A step is launched at all (``launchable``) only when it is
 itself such a decode, after the request's first token.
 
-Chained verifies. With a stateless host proposer (n-gram: ``Speculator.chains``) a verify whose
+Chained verifies. With a host proposer that drafts ahead (n-gram, suffix: ``Speculator.chains``) a verify whose
 every row is a plain argmax is launched too (``launchable(sched, verifies=True)``): its row argmaxes
 stay on the device (``InflightStep.verifies``) and each request counts k + 1 placeholders, as if it
 accepted every draft. The next step's drafts are proposed from that assumption

@@ -21,6 +21,13 @@ must not see, so it declares false.
 A proposer may keep per-request state (suffix: a trie per request and one over finished outputs):
 ``forget(request_id, output_token_ids)`` tells it that a request finished (or was aborted) with that
 output. Stateless proposers ignore it.
+
+A host proposer may also answer ``propose_ahead(request_id, token_ids, assumed, num_tokens)`` (n-gram,
+suffix): the token it expects after the accepted ``token_ids`` followed by ``assumed`` (a verify's
+drafts still on the device, assumed accepted), then up to ``num_tokens`` drafts after it — so up to
+``num_tokens + 1`` tokens, however ``num_speculative_tokens`` caps ``propose``. Its state must not take
+the assumed tokens (the verify may reject them). The speculator then chains verifies
+(``Speculator.drafts_ahead``).
 """
 
 from __future__ import annotations

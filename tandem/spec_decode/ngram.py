@@ -143,5 +143,18 @@ class NgramProposer:
             token_ids=[self.propose_one(r.token_ids, r.num_tokens) for r in requests]
         )
 
+    def propose_ahead(self, request_id: str, token_ids: Sequence[int], assumed: Sequence[int],
+                      num_tokens: int) -> list[int]:
+        """The token expected after ``token_ids`` + ``assumed`` (a chained verify's drafts, assumed
+        accepted), then up to ``min(num_tokens, num_speculative_tokens)`` drafts after it: one
+        lookup of that many tokens + 1 (``base.py``)."""
+        k = min(num_tokens, self.num_speculative_tokens)
+        if k <= 0:
+            return []
+        tokens = _as_array(token_ids)
+        if len(assumed):
+            tokens = np.concatenate([tokens, np.asarray(assumed, dtype=tokens.dtype)])
+        return find_ngram_draft(tokens, self.prompt_lookup_min, self.prompt_lookup_max, k + 1, self.match).tolist()
+
     def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None:
         """Stateless: nothing to forget."""

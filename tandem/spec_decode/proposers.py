@@ -50,10 +50,17 @@ class TokenProposerAdapter:
             [ProposalInput(r.request_id, r.token_ids, k) for r, k in zip(reqs, ks)]
         )
 
-    def propose_contexts(self, request_ids: Sequence[str], contexts: Sequence[Sequence[int]],
-                         ks: Sequence[int]) -> DraftProposal:
-        """Drafts from given token sequences (a chained verify's assumed tokens included)."""
-        return self.proposer.propose([ProposalInput(rid, c, k) for rid, c, k in zip(request_ids, contexts, ks)])
+    @property
+    def drafts_ahead(self) -> bool:
+        """The proposer answers ``propose_ahead`` (``base.py``): its verifies may be chained."""
+        return hasattr(self.proposer, "propose_ahead")
+
+    def propose_ahead(self, reqs: Sequence[Request], assumed: Sequence[Sequence[int]],
+                      ks: Sequence[int]) -> list[list[int]]:
+        """Per request, the token expected after its accepted tokens + ``assumed``, then up to
+        ``ks[i]`` drafts (``base.py``)."""
+        ahead = self.proposer.propose_ahead  # type: ignore[attr-defined]
+        return [ahead(r.request_id, r.token_ids, a, k) if k else [] for r, a, k in zip(reqs, assumed, ks)]
 
     def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None:
         self.proposer.forget(request_id, output_token_ids)

@@ -30,7 +30,7 @@ three points:
    step's kind, size, tokens, steadiness and wall time — this bookkeeping included — (``on_step``:
    the policy's step-cost model and goodput guard).
 
-Chained verifies (engine/async_decode.py): with a stateless host proposer (``chains``) a greedy
+Chained verifies (engine/async_decode.py): with a host proposer that drafts ahead (``chains``) a greedy
 verify stays on the device and ``drafts_ahead(running, inflight)`` proposes the next step's drafts
 before it is read, from the assumption that it accepts every draft and emits the token the proposer
 expects next; ``observe`` checks the assumption once the verify is read (held: the policy hears of
@@ -241,16 +241,16 @@ class Speculator:
     @property
     def chains(self) -> bool:
         """Drafts for the step after a launched verify may be proposed before that verify is read
-        (``drafts_ahead``): a stateless host proposer (n-gram). A stateful one (suffix) would take
-        assumed tokens into its per-request index; model-based ones draft on the device."""
+        (``drafts_ahead``): a host proposer that answers ``propose_ahead`` (n-gram, suffix: their
+        state never takes the assumed tokens). Model-based ones draft on the device."""
         return (self.synthetic_acceptance_rate is None and isinstance(self.proposer, TokenProposerAdapter)
-                and self.proposer.drafts_on_host_for_free)
+                and self.proposer.drafts_ahead)
 
     def drafts_ahead(self, requests: Sequence[Request], inflight: Mapping[str, Sequence[int]]) -> dict[str, Draft]:
         """Drafts for the step after a launched verify, proposed before it is read (``inflight``:
         each request's drafts in it), on the assumption that it accepts them all and emits the token
-        the proposer expects next: the proposer is asked for one token more than the request's room
-        from its tokens + those drafts, and the first one stands for the emitted token. Where the
+        the proposer expects next: the proposer gives that token and the request's room of drafts
+        after it (``propose_ahead``). Where the
         assumption fails (known when the verify is read: ``observe``) those drafts are verified all
         the same — the verify decides, the output stays the target's — and mostly rejected, and the
         request's next step drafts nothing (its drafts would rest on the failed ones). The policy
@@ -270,16 +270,14 @@ class Speculator:
         rooms = [self._room(r) for r in reqs]
         assumed = [tuple(inflight.get(r.request_id, ())) for r in reqs]
         assert isinstance(self.proposer, TokenProposerAdapter)
-        proposal = self.proposer.propose_contexts([r.request_id for r in reqs],
-                                                  [r.token_ids + list(a) for r, a in zip(reqs, assumed)],
-                                                  [room + 1 if room else 0 for room in rooms])
-        drafts = [tuple(t[1:]) for t in proposal.token_ids]
+        proposal = self.proposer.propose_ahead(reqs, assumed, rooms)
+        drafts = [tuple(t[1:]) for t in proposal]
         if policy is None:
             ks = rooms
         else:
             ks = policy.choose(batch, [Candidate(r.request_id, room, d) for r, room, d in zip(reqs, rooms, drafts)])
         out: dict[str, Draft] = {}
-        for r, toks, d, a, k in zip(reqs, proposal.token_ids, drafts, assumed, ks):
+        for r, toks, d, a, k in zip(reqs, proposal, drafts, assumed, ks):
             if k and d:
                 out[r.request_id] = Draft(d[:k])
                 self._assumed[r.request_id] = (r, len(r.token_ids), a + (int(toks[0]),), d)

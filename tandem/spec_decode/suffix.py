@@ -244,6 +244,28 @@ class SuffixProposer:
                     return other.token_ids
         return local.token_ids
 
+    def propose_ahead(self, request_id: str, token_ids: Sequence[int], assumed: Sequence[int],
+                      num_tokens: int) -> list[int]:
+        """The token expected after accepted ``token_ids`` + ``assumed`` (a chained verify's drafts,
+        assumed accepted), then up to ``min(num_tokens, num_speculative_tokens)`` drafts after it
+        (``base.py``). The request's index takes ``token_ids`` only: both indexes are matched against
+        the context with the assumed tokens (the longest suffix of it that occurs, as in the global
+        lookup), so an assumption that fails leaves nothing to rebuild. The counts then leave out the
+        assumed tokens' own occurrences, which a committed lookup would include: a draft may differ
+        from the one ``propose_for`` would give once they are accepted (any draft is lossless)."""
+        k = min(num_tokens, self.num_speculative_tokens)
+        if k <= 0:
+            return []
+        st = self._sync(request_id, token_ids)
+        ctx = st.context + _ints(assumed)
+        local = st.index.speculate(ctx, k + 1, self.max_spec_factor, self.min_token_prob)
+        g = self.global_tree
+        if len(g):
+            other = g.speculate(ctx, k + 1, self.max_spec_factor, self.min_token_prob)
+            if other.score > local.score:
+                return other.token_ids
+        return local.token_ids
+
     def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None:
         """Request ``request_id`` finished with ``output_token_ids``: drop its index, cache its output
         in the global one (evicting the oldest cached outputs beyond ``max_cached_requests``)."""

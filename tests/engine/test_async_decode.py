@@ -171,11 +171,11 @@ def test_async_scheduling_config_value_is_checked():
     assert e.value.key == "async_scheduling" and "allowed" in str(e.value)
 
 
-def test_speculation_with_a_stateful_proposer_runs_synchronously(llama_dir):
-    """Suffix decoding's per-request index must not take assumed tokens: its verifies are read
-    before the next step is proposed (n-gram's chain: test_chained_verify.py)."""
+def test_speculation_with_a_model_proposer_runs_synchronously(llama_dir):
+    """A draft model proposes from read tokens: its verifies are read before the next step is
+    proposed (host proposers' chain: test_chained_verify.py)."""
     llm = make_llm(llama_dir, async_scheduling=True,
-                   speculative_config={"method": "suffix", "num_speculative_tokens": 3})
+                   speculative_config={"method": "draft_model", "model": str(llama_dir), "num_speculative_tokens": 3})
     prompts = [{"prompt_token_ids": p * 3} for p in random_prompts(2, 100, lo=3, hi=6, seed=4)]
     llm.generate(prompts, greedy(12), use_tqdm=False)
     assert llm.engine.num_chained_steps == 0 and llm.engine.stats.spec.num_drafts > 0
@@ -286,11 +286,11 @@ def test_admission_group_config_value_is_checked():
 def test_verify_text_is_decoded_while_the_next_step_runs(llama_dir):
     """An asynchronous engine decodes a verify step's text after launching the next step (the output
     comes one step() later): tokens, texts, stop strings, DELTA pieces, finish reasons and an abort's
-    final text are those of the synchronous engine. (Suffix decoding: its verifies run
-    synchronously; n-gram's chain, test_chained_verify.py.)"""
+    final text are those of the synchronous engine. (A draft model: its verifies run
+    synchronously; host proposers' chain, test_chained_verify.py.)"""
     from tandem.sampling_params import RequestOutputKind
 
-    spec = {"method": "suffix", "num_speculative_tokens": 3, "disable_by_acceptance": False}
+    spec = {"method": "draft_model", "model": str(llama_dir), "num_speculative_tokens": 3, "disable_by_acceptance": False}
     sync = make_llm(llama_dir, async_scheduling=False, speculative_config=spec)
     asy = make_llm(llama_dir, async_scheduling=True, speculative_config=spec)
     prompts = [{"prompt_token_ids": p * 3} for p in random_prompts(5, 100, lo=3, hi=6, seed=11)]

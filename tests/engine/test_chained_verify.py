@@ -14,6 +14,7 @@ from tandem.spec_decode.policy_cost import StepCostModel
 from tiny_models import write_tiny_hf_checkpoint
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 4}
 
 
 @pytest.fixture(scope="module")
@@ -44,17 +45,27 @@ def _chained(llama_dir, **kw):
     return llm
 
 
+@pytest.mark.parametrize("spec", [NGRAM, SUFFIX], ids=["ngram", "suffix"])
 @pytest.mark.parametrize("batch", [1, 12])
-def test_chained_verifies_give_the_tokens_of_plain_decoding(llama_dir, plain, batch):
+def test_chained_verifies_give_the_tokens_of_plain_decoding(llama_dir, plain, batch, spec):
     prompts = _prompts(8, 4)[:batch] if batch > 1 else _prompts(2, 0)[1:]  # (one whose output repeats)
-    llm = _chained(llama_dir)
+    llm = _chained(llama_dir, spec=spec)
     eng = llm.engine
-    sync_verifies = []
-    start = eng.executor.start
+    sync_verifies, chained_drafts = [], []
+    start, launch = eng.executor.start, eng.executor.launch
     eng.executor.start = lambda sched, *a: (sync_verifies.append(any(s.spec_token_ids for s in sched.scheduled)),
                                             start(sched, *a))[1]
+
+    def spy(sched, feed=None):
+        if feed is not None and feed.verifies:
+            chained_drafts.extend(len(s.spec_token_ids) for s in sched.scheduled)
+        return launch(sched, feed)
+
+    eng.executor.launch = spy
     got = _summary(llm.generate(prompts, greedy(40), use_tqdm=False))
     assert not any(sync_verifies)  # every verify chained or launched: the pipeline never drains to draft
+    if spec is NGRAM:  # a chained verify drafts the full k (the emitted token is asked for apart)
+        assert max(chained_drafts) == 4
     assert got == _summary(plain.generate(prompts, greedy(40), use_tqdm=False))
     assert eng.num_chained_verifies > 0
     assert eng.stats.spec.num_assumed_held > 0

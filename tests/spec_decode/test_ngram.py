@@ -198,3 +198,14 @@ def test_cost_16_requests_4096_tokens() -> None:
     print(f"\nngram propose: 16 requests x 4096 tokens (python lists) in {best * 1e3:.2f} ms")
     assert all(len(t) == 5 for t in out.token_ids)
     assert best < 0.020
+
+
+def test_propose_ahead_asks_one_token_more_than_k() -> None:
+    """``propose_ahead``: the token expected after tokens + assumed drafts, then up to k drafts —
+    one lookup of k + 1 tokens over the concatenation, past ``num_speculative_tokens``' cap."""
+    p = NgramProposer(1, 3, 4)
+    toks = np.array([5, 6, 7, 8, 9, 1, 2, 5, 6, 7, 8, 9, 1], dtype=np.int64)
+    assert p.propose_ahead("r", toks, [2, 5], 4) == [6, 7, 8, 9, 1]
+    assert p.propose_ahead("r", list(toks), [2, 5], 2) == [6, 7, 8]
+    assert p.propose_ahead("r", toks, [], 9) == find_ngram_draft(toks, 1, 3, 5).tolist()
+    assert p.propose_ahead("r", toks, [3], 0) == []

@@ -145,11 +145,12 @@ def test_async_transitions_are_marked_and_timed(llama_dir, prompts, want, monkey
     """On an asynchronous engine the plain step right after a synchronous verify restarts the
     pipeline and one before it drains it: both are reported not ``steady`` (the cost model charges a
     restart to the verify), chained decode steps are steady, and every record counts the tokens it
-    emitted. (Suffix decoding verifies synchronously; n-gram's verifies chain: test_chained_verify.py.)"""
+    emitted. (A draft model verifies synchronously; host proposers' verifies chain: test_chained_verify.py.)"""
     from tandem.spec_decode.speculator import StepKind
 
     llm = make_llm(llama_dir, async_scheduling=True,
-                   speculative_config={"method": "suffix", "num_speculative_tokens": K, "disable_by_acceptance": True})
+                   speculative_config={"method": "draft_model", "model": str(llama_dir), "num_speculative_tokens": K,
+                                       "disable_by_acceptance": True})
     eng = llm.engine
     asked, rounds = [0], [0]
     choose = GoodputPolicy.choose

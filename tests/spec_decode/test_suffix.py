@@ -385,3 +385,30 @@ def test_constructor_errors(kw: dict, key: str) -> None:
     with pytest.raises(ConfigError) as info:
         SuffixProposer(k, **args)
     assert info.value.key == key
+
+
+def test_drafts_ahead_of_assumed_tokens_leave_the_request_index_alone() -> None:
+    """``propose_ahead``: the token expected after the accepted tokens + the assumed ones (a chained
+    verify's drafts), then up to k drafts — k + 1 tokens whatever ``num_speculative_tokens`` caps —
+    from both indexes matched against that context; the request's index takes the accepted tokens
+    only, so a failed assumption costs no rebuild, and its drafts equal a lookup in an index of the
+    accepted tokens alone (and of the finished outputs)."""
+    rng = random.Random(5)
+    p = SuffixProposer(4, max_tree_depth=8, max_spec_factor=2.0)
+    p.forget("old", [9, 1, 2, 3, 4, 5, 6, 7, 8])
+    toks: list[int] = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1]
+    got = p.propose_ahead("r", toks, [2, 3], 4)
+    assert got == [4, 5, 6, 7, 8]  # the expected token, then the full k
+    index = p._requests["r"].index
+    assert p._requests["r"].num_tokens == len(toks)
+    for _ in range(60):
+        assumed = [rng.randrange(10) for _ in range(rng.randint(0, 4))]
+        ctx = toks + assumed
+        local = tree(toks, depth=8).speculate(ctx[-8:], 5, 2.0, 0.1)
+        other = p.global_tree.speculate(ctx, 5, 2.0, 0.1)
+        want = (other if other.score > local.score else local).token_ids
+        assert p.propose_ahead("r", toks, assumed, 4) == want
+        toks += [rng.randrange(10) for _ in range(rng.randint(1, 3))]  # the tokens that really came
+        p.propose([ProposalInput("r", toks, 4)])
+        assert p._requests["r"].index is index  # extended, never rebuilt
+    assert p.propose_ahead("r", toks, [1], 0) == []
