@@ -44,6 +44,10 @@ Where drafts come from:
   1.16× on HumanEval at batch 1 where drafting every step gained 1.5×; docs/performance.md §35.)
 - Model-based proposers: the policy chooses k from the estimates first (the drafting costs
   forwards), and the granted drafts are scored the same way.
+- Drafts proposed ahead of a verify in flight (chained verifies, ``Speculator.drafts_ahead``) rest
+  on its accepting every draft and emitting the token the proposer expects: their survival is
+  scaled by that chance (``Candidate.weight``, from ``assumption_holds``: the request's survival
+  one position past the verify's drafts), so long drafts on a shaky context are cut.
 
 The decision uses only the estimates as they stand: outcomes may arrive one step late (asynchronous
 steps) without changing anything but the freshness of the estimates. The outcome is checked as well:
@@ -106,6 +110,9 @@ class Candidate:
     request_id: str
     max_tokens: int  # k within the request's room (max_tokens / max_model_len)
     draft: tuple[int, ...] | None = None  # the proposal when known before choosing (host proposers)
+    # the chance that the draft's context is the request's (drafts proposed ahead of a verify in
+    # flight rest on the assumption that it accepts everything: ``assumption_holds``)
+    weight: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -273,6 +280,9 @@ class GoodputPolicy:
         n = len(candidates)
         surv = self.acceptance.survival_matrix([c.request_id for c in candidates],
                                                [c.draft is None for c in candidates])
+        for row, c in zip(surv, candidates):
+            if c.weight != 1.0:
+                row[:] = [v * c.weight for v in row]
         # a slot below beta never raises the goodput at the margin (adding it gains s, costs G·β/B ≥ β);
         # (plain Python: at batch 1 a round's numpy calls had cost ~35 µs of a synchronous step)
         slots = [(sv, i, j) for i, (row, m) in enumerate(zip(surv, lengths))
@@ -310,7 +320,7 @@ class GoodputPolicy:
         total = sum(lengths)
         if total == 0:
             return False
-        s_max = max((self.acceptance.first_survival(c.request_id, c.draft is None)
+        s_max = max((self.acceptance.first_survival(c.request_id, c.draft is None) * c.weight
                      for c, n in zip(candidates, lengths) if n), default=0.0)
         need = (1.0 + self.margin) * batch
         cost = self.draft_cost * max(lengths)
@@ -319,6 +329,16 @@ class GoodputPolicy:
             if (batch + n * s_max) / (ratio + (self.draft_cost if n == 1 else cost)) >= need:
                 return True
         return False
+
+    def assumption_holds(self, request_id: str, num_drafts: int) -> float:
+        """The chance that a verify of ``num_drafts`` drafts of this request accepts them all and
+        emits the token its proposer expects next (what drafts proposed ahead of it assume): the
+        survival through position ``num_drafts``, a position past k taken at the last one's rate."""
+        rates = self.acceptance.rates(request_id)
+        p = 1.0
+        for j in range(num_drafts + 1):
+            p *= rates[min(j, len(rates) - 1)] if rates else 0.0
+        return p
 
     def _count(self, ks: Sequence[int]) -> None:
         self.stats.record_choices(ks, self.k)

@@ -253,8 +253,9 @@ class Speculator:
         after it (``propose_ahead``). Where the assumption fails (known when the verify is read:
         ``observe``) those drafts are verified all the same — the verify decides, the output stays
         the target's — and mostly rejected, and the request's next step drafts nothing (its drafts
-        would rest on the failed ones). The policy chooses as in ``drafts_for`` and hears of a
-        proposal once its assumption has held. (Drafting such a request ahead all the same, on the
+        would rest on the failed ones). The policy chooses as in ``drafts_for``, each request's
+        drafts weighed by the chance that its assumption holds (``assumption_holds``), and hears of
+        a proposal once its assumption has held. (Drafting such a request ahead all the same, on the
         proposer's continuation of the tokens read, cut the steps by 4 % but was no faster on the
         H200: the guess held a third of the time, and a verify of junk costs more than a decode;
         docs/performance.md §38.)"""
@@ -278,7 +279,9 @@ class Speculator:
         if policy is None:
             ks = rooms
         else:
-            ks = policy.choose(batch, [Candidate(r.request_id, room, d) for r, room, d in zip(reqs, rooms, drafts)])
+            # drafts on an assumption are worth what it is likely to hold
+            ks = policy.choose(batch, [Candidate(r.request_id, room, d, policy.assumption_holds(r.request_id, len(a)))
+                                       for r, room, d, a in zip(reqs, rooms, drafts, assumed)])
         out: dict[str, Draft] = {}
         for r, toks, d, a, k in zip(reqs, proposal, drafts, assumed, ks):
             if k and d:

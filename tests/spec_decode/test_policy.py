@@ -671,3 +671,24 @@ def test_a_no_at_large_batch_stands_b_over_8_steps():
     small.acceptance.global_rates[:] = [0.99] * K  # new evidence: the question re-opens at once
     small.acceptance.record("r0", K, K)
     assert small.wants_any(2, [Candidate("r0", K)])
+
+
+def test_drafts_ahead_are_weighed_by_the_chance_their_assumption_holds():
+    """Drafts proposed ahead of a verify in flight rest on its accepting everything and emitting the
+    token the proposer expects: their survival is scaled by that chance (``assumption_holds``: the
+    request's survival through one position past the verify's drafts), so a draft the estimates
+    take on a sure context is cut, or dropped, on a shaky one."""
+    policy = _policy()
+    _asynchronous_costs(policy.cost, run=6)  # a 4-draft verify costs two decode steps
+    for _ in range(10):
+        policy.acceptance.record("r0", K, K)  # every draft accepted so far
+    rates = policy.acceptance.rates("r0")
+    assert policy.assumption_holds("r0", 0) == pytest.approx(rates[0])
+    assert policy.assumption_holds("r0", K) == pytest.approx(rates[0] * rates[1] * rates[2] * rates[3] * rates[3])
+    draft = (1, 2, 3, 4)
+    ks = [policy.choose(1, [Candidate("r0", K, draft, weight=w)])[0] for w in (1.0, 0.8, 0.6, 0.4, 0.3, 0.2)]
+    assert ks[0] == K and ks[-1] == 0 and ks == sorted(ks, reverse=True)
+    # beside a request on a sure context, the shaky one's slots are the ones left out
+    policy.acceptance.record("r1", K, K)
+    both = policy.choose(2, [Candidate("r0", K, draft, weight=0.25), Candidate("r1", K, draft)])
+    assert both[0] < both[1]
