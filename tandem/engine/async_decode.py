@@ -35,10 +35,10 @@ reached) and no drafts (the speculator's ``will_draft``). Otherwise the step in 
 and the engine takes the ordinary path. A step is launched at all (``launchable``) only when it is
 itself such a decode, after the request's first token.
 
-Chained verifies. With a host proposer that drafts ahead (n-gram, suffix: ``Speculator.chains``) a verify whose
-every row is a plain argmax is launched too (``launchable(sched, verifies=True)``): its row argmaxes
-stay on the device (``InflightStep.verifies``) and each request counts k + 1 placeholders, as if it
-accepted every draft. The next step's drafts are proposed from that assumption
+Chained verifies. With a host proposer that drafts ahead (n-gram, suffix: ``Speculator.chains``) a
+verify whose every row is a plain argmax is launched too (``launchable(sched, verifies=True)``): its
+row argmaxes stay on the device (``InflightStep.verifies``) and each request counts k + 1
+placeholders, as if it accepted every draft. The next step's drafts are proposed from that assumption
 (``Speculator.drafts_ahead``), it is scheduled past the assumed tokens and launched with the verify's
 rows (``chained_from``): the device counts the accepted drafts, writes the emitted token as the
 step's first id and moves its rows back by the rejected count (worker/chain.py). Reading the verify

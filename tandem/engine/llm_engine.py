@@ -21,9 +21,9 @@ placeholders (``scheduler.add_output_placeholders``); while every running reques
 decode qualifies and the speculator says no request will draft, the next step is scheduled by the
 same ``schedule()``, launched with the placeholders' ids fed on the device, and only then is the
 previous step read — a step() call then reads one step and launches the next. A greedy verify with
-a host proposer's drafts (n-gram, suffix) is launched the same way, and the step after it is drafted from
-the assumption that it accepts everything (``speculator.drafts_ahead``) and launched before it is
-read (a chained verify: engine/async_decode.py). Another verify step (which runs synchronously) has
+a host proposer's drafts (n-gram, suffix) is launched the same way, and the step after it is drafted
+from the assumption that it accepts everything (``speculator.drafts_ahead``) and launched before it
+is read (a chained verify: engine/async_decode.py). Another verify step (which runs synchronously) has
 its tokens applied at once (``output_processor.apply``: stops decided, so
 the next step can be proposed and scheduled) and its text decoded by the next step() call once that
 call has launched its own step (``output_processor.flush``), so detokenizing overlaps the device's

@@ -334,10 +334,10 @@ class GoodputPolicy:
         """The chance that a verify of ``num_drafts`` drafts of this request accepts them all and
         emits the token its proposer expects next (what drafts proposed ahead of it assume): the
         survival through position ``num_drafts``, a position past k taken at the last one's rate."""
-        rates = self.acceptance.rates(request_id)
+        rates = self.acceptance.rates(request_id)  # (k >= 1 rates)
         p = 1.0
         for j in range(num_drafts + 1):
-            p *= rates[min(j, len(rates) - 1)] if rates else 0.0
+            p *= rates[min(j, len(rates) - 1)]
         return p
 
     def _count(self, ks: Sequence[int]) -> None:

@@ -30,8 +30,8 @@ three points:
    step's kind, size, tokens, steadiness and wall time — this bookkeeping included — (``on_step``:
    the policy's step-cost model and goodput guard).
 
-Chained verifies (engine/async_decode.py): with a host proposer that drafts ahead (``chains``) a greedy
-verify stays on the device and ``drafts_ahead(running, inflight)`` proposes the next step's drafts
+Chained verifies (engine/async_decode.py): with a host proposer that drafts ahead (``chains``) a
+greedy verify stays on the device and ``drafts_ahead(running, inflight)`` proposes the next step's drafts
 before it is read, from the assumption that it accepts every draft and emits the token the proposer
 expects next; ``observe`` checks the assumption once the verify is read (held: the policy hears of
 the proposal; failed: the request's next step drafts nothing).

@@ -290,7 +290,8 @@ def test_verify_text_is_decoded_while_the_next_step_runs(llama_dir):
     synchronously; host proposers' chain, test_chained_verify.py.)"""
     from tandem.sampling_params import RequestOutputKind
 
-    spec = {"method": "draft_model", "model": str(llama_dir), "num_speculative_tokens": 3, "disable_by_acceptance": False}
+    spec = {"method": "draft_model", "model": str(llama_dir), "num_speculative_tokens": 3,
+            "disable_by_acceptance": False}
     sync = make_llm(llama_dir, async_scheduling=False, speculative_config=spec)
     asy = make_llm(llama_dir, async_scheduling=True, speculative_config=spec)
     prompts = [{"prompt_token_ids": p * 3} for p in random_prompts(5, 100, lo=3, hi=6, seed=11)]
