@@ -216,7 +216,8 @@ def run_cells(engines: Sequence[Any], workload: Workload, methods: Sequence[str]
               ignore_eos: bool = False, temperature: float | None = None) -> list[CellResult]:
     """One cell for several methods (one engine each): every engine is warmed up, then the timed
     runs alternate between the methods (A B C A B C ...) so that a machine whose speed drifts during
-    the cell weighs on every method alike; per method the best run counts."""
+    the cell weighs on every method alike; per method the best run counts (every run's throughput is
+    kept: ``CellResult.run_throughputs``)."""
     from tandem.bench.offline import dummy_prompts
     from tandem.sampling_params import SamplingParams
 
@@ -230,6 +231,7 @@ def run_cells(engines: Sequence[Any], workload: Workload, methods: Sequence[str]
             drive(engine, warm, [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)] * len(warm),
                   concurrency)
     best: list[tuple[dict[str, Any], Any, Any] | None] = [None] * len(engines)
+    tputs: list[list[float]] = [[] for _ in engines]
     for _ in range(max(1, runs)):
         for i, engine in enumerate(engines):
             # every run starts afresh: otherwise the suffix proposer's global cache would hold the
@@ -238,15 +240,16 @@ def run_cells(engines: Sequence[Any], workload: Workload, methods: Sequence[str]
             before = engine.stats.spec.copy()
             m = drive(engine, prompts, params, concurrency)
             after = engine.stats.spec.copy()
+            tputs[i].append(m["output_tokens"] / m["duration_s"] if m["duration_s"] > 0 else 0.0)
             old = best[i]
-            if old is None or m["output_tokens"] / m["duration_s"] > old[0]["output_tokens"] / old[0]["duration_s"]:
+            if old is None or tputs[i][-1] > max(tputs[i][:-1]):
                 best[i] = (m, before, after)
-    return [_cell_result(engine, workload, method, len(prompts), concurrency, b)
-            for engine, method, b in zip(engines, methods, best, strict=True)]
+    return [_cell_result(engine, workload, method, len(prompts), concurrency, b, tuple(t))
+            for engine, method, b, t in zip(engines, methods, best, tputs, strict=True)]
 
 
 def _cell_result(engine: Any, workload: Workload, method: str, num_prompts: int, concurrency: int,
-                 best: tuple[dict[str, Any], Any, Any] | None) -> CellResult:
+                 best: tuple[dict[str, Any], Any, Any] | None, run_throughputs: tuple[float, ...]) -> CellResult:
     assert best is not None
     m, before, after = best
     drafts = after.num_drafts - before.num_drafts
@@ -264,6 +267,7 @@ def _cell_result(engine: Any, workload: Workload, method: str, num_prompts: int,
         (sum(decided) - decided[0]) / sum(decided) if policy_on and sum(decided) else (None if not policy_on else 0.0),
         m["num_errors"],
         held / (held + failed) if held + failed else None,
+        run_throughputs,
     )
 
 

@@ -13,8 +13,10 @@ if TYPE_CHECKING:
 
 def speedup_rows(cells: Sequence[CellResult], baseline: str) -> list[dict[str, Any]]:
     """One dict per cell: its fields plus ``speedup`` (output throughput over the baseline method's at
-    the same workload and concurrency) and ``tpot_speedup`` (baseline TPOT / TPOT); None for the
-    baseline's own rows' missing counterparts."""
+    the same workload and concurrency), ``tpot_speedup`` (baseline TPOT / TPOT) and ``run_speedups``
+    (run i's throughput over the baseline's run i, for each timed run: offline the runs alternate
+    between methods, so each ratio compares neighbours in time and their spread is the cell's noise);
+    None where the baseline's cell is missing (or, for ``run_speedups``, ran another number of runs)."""
     base = {(c.workload, c.concurrency): c for c in cells if c.method == baseline}
     rows = []
     for c in cells:
@@ -22,6 +24,9 @@ def speedup_rows(cells: Sequence[CellResult], baseline: str) -> list[dict[str, A
         b = base.get((c.workload, c.concurrency))
         row["speedup"] = c.output_throughput / b.output_throughput if b and b.output_throughput > 0 else None
         row["tpot_speedup"] = b.mean_tpot_ms / c.mean_tpot_ms if b and c.mean_tpot_ms > 0 else None
+        pairs = list(zip(c.run_throughputs, b.run_throughputs)) if b and b is not c else []
+        row["run_speedups"] = ([x / y for x, y in pairs] if pairs and len(c.run_throughputs) == len(b.run_throughputs)
+                               and all(y > 0 for _, y in pairs) else None)
         rows.append(row)
     return rows
 
@@ -32,13 +37,14 @@ def _f(x: float | None, fmt: str) -> str:
 
 def format_table(rows: Sequence[dict[str, Any]], workloads: Sequence[str], concurrencies: Sequence[int],
                  methods: Sequence[str]) -> str:
-    """The per-cell table, then the speedup pivot (workload x concurrency) per method, as Markdown."""
+    """The per-cell table (the speedup followed by the range of its runs' paired ratios where a cell
+    ran several), then the speedup pivot (workload x concurrency) per method, as Markdown."""
     lines = ["| workload | conc | method | TPOT ms | ITL ms | tok/s | speedup | acceptance | τ | drafting |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['workload']} | {r['concurrency']} | {r['method']} | {r['mean_tpot_ms']:.2f} | "
-            f"{r['mean_itl_ms']:.2f} | {r['output_throughput']:.1f} | {_f(r['speedup'], '.3f')}× | "
+            f"{r['mean_itl_ms']:.2f} | {r['output_throughput']:.1f} | {_f(r['speedup'], '.3f')}×{_spread(r)} | "
             f"{_f(r['acceptance_rate'], '.2f')} | {_f(r['mean_acceptance_length'], '.2f')} | "
             f"{_f(r['drafting_share'] and 100 * r['drafting_share'], '.0f')}{'%' if r['drafting_share'] is not None else ''} |"
         )
@@ -52,6 +58,11 @@ def format_table(rows: Sequence[dict[str, Any]], workloads: Sequence[str], concu
             lines.append(f"| {w} | " + " | ".join(
                 f"{_mark(r['speedup'])} / {_f(r['tpot_speedup'], '.2f')}×" if r else "-" for r in cells) + " |")
     return "\n".join(lines)
+
+
+def _spread(row: dict[str, Any]) -> str:
+    runs = row.get("run_speedups")
+    return f" ({min(runs):.2f}–{max(runs):.2f})" if runs and len(runs) > 1 else ""
 
 
 def _mark(s: float | None) -> str:

@@ -67,10 +67,12 @@ def run_server_cells(servers: Sequence[tuple[str, str]], workloads: Sequence[str
                                   temperature=temp, ignore_eos=args.ignore_eos)
             for c in concurrencies:
                 best = None
+                tputs: list[float] = []
                 for _ in range(max(1, args.runs)):
                     res = asyncio.run(run_benchmark(requests, client, url, max_concurrency=c, seed=args.seed,
                                                     tokenizer=tokenizer, disable_tqdm=True, initial_test=False,
                                                     quiet=True))
+                    tputs.append(res.metrics.output_throughput)
                     if best is None or res.metrics.output_throughput > best.metrics.output_throughput:
                         best = res
                 assert best is not None
@@ -82,6 +84,6 @@ def run_server_cells(servers: Sequence[tuple[str, str]], workloads: Sequence[str
                     w, c, name, m.completed, m.total_output, best.duration, m.output_throughput, m.mean_tpot_ms,
                     m.mean_itl_ms, m.mean_ttft_ms,
                     sd.acceptance_rate / 100 if sd is not None and sd.acceptance_rate is not None else None,
-                    sd.acceptance_length if sd is not None else None, None, m.failed))
+                    sd.acceptance_length if sd is not None else None, None, m.failed, None, tuple(tputs)))
                 print(f"[{name}] {w} c={c}: {m.output_throughput:.1f} tok/s, TPOT {m.mean_tpot_ms:.2f} ms", flush=True)
     return cells

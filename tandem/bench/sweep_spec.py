@@ -47,3 +47,6 @@ class CellResult:
     num_errors: int = 0
     # chained verifies: share of the drafts proposed ahead whose assumption held (None: none proposed)
     assumptions_held: float | None = None
+    # every timed run's output tokens / s, in order (the best one is the cell's); offline, run i of
+    # each method ran beside run i of the others (runs alternate), so their ratios show the noise
+    run_throughputs: tuple[float, ...] = ()

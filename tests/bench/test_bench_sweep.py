@@ -26,10 +26,11 @@ class WordTokenizer:
         return [len(w) for w in text.split()]
 
 
-def _cell(method: str, workload: str, conc: int, tput: float, tpot: float) -> CellResult:
+def _cell(method: str, workload: str, conc: int, tput: float, tpot: float,
+          runs: tuple[float, ...] = ()) -> CellResult:
     return CellResult(workload, conc, method, 4, 100, 1.0, tput, tpot, tpot, 10.0,
                       None if method == "base" else 0.5, None if method == "base" else 2.0,
-                      None if method == "base" else 0.25)
+                      None if method == "base" else 0.25, run_throughputs=runs)
 
 
 def test_rows_speedups_and_table():
@@ -44,6 +45,14 @@ def test_rows_speedups_and_table():
     table = format_table(rows, ["code"], [1, 8], ["base", "ngram"])
     assert "| code | 1.50× / 1.67× | **0.95×** / 0.95× |" in table  # throughput below 0.98: bold
     assert "| code | 1 | ngram | 6.00 | 6.00 | 150.0 | 1.500× | 0.50 | 2.00 | 25% |" in table
+    # several timed runs: each run's ratio to the baseline's run beside it, their range in the table
+    cells = [_cell("base", "code", 1, 100, 10, (100, 80, 90)), _cell("ngram", "code", 1, 150, 6, (130, 120, 150))]
+    rows = speedup_rows(cells, "base")
+    assert rows[0]["run_speedups"] is None and rows[1]["run_speedups"] == pytest.approx([1.3, 1.5, 150 / 90])
+    table = format_table(rows, ["code"], [1], ["base", "ngram"])
+    assert "| 150.0 | 1.500× (1.30–1.67) |" in table and "| 100.0 | 1.000× |" in table
+    uneven = speedup_rows([cells[0], _cell("ngram", "code", 1, 150, 6, (150,))], "base")
+    assert uneven[1]["run_speedups"] is None
 
 
 def test_plot_written_or_skipped(tmp_path, monkeypatch):
@@ -237,6 +246,7 @@ def test_timed_runs_alternate_between_methods(model_dir):
         sweep.drive = orig
     assert order == ["a", "b", "a", "b"]
     assert [c.method for c in cells] == ["base", "ngram"] and all(c.output_tokens == 18 for c in cells)
+    assert all(len(c.run_throughputs) == 2 and c.output_throughput == max(c.run_throughputs) for c in cells)
 
 
 def test_a_cell_reports_how_often_chained_drafts_held(model_dir):
