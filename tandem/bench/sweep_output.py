@@ -24,9 +24,9 @@ def speedup_rows(cells: Sequence[CellResult], baseline: str) -> list[dict[str, A
         b = base.get((c.workload, c.concurrency))
         row["speedup"] = c.output_throughput / b.output_throughput if b and b.output_throughput > 0 else None
         row["tpot_speedup"] = b.mean_tpot_ms / c.mean_tpot_ms if b and c.mean_tpot_ms > 0 else None
-        pairs = list(zip(c.run_throughputs, b.run_throughputs)) if b and b is not c else []
-        row["run_speedups"] = ([x / y for x, y in pairs] if pairs and len(c.run_throughputs) == len(b.run_throughputs)
-                               and all(y > 0 for _, y in pairs) else None)
+        paired = b is not None and b is not c and len(c.run_throughputs) == len(b.run_throughputs)
+        pairs = list(zip(c.run_throughputs, b.run_throughputs)) if paired else []
+        row["run_speedups"] = [x / y for x, y in pairs] if pairs and all(y > 0 for _, y in pairs) else None
         rows.append(row)
     return rows
 
