@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import random
 import time
 from collections.abc import Sequence
@@ -209,3 +210,25 @@ def test_propose_ahead_asks_one_token_more_than_k() -> None:
     assert p.propose_ahead("r", list(toks), [2, 5], 2) == [6, 7, 8]
     assert p.propose_ahead("r", toks, [], 9) == find_ngram_draft(toks, 1, 3, 5).tolist()
     assert p.propose_ahead("r", toks, [3], 0) == []
+
+
+@pytest.mark.parametrize("match", ["recent", "first"])
+def test_list_and_array_lookups_agree(match: str) -> None:
+    """The two implementations (numpy arrays: a vectorised comparison; lists: ``list.index`` scans)
+    give the same draft on random sequences, and a tuple or any other sequence takes the list path."""
+    from tandem.spec_decode.ngram import find_ngram_draft_list
+
+    rng = random.Random(1)
+    for _ in range(3000):
+        tokens = [rng.randrange(rng.choice([2, 3, 5, 50])) for _ in range(rng.randint(0, 60))]
+        lo = rng.randint(1, 4)
+        hi = rng.randint(lo, 6)
+        n = rng.randint(0, 7)
+        want = find_ngram_draft(np.array(tokens, dtype=np.int64), lo, hi, n, match).tolist()
+        assert find_ngram_draft_list(tokens, lo, hi, n, match) == want
+        assert find_ngram_draft_list(tuple(tokens), lo, hi, n, match) == want
+    p = NgramProposer(1, 3, 4, match=match)
+    toks = [5, 6, 7, 8, 5, 6]
+    want = p.propose_one(np.array(toks), 4)
+    assert want == [7, 8, 5, 6]
+    assert p.propose_one(toks, 4) == p.propose_one(tuple(toks), 4) == p.propose_one(collections.deque(toks), 4) == want
