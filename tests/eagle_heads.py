@@ -107,3 +107,48 @@ def write_eagle_head(base: Path, layout: str, target_dir: Path, *, seed: int = 0
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     save_file({k: t.contiguous() for k, t in tensors.items()}, str(out / "model.safetensors"))
     return out, tuple(ids_in)
+
+
+def compare_chained_head_steps(chained: Any, sync: Any, blocks: list[list[int]], vocab: int, k: int = 3,
+                               tol: float = 1e-5) -> int:
+    """A proposal chained on a verify still on the device (``HeadChain``) drafts what a proposal
+    made after reading that verify drafts: ``chained`` and ``sync`` (head runners over the same
+    head and feature cache, KV caches of their own) run the same requests — each verify accepting
+    0..k of its drafts, some heads caught up to the verify, some behind — the first through the
+    chained catch-up and chain steps, the second through the synchronous ones on the verify's
+    outcome. Returns the number of head steps compared."""
+    from tandem.worker.batch import ChainedFrom, HeadChain, SeqChunk
+
+    dev = chained.device
+    n = len(blocks)
+    hist = [[(11 * i + 7 * j) % (vocab - 3) + 3 for j in range(64)] for i in range(n)]
+    verify_at = [20 + 3 * i for i in range(n)]  # P: the verify's first position (its first token known)
+    seen = [p - (3 * i) % 5 for i, p in enumerate(verify_at)]  # the head caught up to here
+    accepted = [i % (k + 1) for i in range(n)]
+    drafts = [tuple((hist[i][j] + 5) % (vocab - 3) + 3 for j in range(k)) for i in range(n)]
+    rows: list[int] = []  # the verify's row argmaxes: the accepted drafts, then another token
+    for i in range(n):
+        g = list(drafts[i][:accepted[i]]) + [(drafts[i][accepted[i]] + 1) % vocab if accepted[i] < k else 9]
+        rows += g + [(t + 2) % vocab for t in range(k - accepted[i])]
+    verify = ChainedFrom(torch.tensor(rows, device=dev), tuple(i * (k + 1) for i in range(n)), tuple(drafts))
+    real = [hist[i][:verify_at[i] + 1] + rows[i * (k + 1):i * (k + 1) + accepted[i] + 1] for i in range(n)]
+    prior = [SeqChunk(hist[i][1:seen[i] + 1], 0, blocks[i]) for i in range(n)]
+    for r in (chained, sync):  # both heads see the positions before ``seen``
+        r.forward(prior, [sum(s for s in seen[:i + 1]) - 1 for i in range(n)], None)
+    last = lambda lens: [sum(lens[:i + 1]) - 1 for i in range(len(lens))]  # noqa: E731
+    c_chunks = [SeqChunk(hist[i][seen[i] + 1:verify_at[i] + 1] + [0] * (k + 1), seen[i], blocks[i]) for i in range(n)]
+    s_chunks = [SeqChunk(real[i][seen[i] + 1:], seen[i], blocks[i]) for i in range(n)]
+    a = chained.forward(c_chunks, last([len(c.token_ids) for c in c_chunks]), None, chain=HeadChain(verify, True))
+    b = sync.forward(s_chunks, last([len(c.token_ids) for c in s_chunks]), None)
+    steps = 1
+    while True:
+        assert torch.equal(a.token_ids, b.token_ids), steps
+        assert float((a.feedback - b.feedback).norm() / b.feedback.norm()) < tol, steps  # (CUDA: TF32)
+        if steps == k:
+            return steps
+        tok_a, tok_b, fb_a, fb_b = a.token_ids.clone(), b.token_ids.clone(), a.feedback.clone(), b.feedback.clone()
+        a = chained.forward([SeqChunk([0], verify_at[i] + k + steps, blocks[i]) for i in range(n)], range(n), fb_a,
+                            token_ids=tok_a, chain=HeadChain(verify, False))
+        b = sync.forward([SeqChunk([0], verify_at[i] + accepted[i] + steps, blocks[i]) for i in range(n)], range(n),
+                         fb_b, token_ids=tok_b)
+        steps += 1

@@ -46,12 +46,18 @@ gives the same tokens on the host (``accept_matching``), and ``Scheduler.settle_
 back the rejected placeholders. Drafts whose assumption failed are verified like any others — the
 output is the target's either way. On the H200 a chained verify step of SmolLM2 at batch 1 cost
 0.65–0.68 ms against 1.03–1.08 ms synchronously (docs/performance.md §37).
+
+An EAGLE head chains too, without assuming anything: its proposal is launched on the device behind
+the verify in flight, reads that verify's outcome there (spec_decode/eagle.py, ``propose_chained``)
+and leaves its drafts on the device (``PENDING`` placeholders, fed to the chained verify:
+``DeviceDrafts``). The host reads those drafts at the start of the next ``step()``, before the
+verify they feed is looked at (``InflightStep.resolved``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -59,7 +65,7 @@ from tandem.outputs import ModelRunnerOutput
 from tandem.request import Request
 from tandem.sample.logits import processes_logits
 from tandem.sample.rejection import accept_matching
-from tandem.scheduler import SchedulerOutput
+from tandem.scheduler import ScheduledRequest, SchedulerOutput
 from tandem.spec_decode.device_drafts import PENDING
 from tandem.worker.batch import ChainedFrom
 from tandem.worker.host_copy import HostCopy
@@ -81,6 +87,18 @@ class InflightStep:
         """The step's tokens (queued on the device) and their copy to the host, read later
         (``HostCopy``: reading it waits for this step only, not for the next step queued meanwhile)."""
         return InflightStep(sched, token_ids, HostCopy.queue(token_ids), verifies)
+
+    def resolved(self, drafts: Mapping[str, Sequence[int]]) -> InflightStep:
+        """This step with the drafts it was fed on the device (``PENDING`` when it was scheduled)
+        in place, once the speculator has read them (``resolve_drafts``: request id → drafts)."""
+        def fed(s: ScheduledRequest) -> bool:
+            return bool(s.spec_token_ids) and s.spec_token_ids[0] == PENDING and s.request.request_id in drafts
+
+        if not drafts or not any(fed(s) for s in self.sched.scheduled):
+            return self
+        scheduled = tuple(replace(s, spec_token_ids=tuple(drafts[s.request.request_id][:len(s.spec_token_ids)]))
+                          if fed(s) else s for s in self.sched.scheduled)
+        return replace(self, sched=replace(self.sched, scheduled=scheduled))
 
     @property
     def requests(self) -> list[Request]:
@@ -139,8 +157,9 @@ def device_greedy(r: Request, num_prior_outputs: int) -> bool:
 def launchable(sched: SchedulerOutput, verifies: bool = False) -> bool:
     """A scheduled step that may leave its tokens on the device: one-token decodes sampled on the
     device only, each after the request's first token (placeholders count as outputs). With
-    ``verifies``, also a step with (host-known) drafts whose every row is a plain argmax (greedy, on
-    the device): its drafts are checked there (a chained verify)."""
+    ``verifies``, also a step with drafts whose every row is a plain argmax (greedy, on the device):
+    its drafts are checked there (a chained verify). Drafts still on the device (``PENDING``) are fed
+    to it there."""
     drafts = False
     for s in sched.scheduled:
         r = s.request
@@ -151,8 +170,7 @@ def launchable(sched: SchedulerOutput, verifies: bool = False) -> bool:
         drafts = drafts or k > 0
     if drafts:
         return verifies and all(
-            (not s.spec_token_ids or s.spec_token_ids[0] != PENDING)
-            and all(device_greedy(s.request, s.request.num_output_tokens + j) for j in range(len(s.spec_token_ids) + 1))
+            all(device_greedy(s.request, s.request.num_output_tokens + j) for j in range(len(s.spec_token_ids) + 1))
             for s in sched.scheduled)
     return bool(sched.scheduled)
 

@@ -234,13 +234,15 @@ class Executor:
         return torch.cat(qs)
 
     # ---- asynchronous: tokens stay on the device -------------------------------------------------
-    def launch(self, sched: SchedulerOutput, feed: InflightStep | None = None) -> InflightStep:
+    def launch(self, sched: SchedulerOutput, feed: InflightStep | None = None,
+               drafts: DeviceDrafts | None = None) -> InflightStep:
         """Run a decode step (one token per request: the argmax, or sampled on the device) or a
         greedy verify (every row's argmax: its drafts are checked when read) and leave its tokens
         on the device. With ``feed`` (the step in flight) every request's first query token is its
         placeholder — the token ``feed`` sampled or emitted for it, fed on the device — and when
         ``feed`` verified drafts, this step was packed as if ``feed`` accepted them all and moves
-        back by what it rejected, on the device too (the runner's ``chain``: worker/chain.py)."""
+        back by what it rejected, on the device too (the runner's ``chain``: worker/chain.py).
+        ``drafts``: drafts still on the device, fed to the rows of their placeholders."""
         reqs = [s.request for s in sched.scheduled]
         greedy = all(r.params.greedy for r in reqs)
         verify = any(s.spec_token_ids for s in sched.scheduled)
@@ -252,10 +254,11 @@ class Executor:
         chunks = [SeqChunk([r.token_ids[s.start] if feed is None else 0, *s.spec_token_ids], s.start, r.block_ids)
                   for s, r in zip(sched.scheduled, reqs)]  # (a fed placeholder's id is written on the device)
         rows = range(sum(len(c.token_ids) for c in chunks))
+        fed = drafts.feed(sched) if drafts is not None else None
         if feed is None:
-            logits = self._forward(chunks, rows, argmax=greedy)
+            logits = self._forward(chunks, rows, argmax=greedy, fed=fed)
         elif feed.verifies:
-            logits = self._forward(chunks, rows, argmax=greedy, chain=feed.chained_from(reqs))
+            logits = self._forward(chunks, rows, argmax=greedy, fed=fed, chain=feed.chained_from(reqs))
         elif verify:
             raise RuntimeError("a verify is chained on a verify only (its drafts assume that verify's outcome)")
         else:  # a decode on a decode: the tokens straight into the first rows

@@ -21,9 +21,10 @@ placeholders (``scheduler.add_output_placeholders``); while every running reques
 decode qualifies and the speculator says no request will draft, the next step is scheduled by the
 same ``schedule()``, launched with the placeholders' ids fed on the device, and only then is the
 previous step read — a step() call then reads one step and launches the next. A greedy verify with
-a host proposer's drafts (n-gram, suffix) is launched the same way, and the step after it is drafted
-from the assumption that it accepts everything (``speculator.drafts_ahead``) and launched before it
-is read (a chained verify: engine/async_decode.py). Another verify step (which runs synchronously) has
+a host proposer's drafts (n-gram, suffix) or an EAGLE head's is launched the same way, and the step
+after it is drafted before it is read (``speculator.drafts_ahead``: a host proposer from the
+assumption that it accepts everything, an EAGLE head on the device from its outcome there) and
+launched (a chained verify: engine/async_decode.py). Another verify step (which runs synchronously) has
 its tokens applied at once (``output_processor.apply``: stops decided, so
 the next step can be proposed and scheduled) and its text decoded by the next step() call once that
 call has launched its own step (``output_processor.flush``), so detokenizing overlaps the device's
@@ -169,6 +170,8 @@ class LLMEngine:
         outputs = self.output_processor.take_aborted()
         sampled: list[SampledTokens] = []
         prev, self._inflight = self._inflight, None
+        # drafts read from the device: a chained proposal's, fed to the verify in flight
+        fed = self.speculator.resolve_drafts() if self.speculator.device_drafts is not None else {}
         if prev is not None and prev.finished:
             prev = None  # every request of the step in flight finished or was aborted meanwhile
         chained = prev is not None  # launched by the previous call, ahead of its read
@@ -191,8 +194,9 @@ class LLMEngine:
                 out = self.executor.finish(launched)
                 self.scheduler.update_from_output(sched, out)
                 self._apply(sched, out, sampled)
-            self.speculator.resolve_drafts()  # (none left unless nothing was scheduled)
+            fed = self.speculator.resolve_drafts() or fed  # (a launched verify's; else none left)
         if prev is not None:
+            prev = prev.resolved(fed)  # (drafts fed to it on the device: read by now)
             nxt = None
             if prev.verifies and self._can_chain():
                 self._propose_ahead(prev)
@@ -241,7 +245,7 @@ class LLMEngine:
     def _launch(self, sched: SchedulerOutput, feed: InflightStep | None = None) -> InflightStep:
         """Run a decode step, leaving its tokens on the device as placeholders."""
         self.stats.num_steps += 1
-        step = self.executor.launch(sched, feed)
+        step = self.executor.launch(sched, feed, self.speculator.device_drafts)
         self.scheduler.add_output_placeholders(sched)
         return step
 
@@ -263,8 +267,7 @@ class LLMEngine:
         running = self.scheduler.running
         drafts = {}
         if all(r.params.greedy for r in running):
-            inflight = {s.request.request_id: s.spec_token_ids for s in prev.sched.scheduled}
-            drafts = self.speculator.drafts_ahead(running, inflight)
+            drafts = self.speculator.drafts_ahead(running, prev.chained_from(running))
         for r in running:
             d = drafts.get(r.request_id)
             r.spec_token_ids = list(d.token_ids) if d is not None else []

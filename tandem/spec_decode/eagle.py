@@ -19,6 +19,15 @@ Data flow per request (head position ``p`` = target feature at ``p`` + token ``p
    sets ``draft_num_computed = 0``: the head reads the features from position 0 (a cached block holds
    the features of its positions too) and rewrites its own KV for them.
 
+Chained proposals (``propose_chained``; engine/async_decode.py): the drafts for the step after a
+greedy verify still on the device, launched before that verify is read. The catch-up is packed as if
+the verify accepted every draft: its rows for the verify's positions take the verify's row argmaxes
+on the device (up to the first rejection they are the accepted drafts, then the emitted token) and
+its output row moves back by the rejected count; the chain steps are packed past the assumed tokens
+and move back by as much (``HeadChain``, worker/chain.py). So the drafts are those a synchronous
+proposal would make once the verify is read. ``draft_num_computed`` is set as if everything was
+accepted; the speculator corrects it when the drafts are read (``Speculator.resolve_drafts``).
+
 Drafting is greedy (argmax, as vLLM's EAGLE): the rejection sampler treats drafts as one-hot q, so
 sampled outputs stay the target's distribution.
 """
@@ -33,7 +42,7 @@ from tandem.request import Request
 from tandem.spec_decode.base import DraftProposal
 from tandem.spec_decode.chain import collect_chain, flatten_chain
 from tandem.spec_decode.device_drafts import DeviceDrafts
-from tandem.worker.batch import SeqChunk
+from tandem.worker.batch import ChainedFrom, HeadChain, SeqChunk
 from tandem.worker.head_runner import AnyHeadRunner
 
 
@@ -63,7 +72,18 @@ class EagleProposer:
         ids, where = flatten_chain(steps, len(reqs))
         return DeviceDrafts.launch(ids, {r.request_id: tuple(p) for r, p in zip(reqs, where) if p})
 
-    def _steps(self, reqs: Sequence[Request], ks: Sequence[int]) -> list[tuple[list[int], torch.Tensor]]:
+    def propose_chained(self, reqs: Sequence[Request], ks: Sequence[int], verify: ChainedFrom) -> DeviceDrafts | None:
+        """``propose_on_device`` for the step after a greedy verify still on the device (``verify``:
+        per request of ``reqs``, its rows there and the drafts they check; every request carries that
+        verify's k + 1 placeholders): the drafts a proposal would make once it is read."""
+        steps = self._steps(reqs, ks, verify)
+        if not steps:
+            return None
+        ids, where = flatten_chain(steps, len(reqs))
+        return DeviceDrafts.launch(ids, {r.request_id: tuple(p) for r, p in zip(reqs, where) if p})
+
+    def _steps(self, reqs: Sequence[Request], ks: Sequence[int], verify: ChainedFrom | None = None
+               ) -> list[tuple[list[int], torch.Tensor]]:
         """Launch the chain; per step the requests it drafted for and their ids on the device."""
         chunks: list[SeqChunk] = []
         rows: list[int] = []
@@ -73,20 +93,27 @@ class EagleProposer:
             hi = r.num_tokens - 1  # the head runs positions [lo, hi): features known, next tokens accepted
             if ks[i] <= 0 or hi < 1 or hi > r.num_computed_tokens:
                 continue
-            lo = min(r.draft_num_computed, hi - 1)  # at least the last position: it yields draft 1
-            chunks.append(SeqChunk(r.token_ids[lo + 1:hi + 1], lo, r.block_ids))
+            if verify is None:
+                lo = min(r.draft_num_computed, hi - 1)  # at least the last position: it yields draft 1
+                tokens = r.token_ids[lo + 1:hi + 1]
+            else:  # the verify's positions [hi - k - 1, hi) take its row argmaxes on the device
+                first = hi - len(verify.drafts[i]) - 1
+                lo = min(r.draft_num_computed, first)
+                tokens = [*r.token_ids[lo + 1:first + 1], *[0] * (hi - first)]
+            chunks.append(SeqChunk(tokens, lo, r.block_ids))
             t += hi - lo
             r.draft_num_computed = hi
             rows.append(t - 1)
             active.append(i)
         if not chunks:
             return []
-        step = self.runner.forward(chunks, rows, None)  # hidden inputs: the target's features
+        # hidden inputs: the target's features
+        step = self.runner.forward(chunks, rows, None, chain=_head_chain(verify, active, True))
         # (clone: a CUDA runner's outputs are graph buffers the next step overwrites)
-        return self._chain(reqs, ks, active, step.token_ids.clone(), step.feedback)
+        return self._chain(reqs, ks, active, step.token_ids.clone(), step.feedback, verify)
 
     def _chain(self, reqs: Sequence[Request], ks: Sequence[int], active: list[int], tok: torch.Tensor,
-               feedback: torch.Tensor) -> list[tuple[list[int], torch.Tensor]]:
+               feedback: torch.Tensor, verify: ChainedFrom | None) -> list[tuple[list[int], torch.Tensor]]:
         """Draft steps 2..k, single-token rows, no host read in between."""
         steps: list[tuple[list[int], torch.Tensor]] = [(active, tok)]
         j = 1
@@ -99,8 +126,17 @@ class EagleProposer:
                 keep = torch.tensor([prev.index(i) for i in live], device=tok.device)
                 tok, feedback = tok.index_select(0, keep), feedback.index_select(0, keep)
             chunks = [SeqChunk([0], reqs[i].num_tokens - 2 + j, reqs[i].block_ids) for i in live]
-            step = self.runner.forward(chunks, range(len(live)), feedback, token_ids=tok)
+            step = self.runner.forward(chunks, range(len(live)), feedback, token_ids=tok,
+                                       chain=_head_chain(verify, live, False))
             feedback = step.feedback
             steps.append((live, step.token_ids.clone()))
             j += 1
         return steps
+
+
+def _head_chain(verify: ChainedFrom | None, picked: Sequence[int], catch_up: bool) -> HeadChain | None:
+    """The ``HeadChain`` of a head step over the requests ``picked`` (indices into ``verify``)."""
+    if verify is None:
+        return None
+    return HeadChain(ChainedFrom(verify.row_tokens, tuple(verify.offsets[i] for i in picked),
+                                 tuple(verify.drafts[i] for i in picked)), catch_up)

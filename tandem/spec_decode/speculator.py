@@ -30,11 +30,13 @@ three points:
    step's kind, size, tokens, steadiness and wall time — this bookkeeping included — (``on_step``:
    the policy's step-cost model and goodput guard).
 
-Chained verifies (engine/async_decode.py): with a host proposer that drafts ahead (``chains``) a
-greedy verify stays on the device and ``drafts_ahead(running, inflight)`` proposes the next step's drafts
-before it is read, from the assumption that it accepts every draft and emits the token the proposer
-expects next; ``observe`` checks the assumption once the verify is read (held: the policy hears of
-the proposal; failed: the request's next step drafts nothing).
+Chained verifies (engine/async_decode.py): with a proposer that drafts ahead (``chains``) a greedy
+verify stays on the device and ``drafts_ahead(running, verify)`` proposes the next step's drafts
+before it is read. A host proposer (n-gram, suffix) drafts from the assumption that the verify
+accepts every draft and emits the token the proposer expects next; ``observe`` checks the assumption
+once the verify is read (held: the policy hears of the proposal; failed: the request's next step
+drafts nothing). An EAGLE head drafts on the device from the verify's real outcome there
+(``propose_chained``): nothing is assumed, its drafts stay on the device and are read as above.
 
 Host work that may wait runs in ``background()``, which the engine calls while the device computes
 a step (after launching it, before reading it): the policy's latest shadows (the suffix proposer's
@@ -53,7 +55,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +68,7 @@ from tandem.spec_decode.device_drafts import PENDING, DeviceDrafts, pending
 from tandem.spec_decode.policy import Candidate, GoodputPolicy
 from tandem.spec_decode.policy_cost import ASYNC_PRIOR_RESTART, ASYNC_PRIOR_SIGMA, PRIOR_SIGMA, StepCostModel
 from tandem.spec_decode.proposers import EngineProposer, TokenProposerAdapter
+from tandem.worker.batch import ChainedFrom
 
 
 # Finished requests' output tokens handed to the proposer per ``background()`` call (at least one request)
@@ -135,8 +138,9 @@ class Speculator:
         self.k = config.num_speculative_tokens if k is None else k  # drafts per request per step at most
         self._new_tokens: set[str] = set()  # requests that got tokens since their last proposal
         self._draft_seconds, self._draft_steps = 0.0, 0  # model drafting in the step being timed
-        # drafts on the device for the next step and (request, tokens when proposed) of each drafter
-        self._pending: tuple[DeviceDrafts, list[tuple[Request, int]]] | None = None
+        # drafts on the device for the next step, and per drafter (request, tokens when proposed;
+        # chained: None and the head's position count as proposed, corrected when read)
+        self._pending: tuple[DeviceDrafts, list[tuple[Request, int | None, int]]] | None = None
         self._finishing: deque[tuple[str, Sequence[int]]] = deque()  # (request id, output) for the proposer
         self._finishing_tokens = 0  # their output tokens
         # chained verifies (``drafts_ahead``): per request drafting in the step just launched, the
@@ -214,7 +218,7 @@ class Speculator:
         self._draft_seconds, self._draft_steps = time.perf_counter() - t0, max(ks, default=0)
         index = dd.index if dd is not None else {}
         if dd is not None:
-            self._pending = (dd, [(r, len(r.token_ids)) for r in reqs if r.request_id in index])
+            self._pending = (dd, [(r, len(r.token_ids), 0) for r in reqs if r.request_id in index])
         return {r.request_id: Draft(pending(len(index.get(r.request_id, ())))) for r in reqs}
 
     @property
@@ -222,35 +226,53 @@ class Speculator:
         """Drafts proposed for the next step that are still on the device (the executor feeds them)."""
         return self._pending[0] if self._pending is not None else None
 
-    def resolve_drafts(self) -> None:
+    def resolve_drafts(self) -> dict[str, list[int]]:
         """Read the drafts left on the device (after the verify step is launched) and put them in
-        place of their requests' placeholders; the policy hears of them as of any proposal."""
+        place of their requests' placeholders (those not scheduled yet); the policy hears of them as
+        of any proposal. Returns them (request id → drafts; empty if none were pending). A
+        chained proposal's (``drafts_ahead``) is read once the verify it followed was: the
+        request's tokens then end where its drafts start, and the head's count of positions seen
+        (set as if that verify accepted everything) comes back to them."""
         if self._pending is None:
-            return
+            return {}
         (dd, reqs), self._pending = self._pending, None
         host = dd.read()
-        for r, at in reqs:
+        for r, at, assumed in reqs:
+            if r.status.finished:
+                continue
+            if at is None:
+                at = len(r.token_ids)
+                if r.draft_num_computed == assumed:  # (else reset meanwhile: a preemption)
+                    r.draft_num_computed = at - 1
             toks = host[r.request_id]
             if self.policy is not None:
                 self.policy.proposed(r.request_id, at, toks)
             n = len(r.spec_token_ids)  # (a budget cut shortens it; a preemption empties it)
             if n and r.spec_token_ids[0] == PENDING:
                 r.spec_token_ids = toks[:n]
+        return host
 
     # ---- chained verifies (engine/async_decode.py) ----------------------------------------------
     @property
     def chains(self) -> bool:
         """Drafts for the step after a launched verify may be proposed before that verify is read
         (``drafts_ahead``): a host proposer that answers ``propose_ahead`` (n-gram, suffix: their
-        state never takes the assumed tokens). Model-based ones draft on the device."""
-        return (self.synthetic_acceptance_rate is None and isinstance(self.proposer, TokenProposerAdapter)
-                and self.proposer.drafts_ahead)
+        state never takes the assumed tokens), or an EAGLE head (``propose_chained``: it drafts on
+        the device from the verify's outcome there)."""
+        if self.synthetic_acceptance_rate is not None:
+            return False
+        if isinstance(self.proposer, TokenProposerAdapter):
+            return self.proposer.drafts_ahead
+        return hasattr(self.proposer, "propose_chained")
 
-    def drafts_ahead(self, requests: Sequence[Request], inflight: Mapping[str, Sequence[int]]) -> dict[str, Draft]:
-        """Drafts for the step after a launched verify, proposed before it is read (``inflight``:
-        each request's drafts in it), on the assumption that it accepts them all and emits the token
-        the proposer expects next: the proposer gives that token and the request's room of drafts
-        after it (``propose_ahead``). Where the assumption fails (known when the verify is read:
+    def drafts_ahead(self, requests: Sequence[Request], verify: ChainedFrom) -> dict[str, Draft]:
+        """Drafts for the step after a launched verify, proposed before it is read (``verify``: per
+        request, its rows there and the drafts they check). An EAGLE head drafts on the device from
+        the verify's outcome (``propose_chained``): its drafts are those of a proposal made after
+        the read, left on the device like ``drafts_for``'s. A host proposer drafts on the
+        assumption that the verify accepts every draft and emits the token the proposer expects
+        next: it gives that token and the request's room of drafts after it (``propose_ahead``).
+        Where the assumption fails (known when the verify is read:
         ``observe``) those drafts are verified all the same — the verify decides, the output stays
         the target's — and mostly rejected, and the request's next step drafts nothing (its drafts
         would rest on the failed ones). The policy chooses as in ``drafts_for``, each request's
@@ -264,7 +286,8 @@ class Speculator:
         policy = self.policy
         if (policy is None and self._capped(batch)) or (policy is not None and policy.off(batch)):
             return {}
-        reqs = [r for r in requests if r.request_id not in unsound]
+        picked = [i for i, r in enumerate(requests) if r.request_id not in unsound]
+        reqs = [requests[i] for i in picked]
         if not reqs:
             return {}
         if policy is not None and not policy.wants_any(
@@ -272,7 +295,9 @@ class Speculator:
             policy.stats.record_nothing_drafted(len(reqs), self.k)
             return {}
         rooms = [self._room(r) for r in reqs]
-        assumed = [tuple(inflight.get(r.request_id, ())) for r in reqs]
+        if not isinstance(self.proposer, TokenProposerAdapter):
+            return self._propose_chained(batch, reqs, rooms, verify)
+        assumed = [verify.drafts[i] for i in picked]
         assert isinstance(self.proposer, TokenProposerAdapter)
         proposal = self.proposer.propose_ahead(reqs, assumed, rooms)
         drafts = [tuple(t[1:]) for t in proposal]
@@ -288,6 +313,22 @@ class Speculator:
                 out[r.request_id] = Draft(d[:k])
                 self._assumed[r.request_id] = (r, len(r.token_ids), a + (int(toks[0]),), d)
         return out
+
+    def _propose_chained(self, batch: int, reqs: Sequence[Request], rooms: Sequence[int], verify: ChainedFrom
+                         ) -> dict[str, Draft]:
+        """``drafts_ahead`` for an EAGLE head: the policy grants, the head drafts on the device."""
+        ks = list(rooms)
+        if self.policy is not None:
+            ks = self.policy.choose(batch, [Candidate(r.request_id, room) for r, room in zip(reqs, rooms)])
+        if not any(ks):
+            return {}
+        t0 = time.perf_counter()
+        dd = self.proposer.propose_chained(reqs, ks, verify)  # type: ignore[attr-defined]
+        self._draft_seconds, self._draft_steps = time.perf_counter() - t0, max(ks)
+        if dd is None:
+            return {}
+        self._pending = (dd, [(r, None, r.draft_num_computed) for r in reqs if r.request_id in dd.index])
+        return {rid: Draft(pending(len(pos))) for rid, pos in dd.index.items()}
 
     def _settle_assumptions(self) -> None:
         """After the verify the last ``drafts_ahead`` assumed about was read: a request whose tokens
@@ -395,14 +436,14 @@ class NoSpeculation:
     chains = False
     k = 0
 
-    def drafts_ahead(self, requests: Sequence[Request], inflight: Mapping[str, Sequence[int]]) -> dict[str, Draft]:
+    def drafts_ahead(self, requests: Sequence[Request], verify: ChainedFrom) -> dict[str, Draft]:
         return {}
 
     def drafts_for(self, requests: Sequence[Request]) -> dict[str, Draft]:
         return {}
 
-    def resolve_drafts(self) -> None:
-        pass
+    def resolve_drafts(self) -> dict[str, list[int]]:
+        return {}
 
     def will_draft(self, requests: Sequence[Request]) -> bool:
         return False

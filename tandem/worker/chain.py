@@ -13,6 +13,9 @@ Per chunk, ``pack_chain`` appends a descriptor to the step's one input copy:
 ``[first row, query length, offset of its rows in the verify, k, drafts (k_max, padded)]``. On CUDA
 one Triton program per request does the rest (``triton_chain.py``: one launch); elsewhere torch ops
 do the same (the CPU tests' reference).
+
+``chain_select`` serves an EAGLE head's first step chained on a verify (spec_decode/eagle.py): from
+the same descriptors it moves each chunk's selected output row back by the rejected count.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from tandem.worker.batch import ChainedFrom
-from tandem.worker.input_packer import layout
+from tandem.worker.batch import ChainedFrom, FedTokens, HeadChain
+from tandem.worker.input_packer import feed_rows, layout
 
 HEAD = 4  # descriptor fields before the drafts
 
@@ -51,6 +54,18 @@ def pack_chain(buf: np.ndarray, end: int, chain: ChainedFrom, qlens: Sequence[in
     return end + n * stride, end
 
 
+def _accepted(dev: torch.Tensor, off: int, n: int, stride: int, row_tokens: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(torch) Per chunk: its descriptor, its verify rows' tokens (k + 1, padded) and accepted count."""
+    desc = dev[off:off + n * stride].view(n, stride)
+    base, k = desc[:, 2], desc[:, 3]
+    width = stride - HEAD
+    j = torch.arange(width + 1, device=dev.device)
+    rows = row_tokens.index_select(0, (base.unsqueeze(1) + torch.minimum(j, k.unsqueeze(1))).reshape(-1)).view(n, -1)
+    match = (rows[:, :width] == desc[:, HEAD:]) & (j[:width] < k.unsqueeze(1))
+    return desc, rows, match.long().cumprod(1).sum(1)
+
+
 def chain_fixup(dev: torch.Tensor, t: int, b: int, w: int, block_size: int, off: int, n: int, stride: int,
                 row_tokens: torch.Tensor, max_query_len: int) -> None:
     """On the device: the chained step's first ids, positions, KV slots and context lengths, from
@@ -62,13 +77,8 @@ def chain_fixup(dev: torch.Tensor, t: int, b: int, w: int, block_size: int, off:
         chain_fixup_cuda(dev, t, b, w, block_size, off, n, stride, HEAD, row_tokens, max_query_len)
         return
     o_ids, o_pos, o_slot, o_seq, _, _, o_bt, _ = layout(t, b, w)
-    desc = dev[off:off + n * stride].view(n, stride)
-    first, qlen, base, k = desc[:, 0], desc[:, 1], desc[:, 2], desc[:, 3]
-    width = stride - HEAD
-    j = torch.arange(width + 1, device=dev.device)
-    rows = row_tokens.index_select(0, (base.unsqueeze(1) + torch.minimum(j, k.unsqueeze(1))).reshape(-1)).view(n, -1)
-    match = (rows[:, :width] == desc[:, HEAD:]) & (j[:width] < k.unsqueeze(1))
-    accepted = match.long().cumprod(1).sum(1)
+    desc, rows, accepted = _accepted(dev, off, n, stride, row_tokens)
+    first, qlen, k = desc[:, 0], desc[:, 1], desc[:, 3]
     shift = k - accepted
     dev[o_ids:o_ids + t].index_copy_(0, first, rows.gather(1, accepted.unsqueeze(1)).squeeze(1))
     q = int(qlen.max())
@@ -83,3 +93,50 @@ def chain_fixup(dev: torch.Tensor, t: int, b: int, w: int, block_size: int, off:
     blocks = table[owner, torch.div(p, block_size, rounding_mode="floor")]
     dev[o_slot:o_slot + t].index_copy_(0, where, blocks * block_size + p.remainder(block_size))
     dev[o_seq:o_seq + n].sub_(shift)
+
+
+def chain_select(dev: torch.Tensor, sel_off: int, off: int, n: int, stride: int, row_tokens: torch.Tensor) -> None:
+    """On the device: ``dev[sel_off + i] -= k_i - accepted_i`` for the ``n`` chunks described at
+    ``off`` (``pack_chain``): a selected output row moves back by its request's rejected count."""
+    if dev.is_cuda:
+        from tandem.worker.triton_chain import chain_select_cuda
+
+        chain_select_cuda(dev, sel_off, off, n, stride, HEAD, row_tokens)
+        return
+    desc, _, accepted = _accepted(dev, off, n, stride, row_tokens)
+    dev[sel_off:sel_off + n].sub_(desc[:, 3] - accepted)
+
+
+def verify_rows_fed(chain: HeadChain, qlens: Sequence[int]) -> FedTokens | None:
+    """A chained catch-up's fed rows (``HeadChain``): chunk i's last k_i + 1 flat query rows take
+    its verify rows' argmaxes."""
+    if not chain.catch_up:
+        return None
+    src: list[int] = []
+    rows: list[int] = []
+    end = 0
+    for q, off, d in zip(qlens, chain.verify.offsets, chain.verify.drafts):
+        end += q
+        src.extend(range(off, off + len(d) + 1))
+        rows.extend(range(end - len(d) - 1, end))
+    return FedTokens(chain.verify.row_tokens, tuple(src), tuple(rows))
+
+
+def head_chain_room(chain: HeadChain | None, fed: FedTokens | None, n: int) -> int:
+    """Input buffer room after a packed head step for its fed indices and descriptors."""
+    return (2 * len(fed.rows) if fed is not None else 0) + (n * chain_width(chain.verify) if chain else 0)
+
+
+def head_chain_fixup(dev: torch.Tensor, chain: HeadChain, fed: FedTokens | None, t: int, b: int, w: int,
+                     block_size: int, length: int, c_off: int, sel: int | None, max_query_len: int) -> None:
+    """On the device, a head step chained on a verify (``HeadChain``), after its input copy: a
+    catch-up's fed rows and its selected rows (at ``sel``; None: every row, so none moves) moved
+    back; a chain step's rows moved back. ``length``: where ``pack_fed`` put the fed indices;
+    ``c_off``: where ``pack_chain`` put the descriptors."""
+    n, stride, rows = len(chain.verify.offsets), chain_width(chain.verify), chain.verify.row_tokens
+    if chain.catch_up:
+        feed_rows(dev, t, length, fed)
+        if sel is not None:
+            chain_select(dev, sel, c_off, n, stride, rows)
+    else:
+        chain_fixup(dev, t, b, w, block_size, c_off, n, stride, rows, max_query_len)

@@ -27,10 +27,12 @@ from tandem.kv.feature_cache import FeatureCache, require_features
 from tandem.models.eagle import EagleHead
 from tandem.models.forward_context import ForwardContext, KVCache
 from tandem.models.torch_kernels import TORCH_KERNELS
-from tandem.worker.batch import SeqChunk
+from tandem.worker.batch import HeadChain, SeqChunk
+from tandem.worker.chain import (HEAD, chain_select, head_chain_fixup, head_chain_room, pack_chain,
+                                  verify_rows_fed)
 from tandem.worker.cuda_graphs import CapturedStep, GraphCache, batch_bucket
 from tandem.worker.head_step import HeadStep
-from tandem.worker.input_packer import HostStaging, layout, pack, step_tensors
+from tandem.worker.input_packer import HostStaging, layout, pack, pack_fed, padded_rows, step_tensors
 from tandem.worker.triton_attention import MAX_SPLITS, num_sms, pick_num_splits, tile_shape
 from tandem.worker.triton_attention_backend import TritonAttention
 
@@ -79,14 +81,14 @@ class GpuHeadRunner:
 
     @torch.inference_mode()
     def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], hidden: torch.Tensor | None,
-                token_ids: torch.Tensor | None = None) -> HeadStep:
+                token_ids: torch.Tensor | None = None, chain: HeadChain | None = None) -> HeadStep:
         qlens = [len(c.token_ids) for c in chunks]
         n, qmax = len(chunks), max(qlens)
         if hidden is not None:
             hidden = hidden.to(self._hidden_in.dtype)
         b = batch_bucket(n, self.max_graph_batch) if qmax <= self.max_graph_q else None
         if b is None or max(len(c.block_ids) for c in chunks) > self.table_width:
-            return self._forward_eager(chunks, qlens, rows, hidden, token_ids)
+            return self._forward_eager(chunks, qlens, rows, hidden, token_ids, chain)
         self.num_graph_steps += 1
         q, w = qmax, self.table_width
         graphs = self.graphs if hidden is not None else self.graphs_f
@@ -94,9 +96,16 @@ class GpuHeadRunner:
             fit = graphs.best_fit(b, q)  # captured at start (warm_up_plan): no capture while serving
             if fit is not None:
                 b, q = fit
-        i, buf = self._host.acquire(layout(b * q, b, w)[-1] + len(rows))
+        fed = verify_rows_fed(chain, qlens) if chain is not None else None
+        i, buf = self._host.acquire(layout(b * q, b, w)[-1] + len(rows) + head_chain_room(chain, fed, n))
         length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, b, q, w, rows)
-        self._host.send(i, length, self._static)
+        end = pack_fed(buf, length, fed, padded_rows(qlens, q, fed.rows) if fed is not None else ())
+        if chain is not None:
+            end, c_off = pack_chain(buf, end, chain.verify, qlens, q)
+        self._host.send(i, end, self._static)
+        if chain is not None:  # (before the fed ids: a chain step's first id is the previous draft)
+            head_chain_fixup(self._static, chain, fed, t, b, w, self.block_size, length, c_off,
+                             None if identity else r_off, q)
         if token_ids is not None:
             self._static[: n * q: q].copy_(token_ids, non_blocking=True)
         if hidden is not None:
@@ -125,16 +134,24 @@ class GpuHeadRunner:
             self._static, b * q, b, w, q, self._splits(b, q, None), self._hidden_in[: b * q] if fed else None))
 
     def _forward_eager(self, chunks: Sequence[SeqChunk], qlens: list[int], rows: Sequence[int],
-                       hidden: torch.Tensor | None, token_ids: torch.Tensor | None) -> HeadStep:
+                       hidden: torch.Tensor | None, token_ids: torch.Tensor | None,
+                       chain: HeadChain | None = None) -> HeadStep:
         self.num_eager_steps += 1
         n = len(chunks)
         w = max(1, max(len(c.block_ids) for c in chunks))
-        cap = layout(sum(qlens), n, w)[-1] + len(rows)
+        fed = verify_rows_fed(chain, qlens) if chain is not None else None
+        cap = layout(sum(qlens), n, w)[-1] + len(rows) + head_chain_room(chain, fed, n)
         if self._eager.numel() < cap:
             self._eager = torch.empty(max(cap, 2 * self._eager.numel()), dtype=torch.int64, device=self.device)
         i, buf = self._host.acquire(cap)
         length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, n, None, w, rows)
-        self._host.send(i, length, self._eager)
+        end = pack_fed(buf, length, fed, fed.rows if fed is not None else ())
+        if chain is not None:
+            end, c_off = pack_chain(buf, end, chain.verify, qlens, None)
+        self._host.send(i, end, self._eager)
+        if chain is not None:
+            head_chain_fixup(self._eager, chain, fed, t, n, w, self.block_size, length, c_off,
+                             None if identity else r_off, max(qlens))
         if token_ids is not None:
             self._eager[:n].copy_(token_ids, non_blocking=True)
         max_seq = max(c.start + ql for c, ql in zip(chunks, qlens))
@@ -147,6 +164,7 @@ class GpuHeadRunner:
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:
         """Capture the small steps' graphs now: first steps (catch-ups of 1..k+1 rows, from the
         features) for every query length, chain steps (fed, q = 1)."""
+        self._compile_select()
         if self.graphs is None or self.graphs_f is None:
             return
         w = self.table_width
@@ -162,3 +180,10 @@ class GpuHeadRunner:
                         length, _, _, _ = pack(self.block_size, buf, [], [], b, q, w, None)
                         self._host.send(i, length, self._static)
                         self._capture(graphs, b, q, fed)
+
+    def _compile_select(self) -> None:
+        """Compile ``chain_select``'s one variant now (a chained catch-up's; on a scratch buffer)."""
+        dev = torch.tensor([0, 0, 1, 0, 0, -1], dtype=torch.int64, device=self.device)
+        chain_select(dev, 0, 1, 1, HEAD + 1, dev[:1].clone())
+        torch.cuda.synchronize(self.device)
+

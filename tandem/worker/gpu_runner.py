@@ -49,7 +49,7 @@ from tandem.worker.cuda_kernels import (
     fused_supported,
     invariant_logits,
 )
-from tandem.worker.input_packer import HostStaging, layout, pack, padded_rows, step_tensors
+from tandem.worker.input_packer import HostStaging, feed_rows, layout, pack, pack_fed, padded_rows, step_tensors
 from tandem.worker.pdl import set_pdl
 from tandem.worker.chain import HEAD, chain_fixup, chain_width, pack_chain
 from tandem.worker.step_output import StepOutput
@@ -222,13 +222,13 @@ class GpuModelRunner:
             self._eager = torch.empty(max(cap, 2 * self._eager.numel()), dtype=torch.int64, device=self.device)
         i, buf = self._host.acquire(cap)
         length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, n, None, w, rows)
-        end = _pack_fed(buf, length, fed, fed.rows if fed is not None else ())
+        end = pack_fed(buf, length, fed, fed.rows if fed is not None else ())
         if chain is not None:
             end, c_off = pack_chain(buf, end, chain, qlens, None)
         self._host.send(i, end, self._eager)
         if token_ids is not None:  # one token per request: ids occupy rows 0..n-1
             self._eager[:n].copy_(token_ids, non_blocking=True)
-        _feed(self._eager, t, length, fed)
+        feed_rows(self._eager, t, length, fed)
         if chain is not None:
             chain_fixup(self._eager, t, n, w, self.block_size, c_off, n, chain_width(chain), chain.row_tokens,
                         max(qlens))
@@ -319,13 +319,13 @@ class GpuModelRunner:
         i, buf = self._host.acquire(layout(b * q, b, w)[-1] + len(rows) + (2 * len(fed.rows) if fed else 0)
                                     + (len(chunks) * chain_width(chain) if chain is not None else 0))
         length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, b, q, w, rows)
-        end = _pack_fed(buf, length, fed, padded_rows(qlens, q, fed.rows) if fed is not None else ())
+        end = pack_fed(buf, length, fed, padded_rows(qlens, q, fed.rows) if fed is not None else ())
         if chain is not None:
             end, c_off = pack_chain(buf, end, chain, qlens, q)
         self._host.send(i, end, self._static)
         if token_ids is not None:  # request i's single token sits at padded row i * q
             self._static[: len(chunks) * q: q].copy_(token_ids, non_blocking=True)
-        _feed(self._static, t, length, fed)
+        feed_rows(self._static, t, length, fed)
         if chain is not None:
             chain_fixup(self._static, t, b, w, self.block_size, c_off, len(chunks), chain_width(chain),
                         chain.row_tokens, q)
@@ -344,20 +344,3 @@ class GpuModelRunner:
             return logits
         return logits.index_select(0, self._static[r_off:r_off + len(rows)])
 
-
-def _pack_fed(buf: np.ndarray, length: int, fed: FedTokens | None, rows: Sequence[int]) -> int:
-    """Append the fed tokens' source indices and (buffer) rows after a packed step; the new end."""
-    if fed is None:
-        return length
-    m = len(rows)
-    buf[length:length + m] = fed.src
-    buf[length + m:length + 2 * m] = rows
-    return length + 2 * m
-
-
-def _feed(dev: torch.Tensor, t: int, length: int, fed: FedTokens | None) -> None:
-    """On the device: ids[rows] = values[src], both index lists sent with the step's inputs."""
-    if fed is None or not fed.rows:
-        return
-    m = len(fed.rows)
-    dev[:t].index_copy_(0, dev[length + m:length + 2 * m], fed.values.index_select(0, dev[length:length + m]))

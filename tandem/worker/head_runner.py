@@ -27,9 +27,10 @@ from tandem.models.eagle import EagleHead
 from tandem.models.forward_context import ForwardContext, KVCache
 from tandem.models.torch_kernels import TORCH_KERNELS
 from tandem.worker.attention import TorchAttention
-from tandem.worker.batch import SeqChunk
+from tandem.worker.batch import HeadChain, SeqChunk
+from tandem.worker.chain import head_chain_fixup, head_chain_room, pack_chain, verify_rows_fed
 from tandem.worker.head_step import HeadStep
-from tandem.worker.input_packer import layout, pack, step_tensors
+from tandem.worker.input_packer import layout, pack, pack_fed, step_tensors
 
 
 class HeadRunner:
@@ -47,18 +48,26 @@ class HeadRunner:
 
     @torch.inference_mode()
     def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], hidden: torch.Tensor | None,
-                token_ids: torch.Tensor | None = None) -> HeadStep:
+                token_ids: torch.Tensor | None = None, chain: HeadChain | None = None) -> HeadStep:
         """``hidden`` None: the target's features from the feature cache. ``token_ids`` ([len(chunks)]
         on the device) replaces the tokens of single-token chunks (the previous step's drafts, kept
-        on the device)."""
+        on the device). ``chain``: the step of a proposal chained on a launched verify, fixed on the
+        device (worker/chain.py: ``head_chain_fixup``)."""
         qlens = [len(c.token_ids) for c in chunks]
         t_total = sum(qlens)
         if hidden is not None and hidden.shape[0] != t_total:
             raise ValueError(f"hidden has {hidden.shape[0]} rows for {t_total} query tokens")
         n, w = len(chunks), max(1, max(len(c.block_ids) for c in chunks))
-        buf = np.empty(layout(t_total, n, w)[-1] + len(rows), dtype=np.int64)
+        fed = verify_rows_fed(chain, qlens) if chain is not None else None
+        buf = np.empty(layout(t_total, n, w)[-1] + len(rows) + head_chain_room(chain, fed, n), dtype=np.int64)
         length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, n, None, w, rows)
-        inputs = torch.from_numpy(buf[:length]).to(self.device)
+        end = pack_fed(buf, length, fed, fed.rows if fed is not None else ())
+        if chain is not None:
+            end, c_off = pack_chain(buf, end, chain.verify, qlens, None)
+        inputs = torch.from_numpy(buf[:end]).to(self.device)
+        if chain is not None:
+            head_chain_fixup(inputs, chain, fed, t, n, w, self.block_size, length, c_off,
+                             None if identity else r_off, max(qlens))
         ids, pos, meta = step_tensors(inputs, t, n, w, self.block_size, max(qlens))
         if token_ids is not None:
             if any(q != 1 for q in qlens):
@@ -78,7 +87,7 @@ class AnyHeadRunner(Protocol):
     head: EagleHead
 
     def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], hidden: torch.Tensor | None,
-                token_ids: torch.Tensor | None = None) -> HeadStep: ...
+                token_ids: torch.Tensor | None = None, chain: HeadChain | None = None) -> HeadStep: ...
 
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None: ...
 

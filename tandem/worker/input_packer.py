@@ -7,6 +7,9 @@ Padding tokens: id 0, position 0, slot -1 (no KV write); padding requests: query
 0. ``rows`` (optional) are the padded rows whose logits are wanted. Two implementations write the same
 bytes: numpy for large steps, plain Python loops for a few short requests (~70 → ~15 µs for one
 decode); tests/test_input_packer.py checks they agree.
+
+``pack_fed`` / ``feed_rows``: query rows whose ids are on the device only (``FedTokens``) — their
+index lists go after the packed step, and the ids are written on the device after the copy.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import numpy as np
 import torch
 
 from tandem.worker.attn_metadata import AttentionMetadata
-from tandem.worker.batch import SeqChunk
+from tandem.worker.batch import FedTokens, SeqChunk
 
 # Steps of at most this many requests and tokens are packed by plain Python loops (pack_small).
 SMALL_PACK_REQS = 8
@@ -215,3 +218,21 @@ def step_tensors(buf: torch.Tensor, t: int, b: int, w: int, block_size: int, max
         num_kv_splits=num_kv_splits,
     )
     return buf[o_ids:o_ids + t], buf[o_pos:o_pos + t], meta
+
+
+def pack_fed(buf: np.ndarray, length: int, fed: FedTokens | None, rows: Sequence[int]) -> int:
+    """Append the fed tokens' source indices and (buffer) rows after a packed step; the new end."""
+    if fed is None:
+        return length
+    m = len(rows)
+    buf[length:length + m] = fed.src
+    buf[length + m:length + 2 * m] = rows
+    return length + 2 * m
+
+
+def feed_rows(dev: torch.Tensor, t: int, length: int, fed: FedTokens | None) -> None:
+    """On the device: ids[rows] = values[src], both index lists sent with the step's inputs."""
+    if fed is None or not fed.rows:
+        return
+    m = len(fed.rows)
+    dev[:t].index_copy_(0, dev[length + m:length + 2 * m], fed.values.index_select(0, dev[length:length + m]))

@@ -4,6 +4,8 @@ A chained verify at batch 1 on the H200 spends its time on the host (the GPU com
 verify in ~0.5 ms); the same fix-up in torch ops was ~25 small launches. Program i reads its
 descriptor (``chain.pack_chain``), counts the accepted drafts against the verify's row argmaxes,
 writes the emitted token as its first id and moves its rows back by the rejected count.
+``chain_select_cuda``: the same count moves a selected output row back (an EAGLE head's chained
+first step).
 """
 
 from __future__ import annotations
@@ -53,3 +55,25 @@ def chain_fixup_cuda(dev: torch.Tensor, t: int, b: int, w: int, block_size: int,
     _chain_fixup_kernel[(n,)](dev, row_tokens, o_ids, o_pos, o_slot, o_seq, o_bt, w, block_size, off, stride,
                               HEAD=head, KP=max(8, triton.next_power_of_2(stride - head)),
                               QP=max(8, triton.next_power_of_2(max_query_len)), num_warps=1)
+
+
+@triton.jit(do_not_specialize=["sel_off", "off", "stride"])
+def _chain_select_kernel(dev_ptr, rows_ptr, sel_off, off, stride, HEAD: tl.constexpr, KP: tl.constexpr):
+    i = tl.program_id(0)
+    d = dev_ptr + off + i * stride
+    base = tl.load(d + 2)
+    k = tl.load(d + 3)
+    j = tl.arange(0, KP)
+    valid = j < k
+    g = tl.load(rows_ptr + base + j, mask=valid, other=-2)
+    drafts = tl.load(d + HEAD + j, mask=valid, other=-1)
+    accepted = tl.min(tl.where(valid & (g != drafts), j, k), 0)
+    sel = tl.load(dev_ptr + sel_off + i)
+    tl.store(dev_ptr + sel_off + i, sel - (k - accepted))
+
+
+def chain_select_cuda(dev: torch.Tensor, sel_off: int, off: int, n: int, stride: int, head: int,
+                      row_tokens: torch.Tensor) -> None:
+    """(One compiled variant for up to 8 drafts per request: ``GpuHeadRunner.warm_up`` compiles it.)"""
+    _chain_select_kernel[(n,)](dev, row_tokens, sel_off, off, stride, HEAD=head,
+                               KP=max(8, triton.next_power_of_2(stride - head)), num_warps=1)

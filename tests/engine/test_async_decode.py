@@ -223,10 +223,10 @@ def test_full_batch_keeps_chaining_while_a_queue_waits(llama_dir):
     chained_with_queue = 0
     inner = eng.executor.launch
 
-    def launch(sched, feed=None):
+    def launch(sched, feed=None, drafts=None):
         nonlocal chained_with_queue
         chained_with_queue += feed is not None and bool(eng.scheduler.waiting)
-        return inner(sched, feed)
+        return inner(sched, feed, drafts)
 
     eng.executor.launch = launch
     assert tokens_of(llm.generate(prompts, params, use_tqdm=False)) == want

@@ -56,10 +56,10 @@ def test_chained_verifies_give_the_tokens_of_plain_decoding(llama_dir, plain, ba
     eng.executor.start = lambda sched, *a: (sync_verifies.append(any(s.spec_token_ids for s in sched.scheduled)),
                                             start(sched, *a))[1]
 
-    def spy(sched, feed=None):
+    def spy(sched, feed=None, drafts=None):
         if feed is not None and feed.verifies:
             chained_drafts.extend(len(s.spec_token_ids) for s in sched.scheduled)
-        return launch(sched, feed)
+        return launch(sched, feed, drafts)
 
     eng.executor.launch = spy
     got = _summary(llm.generate(prompts, greedy(40), use_tqdm=False))

@@ -270,17 +270,18 @@ def _features_checker(llm, monkeypatch):
     tokens_of_blocks: dict[int, list[int]] = {}
     orig_propose, orig_forward = proposer._steps, proposer.runner.forward
 
-    def propose(reqs, ks):  # (the chain both proposal paths launch)
+    def propose(reqs, ks, verify=None):  # (the chain every proposal path launches; synchronous here)
+        assert verify is None
         tokens_of_blocks.update((id(r.block_ids), list(r.token_ids)) for r in reqs)
         return orig_propose(reqs, ks)
 
-    def forward(chunks, rows, hidden, token_ids=None):
+    def forward(chunks, rows, hidden, token_ids=None, chain=None):
         if hidden is None:  # the rows this step gathers: the chunks' positions' slots
             for c in chunks:
                 lo, hi = c.start, c.start + len(c.token_ids)
                 slots = torch.from_numpy(cache.slots(c.block_ids, lo, hi))
                 reads.append((tokens_of_blocks[id(c.block_ids)], lo, hi, cache.rows[slots].clone()))
-        return orig_forward(chunks, rows, hidden, token_ids)
+        return orig_forward(chunks, rows, hidden, token_ids, chain)
 
     monkeypatch.setattr(proposer, "_steps", propose)
     monkeypatch.setattr(proposer.runner, "forward", forward)
@@ -416,3 +417,77 @@ def test_drafts_feed_the_verify_on_the_device(target, heads, prompts, reference,
     assert fed_tokens and set(fed_tokens) == {PENDING}
     assert events[:2] == ["verify", "read"] and events.count("verify") == events.count("read")
     assert llm.engine.stats.spec.num_draft_tokens >= len(fed_tokens)
+
+
+CHAINED_CASES = {
+    "every-step": ({"disable_by_acceptance": False}, {}),
+    "policy": ({}, {}),
+    "preemption": ({"disable_by_acceptance": False, "num_speculative_tokens": 4},  # as test_with_preemption...
+                   {"kv_cache_memory_bytes": 36 * (5120 + 3072), "max_num_batched_tokens": 40, "max_model_len": 128}),
+    "prefix-cache": ({"disable_by_acceptance": False}, {"enable_prefix_caching": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(CHAINED_CASES))
+def test_chained_proposals_give_the_tokens_of_plain_decoding(target, heads, prompts, reference, case):
+    """An asynchronous EAGLE engine chains its verifies (engine/async_decode.py): each proposal is
+    launched on the device behind the verify in flight and reads its outcome there; no verify
+    waits for a host read to be drafted. Output equals the target's at batch 16 and 1, through
+    preemption, chunked prefill, prefix-cache hits and the policy's idle stretches."""
+    spec, kw = CHAINED_CASES[case]
+    spec = {"method": "eagle3", "model": str(heads["eagle3"]), "num_speculative_tokens": 3, **spec}
+    llm = make_llm(target, async_scheduling=True, speculative_config=spec, **kw)
+    eng = llm.engine
+    assert eng.speculator.chains
+    sync_verifies: list[bool] = []
+    start = eng.executor.start
+    eng.executor.start = lambda sched, *a: (sync_verifies.append(any(s.spec_token_ids for s in sched.scheduled)),
+                                            start(sched, *a))[1]
+    assert tokens_of(llm.generate(prompts, greedy(32), use_tqdm=False)) == reference
+    if case == "prefix-cache":
+        assert tokens_of(llm.generate(prompts, greedy(32), use_tqdm=False)) == reference
+        assert eng.stats.prefix_cache_hits > 0
+    for p, want in zip(prompts[:2], reference[:2]):
+        assert tokens_of(llm.generate([p], greedy(32), use_tqdm=False)) == [want]
+    if case == "preemption":
+        assert eng.scheduler.num_preemptions > 0
+    if case != "policy":  # (the policy may stop drafting an untrained head at once)
+        assert eng.num_chained_verifies > 0 and eng.stats.spec.num_draft_tokens > 0
+    if case == "every-step":  # (elsewhere a verify beside a prefill chunk runs synchronously)
+        assert not any(sync_verifies)
+    assert eng.speculator.device_drafts is None
+    assert eng.pool.all_free()
+
+
+def test_chained_proposals_equal_an_independent_reference(target, heads, prompts, monkeypatch):
+    """A chained proposal's drafts (made before the verify it follows was read) equal what the
+    checkpoint computes from scratch on the tokens that verify left."""
+    from tandem.spec_decode.eagle import EagleProposer
+
+    seen: list[tuple[object, int, int]] = []  # (request, tokens it then had, its drafts' count)
+    drafted: list[list[int]] = []
+    orig = EagleProposer.propose_chained
+
+    def spy(self, reqs, ks, verify):
+        out = orig(self, reqs, ks, verify)
+        if out is not None:
+            host = out.read()
+            rows = verify.row_tokens.tolist()
+            for i, r in enumerate(reqs):
+                if r.request_id in host:
+                    d, off = verify.drafts[i], verify.offsets[i]
+                    a = next((j for j in range(len(d)) if d[j] != rows[off + j]), len(d))
+                    seen.append((r, len(r.token_ids) + a + 1))
+                    drafted.append(host[r.request_id])
+        return out
+
+    monkeypatch.setattr(EagleProposer, "propose_chained", spy)
+    spec = {"method": "eagle3", "model": str(heads["eagle3"]), "num_speculative_tokens": 3,
+            "disable_by_acceptance": False}
+    llm = make_llm(target, async_scheduling=True, speculative_config=spec)
+    outs = llm.generate(prompts[:2], greedy(12), use_tqdm=False)
+    full = {o.request_id: list(o.prompt_token_ids) + list(o.outputs[0].token_ids) for o in outs}
+    assert len(seen) >= 6
+    for (r, n), drafts in list(zip(seen, drafted))[:6]:
+        tokens = full[r.request_id][:n]
+        assert drafts == _reference_drafts(target, heads["eagle3"], "eagle3", tokens, len(drafts)), tokens

@@ -131,3 +131,39 @@ def test_engine_with_eagle_on_cuda(tmp_path, layout):
     assert spec.engine.stats.spec.num_draft_tokens > 0
     hr = spec.engine.proposer.runner
     assert type(hr).__name__ == "GpuHeadRunner" and hr.num_graph_steps > 0
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+def test_gpu_chained_proposal_drafts_what_a_proposal_after_the_read_drafts(tmp_path, graphs):
+    """The CUDA head runner's chained steps (Triton fix-ups, graphs or eager) against the torch
+    runner's synchronous steps on the verify's outcome (eagle_heads.compare_chained_head_steps)."""
+    import json
+
+    from eagle_heads import compare_chained_head_steps, write_eagle_head
+    from tandem.kv.feature_cache import FeatureCache
+    from tandem.kv.kv_cache import allocate_kv_cache
+    from tandem.loader.arch import ModelArch
+    from tandem.loader.eagle import load_eagle_head, read_eagle_config
+    from tandem.worker.gpu_head_runner import GpuHeadRunner
+    from tandem.worker.head_runner import HeadRunner
+    from tiny_models import write_tiny_hf_checkpoint
+
+    tdir = write_tiny_hf_checkpoint(tmp_path, "llama", name="t", num_hidden_layers=4, vocab_size=256,
+                                    hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    hdir, _ = write_eagle_head(tmp_path, "eagle3", tdir, aux=(1, 2, 3), draft_vocab=200, std=0.1)
+    arch = ModelArch.from_hf(json.loads((tdir / "config.json").read_text()))
+    dev, bs = torch.device("cuda"), 16
+    cfg = read_eagle_config(hdir, arch)
+    head = load_eagle_head(cfg, 512, torch.float32, dev)
+    emb = torch.nn.Embedding(256, 128).to(dev)
+    head.bind_target(emb, None, emb.weight)
+    kv = lambda: allocate_kv_cache(cfg.layer, 64, bs, torch.float32, dev)[0]  # noqa: E731
+    features = FeatureCache(3 * 128, 64, bs, torch.float32, dev)
+    features.rows.copy_(torch.randn(features.rows.shape, generator=torch.Generator(device=dev).manual_seed(0),
+                                    device=dev))
+    gpu_r = GpuHeadRunner(head, kv(), bs, dev, max_model_len=512, lookahead=4, features=features, use_graphs=graphs)
+    gpu_r.warm_up([1, 8], [1, 2, 3, 4, 5, 6, 7, 8])
+    blocks = [list(range(i * 8 + 7, i * 8 - 1, -1)) for i in range(8)]  # (out of order)
+    steps = compare_chained_head_steps(gpu_r, HeadRunner(head, kv(), bs, dev, features), blocks, 256, tol=2e-3)
+    assert steps == 3
+    assert gpu_r.num_eager_steps >= 1 and (gpu_r.graphs is not None) == graphs  # (the prior catch-up: eager)
