@@ -61,7 +61,7 @@ Safety valves: ``disable_by_batch_size`` (vLLM's key: no drafts once the batch r
 no proposal is made (asynchronous decode), a proposal round is forced every ``probe_every`` steps for
 host proposers without lazy shadows; a model proposer, which has no shadow drafts to learn from (a
 round in which it drafts nothing tells it nothing, so none is forced: each would drain an
-asynchronous pipeline), drafts the full k for every request in its first ``EXPLORE_ROUNDS`` proposal rounds and again
+asynchronous pipeline), drafts the full k for every request in its first proposal round and again
 once no request has drafted for ``probe_every`` steps (exploration: otherwise estimates that say
 "does not pay" could never be corrected), the interval doubling after each exploration up to
 ``MAX_EXPLORE_EVERY`` and back to ``probe_every`` once the estimates alone choose to draft (a head
@@ -88,11 +88,6 @@ from tandem.spec_decode.policy_guard import GoodputGuard
 MARGIN = 0.05
 PROBE_EVERY = 64
 MAX_EXPLORE_EVERY = 4096  # a model proposer's exploration interval doubles up to this while it never pays
-# a model proposer's exploration drafts this many rounds in a row: on an asynchronous engine its first
-# round runs on a drained pipeline, so it measures a verify at the prior's two decode steps; the
-# rounds after it are chained verifies (an EAGLE head's: ~1.25 decode steps on the H200), which
-# one round never measured (docs/performance.md §39)
-EXPLORE_ROUNDS = 8
 DECODE_PROBE_EVERY = 256
 VERIFY_PROBE_EVERY = 256
 DECODE_PROBE_STEPS = 4  # on an asynchronous engine the first one restarts the pipeline (not steady)
@@ -173,7 +168,6 @@ class GoodputPolicy:
         # the last proposal round was an exploration (not the estimates' choice): its steps are no
         # trial of the policy, so the guard does not judge them (its cost is bounded by the schedule)
         self._exploring = False
-        self._explore_left = 0  # rounds left of the exploration under way
 
     # ---- decisions ------------------------------------------------------------------------------
     def choose(self, batch: int, candidates: Sequence[Candidate]) -> list[int]:
@@ -193,13 +187,9 @@ class GoodputPolicy:
         self._exploring = False
         if any(ks):
             self._explore_every = self.probe_every  # drafting pays on the estimates: explore at the base rate
-            self._explore_left = 0
-        elif not self.free and (self._explore_left or self._steps_since_draft >= self._explore_every):
-            if not self._explore_left:  # a new exploration: ``EXPLORE_ROUNDS`` rounds
-                self._explore_left = EXPLORE_ROUNDS
-                self._explore_every = min(MAX_EXPLORE_EVERY, 2 * self._explore_every)
-            self._explore_left -= 1
+        elif not self.free and self._steps_since_draft >= self._explore_every:
             ks = [c.max_tokens for c in candidates]  # explore: a model proposer has no shadow drafts
+            self._explore_every = min(MAX_EXPLORE_EVERY, 2 * self._explore_every)
             self._exploring = True
         elif (self.free and self._steps_since_draft >= self.probe_every
               and self.cost.verify_is_stale(batch, self.verify_probe_every)
@@ -235,7 +225,7 @@ class GoodputPolicy:
                 return True  # no shadows: refresh the estimates now and then
             if self._steps_since_proposal >= self.verify_probe_every:
                 return True  # a real round now and then: ``choose`` may re-verify under the prior cost
-        elif self._explore_left or self._steps_since_draft >= self._explore_every:
+        elif self._steps_since_draft >= self._explore_every:
             return True  # a model proposer's exploration round is due
         evidence = (self.acceptance.num_scored, self._num_proposals)
         if (self._no_until > self._step and self._no_batch == bucket_of(batch)

@@ -323,8 +323,6 @@ def test_decode_probe_re_measures_the_baseline():
 
 
 def test_model_proposer_explores_then_drafts_when_it_pays():
-    from tandem.spec_decode.policy import EXPLORE_ROUNDS
-
     policy = GoodputPolicy(K, free=False, stats=SpecStats(), probe_every=16)
     policy.acceptance.global_rates[:] = [0.05] * K  # the prior says "never pays": only exploration can fix it
     sim = Sim(policy, 2, GPU_SMALL, lambda: 0.9, draft_step=0.05 * GPU_SMALL(2, 0), seed=1).run(200)
@@ -333,12 +331,9 @@ def test_model_proposer_explores_then_drafts_when_it_pays():
     assert policy.draft_cost == pytest.approx(0.05, rel=0.3)  # the measured draft step, in decode steps
     bad = GoodputPolicy(K, free=False, stats=SpecStats(), probe_every=16)
     sim = Sim(bad, 2, GPU_SMALL, lambda: 0.0, draft_step=0.2 * GPU_SMALL(2, 0), seed=1).run(2000)
-    drafted = [i for i, ks in enumerate(sim.ks) if any(ks)]  # only explorations (of EXPLORE_ROUNDS) ...
-    # (an exploration's rounds may be interrupted by the few plain steps that re-measure the decode)
-    explored = [i for i in drafted if not any(i - j in drafted for j in range(1, 2 * EXPLORE_ROUNDS))]
-    assert len(drafted) <= EXPLORE_ROUNDS * len(explored)
+    explored = [i for i, ks in enumerate(sim.ks) if any(ks)]  # only exploration rounds ...
     gaps = [b - a for a, b in zip(explored, explored[1:])]
-    assert explored[0] == 0 and gaps[0] >= 16 and len(explored) <= 7  # ... ever rarer (every 16: 125)
+    assert explored[0] == 0 and gaps[0] >= 16 and len(explored) <= 6  # ... ever rarer (every 16: 125)
     assert all(b > a for a, b in zip(gaps, gaps[1:]))
     assert sim.goodput() >= 0.95 * 2 / GPU_SMALL(2, 0)
 
@@ -347,7 +342,7 @@ def test_model_proposer_exploration_returns_to_the_base_rate_once_drafting_pays(
     alpha = [0.0]
     policy = GoodputPolicy(K, free=False, stats=SpecStats(), probe_every=16)
     sim = Sim(policy, 1, GPU_SMALL, lambda: alpha[0], draft_step=0.05 * GPU_SMALL(1, 0), seed=2).run(600)
-    assert sim.drafting_share(300) < 0.03  # backed off (one exploration of 8 rounds at most in the window)
+    assert sim.drafting_share(300) < 0.02  # backed off
     alpha[0] = 0.95  # the text became predictable: the next exploration finds it and drafting resumes
     sim.run(1200)
     assert sim.drafting_share(300) > 0.9
