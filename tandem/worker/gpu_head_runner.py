@@ -63,7 +63,8 @@ class GpuHeadRunner:
         dtype = head.fc.weight.dtype
         self._hidden_in = torch.zeros(tmax, head.cfg.hidden_size, dtype=dtype, device=device)
         self._eager = torch.empty(0, dtype=torch.int64, device=device)
-        self._host = HostStaging(device)
+        # (two rounds of steps in flight: a chained proposal's steps queue behind the verify computing)
+        self._host = HostStaging(device, count=2 * (lookahead + 2))
         self.num_graph_steps = self.num_eager_steps = 0
 
     def _splits(self, b: int, qmax: int, max_seq: int | None) -> int:

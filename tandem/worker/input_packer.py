@@ -57,17 +57,20 @@ def _longs(seqs: Sequence[Sequence[int]]) -> np.ndarray:
 
 
 class HostStaging:
-    """Two pinned int64 buffers used alternately; each waits for its last copy before reuse."""
+    """``count`` pinned int64 buffers used in turn; each waits for its last copy before reuse. A
+    runner that queues several steps before the device reaches them (an EAGLE head's k steps,
+    launched behind a verify still computing) needs more than two: with two, packing its third
+    step waited for its first step's copy, i.e. for the verify ahead of it."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, count: int = 2) -> None:
         self.device = device
         self.pin = device.type == "cuda"
-        self.bufs: list[torch.Tensor] = [torch.empty(0, dtype=torch.int64)] * 2
-        self.events: list[torch.cuda.Event | None] = [None, None]
+        self.bufs: list[torch.Tensor] = [torch.empty(0, dtype=torch.int64)] * count
+        self.events: list[torch.cuda.Event | None] = [None] * count
         self.i = 0
 
     def acquire(self, n: int) -> tuple[int, np.ndarray]:
-        self.i ^= 1
+        self.i = (self.i + 1) % len(self.bufs)
         i = self.i
         ev = self.events[i]
         if ev is not None:
