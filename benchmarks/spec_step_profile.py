@@ -6,7 +6,9 @@ HumanEval completion prompts when ``--humaneval`` is given, else a repetitive sy
 times each phase of ``LLMEngine.step`` by wrapping the engine's own methods (no device syncs added:
 the wait for the device shows where the host reads results):
 
-- ``propose``   ``_propose`` (host proposers draft here; the policy chooses)
+- ``propose``   ``_propose`` and ``_propose_ahead`` (host proposers draft here, an EAGLE head's steps
+                are launched; the policy chooses)
+- ``resolve``   ``speculator.resolve_drafts`` (the host read of drafts left on the device)
 - ``schedule``  ``scheduler.schedule``
 - ``execute``   ``executor.start`` + ``finish`` (a synchronous step: pack, launch, wait, sample / verify)
 - ``launch``    ``executor.launch`` (an asynchronous step: pack, launch)
@@ -50,7 +52,7 @@ CONFIGS: dict[str, tuple[dict[str, Any] | None, bool]] = {
     "eagle3": ({"method": "eagle3", "model": "smollm2-135m-instruct-eagle3", "num_speculative_tokens": 3,
                 "disable_by_acceptance": False}, True),
 }
-PHASES = ("propose", "schedule", "execute", "launch", "read", "process", "observe", "cycle")
+PHASES = ("propose", "resolve", "schedule", "execute", "launch", "read", "process", "observe", "cycle")
 
 
 def _wrap(obj: Any, name: str, acc: dict[str, float], key: str) -> None:
@@ -134,6 +136,9 @@ def profile(args: argparse.Namespace, name: str) -> dict[str, Any]:
     run("warm", None)
     acc: dict[str, float] = defaultdict(float)
     _wrap(eng, "_propose", acc, "propose")
+    if hasattr(eng, "_propose_ahead"):  # (older trees: no chained verifies)
+        _wrap(eng, "_propose_ahead", acc, "propose")
+    _wrap(eng.speculator, "resolve_drafts", acc, "resolve")
     _wrap(eng.scheduler, "schedule", acc, "schedule")
     # (the engine calls start / finish and apply / flush; older trees execute and process)
     for obj, names, key in ((eng.executor, ("execute", "start", "finish"), "execute"),
