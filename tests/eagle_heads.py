@@ -152,3 +152,33 @@ def compare_chained_head_steps(chained: Any, sync: Any, blocks: list[list[int]],
         b = sync.forward([SeqChunk([0], verify_at[i] + accepted[i] + steps, blocks[i]) for i in range(n)], range(n),
                          fb_b, token_ids=tok_b)
         steps += 1
+
+
+def head_over_features(base: Path, layout: str, dev: torch.device, *, num_blocks: int, block_size: int,
+                       aux: tuple[int, ...] | None = (1, 2, 3), draft_vocab: int | None = None,
+                       **target_kw: Any) -> tuple[Any, Any, Any, Any]:
+    """A tiny head (float32, std 0.1) over a 4-layer tiny target, bound to a random embedding,
+    with a feature cache of random rows (the target's features, as the head runners read them) and
+    a factory of KV caches for it: ``(head, new_kv_cache, features, target_arch)``."""
+    from tandem.kv.feature_cache import FeatureCache
+    from tandem.kv.kv_cache import allocate_kv_cache
+    from tandem.loader.arch import ModelArch
+    from tandem.loader.eagle import load_eagle_head, read_eagle_config
+    from tiny_models import write_tiny_hf_checkpoint
+
+    tdir = write_tiny_hf_checkpoint(base, "llama", name="t", num_hidden_layers=4, **target_kw)
+    hdir, _ = write_eagle_head(base, layout, tdir, **({"aux": aux} if aux else {}), draft_vocab=draft_vocab, std=0.1)
+    arch = ModelArch.from_hf(json.loads((tdir / "config.json").read_text()))
+    cfg = read_eagle_config(hdir, arch)
+    head = load_eagle_head(cfg, 512, torch.float32, dev)
+    emb = torch.nn.Embedding(arch.vocab_size, arch.hidden_size).to(dev)
+    head.bind_target(emb, None, emb.weight)
+    width = len(cfg.feature_layers(arch.num_layers)) * arch.hidden_size
+    features = FeatureCache(width, num_blocks, block_size, torch.float32, dev)
+    g = torch.Generator(device=dev).manual_seed(0)
+    features.rows.copy_(torch.randn(features.rows.shape, generator=g, device=dev))
+
+    def new_kv_cache() -> Any:
+        return allocate_kv_cache(cfg.layer, num_blocks, block_size, torch.float32, dev)[0]
+
+    return head, new_kv_cache, features, arch

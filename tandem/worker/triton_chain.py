@@ -17,6 +17,18 @@ import triton.language as tl
 from tandem.worker.input_packer import layout
 
 
+@triton.jit
+def _accepted(d, rows_ptr, HEAD: tl.constexpr, KP: tl.constexpr):
+    """A descriptor's (``d``) verify rows' offset, draft count and accepted count."""
+    base = tl.load(d + 2)
+    k = tl.load(d + 3)
+    j = tl.arange(0, KP)
+    valid = j < k
+    g = tl.load(rows_ptr + base + j, mask=valid, other=-2)
+    drafts = tl.load(d + HEAD + j, mask=valid, other=-1)
+    return base, k, tl.min(tl.where(valid & (g != drafts), j, k), 0)  # the first mismatch, else k
+
+
 # (offsets vary with the step's shape: unspecialised, so no shape compiles a variant while serving)
 @triton.jit(do_not_specialize=["o_ids", "o_pos", "o_slot", "o_seq", "o_bt", "w", "bs", "off", "stride"])
 def _chain_fixup_kernel(dev_ptr, rows_ptr, o_ids, o_pos, o_slot, o_seq, o_bt, w, bs, off, stride,
@@ -25,13 +37,7 @@ def _chain_fixup_kernel(dev_ptr, rows_ptr, o_ids, o_pos, o_slot, o_seq, o_bt, w,
     d = dev_ptr + off + i * stride
     first = tl.load(d)
     qlen = tl.load(d + 1)
-    base = tl.load(d + 2)
-    k = tl.load(d + 3)
-    j = tl.arange(0, KP)
-    valid = j < k
-    g = tl.load(rows_ptr + base + j, mask=valid, other=-2)
-    drafts = tl.load(d + HEAD + j, mask=valid, other=-1)
-    accepted = tl.min(tl.where(valid & (g != drafts), j, k), 0)  # the first mismatch, else k
+    base, k, accepted = _accepted(d, rows_ptr, HEAD, KP)
     emitted = tl.load(rows_ptr + base + accepted)
     shift = k - accepted
     tl.store(dev_ptr + o_ids + first, emitted)
@@ -60,14 +66,7 @@ def chain_fixup_cuda(dev: torch.Tensor, t: int, b: int, w: int, block_size: int,
 @triton.jit(do_not_specialize=["sel_off", "off", "stride"])
 def _chain_select_kernel(dev_ptr, rows_ptr, sel_off, off, stride, HEAD: tl.constexpr, KP: tl.constexpr):
     i = tl.program_id(0)
-    d = dev_ptr + off + i * stride
-    base = tl.load(d + 2)
-    k = tl.load(d + 3)
-    j = tl.arange(0, KP)
-    valid = j < k
-    g = tl.load(rows_ptr + base + j, mask=valid, other=-2)
-    drafts = tl.load(d + HEAD + j, mask=valid, other=-1)
-    accepted = tl.min(tl.where(valid & (g != drafts), j, k), 0)
+    _, k, accepted = _accepted(dev_ptr + off + i * stride, rows_ptr, HEAD, KP)
     sel = tl.load(dev_ptr + sel_off + i)
     tl.store(dev_ptr + sel_off + i, sel - (k - accepted))
 

@@ -55,3 +55,22 @@ def test_chained_step_equals_the_step_packed_where_it_lands(seed: int) -> None:
     assert stop == length + n * chain_width(chain) and end == layout(t, b, w)[-1]
     chain_fixup(torch.from_numpy(got), t, b, w, bs, off, n, chain_width(chain), chain.row_tokens, max(qlens))
     assert np.array_equal(got[:end], want[:end])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_chain_select_moves_each_selected_row_back_by_its_rejected_count(seed: int) -> None:
+    """An EAGLE head's chained catch-up (spec_decode/eagle.py) selects each chunk's last row as if
+    the verify accepted everything; ``chain_select`` moves it back by what the verify rejected."""
+    from tandem.worker.chain import chain_select
+
+    _, n, _, _, _, chain, rng = _case(seed)
+    buf = np.zeros(256, dtype=np.int64)
+    end, off = pack_chain(buf, 0, chain, [1] * n, None)
+    sel = [rng.randrange(100, 200) for _ in range(n)]
+    buf[end:end + n] = sel
+    dev = torch.from_numpy(buf)
+    chain_select(dev, end, off, n, chain_width(chain), chain.row_tokens)
+    rows = chain.row_tokens.tolist()
+    for i, (o, d) in enumerate(zip(chain.offsets, chain.drafts)):
+        accepted = accept_matching(rows[o:o + len(d) + 1], [list(d)]).num_accepted[0]
+        assert int(dev[end + i]) == sel[i] - (len(d) - accepted)

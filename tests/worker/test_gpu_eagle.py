@@ -60,31 +60,21 @@ def test_target_runner_returns_and_caches_features_of_every_row():
     assert not fast.feature_cache.rows[spare].any()  # padding rows wrote only the spare row
 
 
+# the tiny target of the head-runner tests (eagle_heads.head_over_features)
+TINY_TARGET = {"vocab_size": 256, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 32}
+
+
 def test_gpu_head_runner_drafts_like_the_torch_head_runner(tmp_path):
-    from eagle_heads import write_eagle_head
-    from tandem.kv.feature_cache import FeatureCache
-    from tandem.kv.kv_cache import allocate_kv_cache
-    from tandem.loader.arch import ModelArch
-    from tandem.loader.eagle import load_eagle_head, read_eagle_config
+    from eagle_heads import head_over_features
     from tandem.worker.batch import SeqChunk
     from tandem.worker.gpu_head_runner import GpuHeadRunner
     from tandem.worker.head_runner import HeadRunner
-    from tiny_models import write_tiny_hf_checkpoint
-    import json
 
-    tdir = write_tiny_hf_checkpoint(tmp_path, "llama", name="t", num_hidden_layers=4, vocab_size=256,
-                                    hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
-    hdir, _ = write_eagle_head(tmp_path, "speculators", tdir, aux=(1, 2, 3), draft_vocab=200, std=0.1)
-    arch = ModelArch.from_hf(json.loads((tdir / "config.json").read_text()))
     dev, bs = torch.device("cuda"), 16
-    cfg = read_eagle_config(hdir, arch)
-    head = load_eagle_head(cfg, 512, torch.float32, dev)
-    emb = torch.nn.Embedding(256, 128).to(dev)
-    head.bind_target(emb, None, emb.weight)
-    kv = lambda: allocate_kv_cache(cfg.layer, 64, bs, torch.float32, dev)[0]  # noqa: E731
-    g = torch.Generator(device=dev).manual_seed(0)
-    features = FeatureCache(3 * 128, 64, bs, torch.float32, dev)  # the target's features, random here
-    features.rows.copy_(torch.randn(features.rows.shape, generator=g, device=dev))
+    head, kv, features, _ = head_over_features(tmp_path, "speculators", dev, num_blocks=64, block_size=bs,
+                                               draft_vocab=200, **TINY_TARGET)
+    g = torch.Generator(device=dev).manual_seed(1)
     torch_r = HeadRunner(head, kv(), bs, dev, features)
     gpu_r = GpuHeadRunner(head, kv(), bs, dev, max_model_len=512, lookahead=4, features=features)
     gpu_r.warm_up([1, 3], [1, 2, 3, 4])
@@ -137,30 +127,13 @@ def test_engine_with_eagle_on_cuda(tmp_path, layout):
 def test_gpu_chained_proposal_drafts_what_a_proposal_after_the_read_drafts(tmp_path, graphs):
     """The CUDA head runner's chained steps (Triton fix-ups, graphs or eager) against the torch
     runner's synchronous steps on the verify's outcome (eagle_heads.compare_chained_head_steps)."""
-    import json
-
-    from eagle_heads import compare_chained_head_steps, write_eagle_head
-    from tandem.kv.feature_cache import FeatureCache
-    from tandem.kv.kv_cache import allocate_kv_cache
-    from tandem.loader.arch import ModelArch
-    from tandem.loader.eagle import load_eagle_head, read_eagle_config
+    from eagle_heads import compare_chained_head_steps, head_over_features
     from tandem.worker.gpu_head_runner import GpuHeadRunner
     from tandem.worker.head_runner import HeadRunner
-    from tiny_models import write_tiny_hf_checkpoint
 
-    tdir = write_tiny_hf_checkpoint(tmp_path, "llama", name="t", num_hidden_layers=4, vocab_size=256,
-                                    hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
-    hdir, _ = write_eagle_head(tmp_path, "eagle3", tdir, aux=(1, 2, 3), draft_vocab=200, std=0.1)
-    arch = ModelArch.from_hf(json.loads((tdir / "config.json").read_text()))
     dev, bs = torch.device("cuda"), 16
-    cfg = read_eagle_config(hdir, arch)
-    head = load_eagle_head(cfg, 512, torch.float32, dev)
-    emb = torch.nn.Embedding(256, 128).to(dev)
-    head.bind_target(emb, None, emb.weight)
-    kv = lambda: allocate_kv_cache(cfg.layer, 64, bs, torch.float32, dev)[0]  # noqa: E731
-    features = FeatureCache(3 * 128, 64, bs, torch.float32, dev)
-    features.rows.copy_(torch.randn(features.rows.shape, generator=torch.Generator(device=dev).manual_seed(0),
-                                    device=dev))
+    head, kv, features, _ = head_over_features(tmp_path, "eagle3", dev, num_blocks=64, block_size=bs,
+                                               draft_vocab=200, **TINY_TARGET)
     gpu_r = GpuHeadRunner(head, kv(), bs, dev, max_model_len=512, lookahead=4, features=features, use_graphs=graphs)
     gpu_r.warm_up([1, 8], [1, 2, 3, 4, 5, 6, 7, 8])
     blocks = [list(range(i * 8 + 7, i * 8 - 1, -1)) for i in range(8)]  # (out of order)

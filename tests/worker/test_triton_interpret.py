@@ -294,10 +294,11 @@ _CHAIN_SCRIPT = textwrap.dedent('''
     import torch
     sys.path.insert(0, sys.argv[1])
     from test_chain import _case
-    from tandem.worker.chain import HEAD, chain_fixup, chain_width, pack_chain
+    from tandem.worker.chain import HEAD, chain_fixup, chain_select, chain_width, pack_chain
     from tandem.worker.input_packer import pack
-    from tandem.worker.triton_chain import chain_fixup_cuda
+    from tandem.worker.triton_chain import chain_fixup_cuda, chain_select_cuda
 
+    moved = 0
     for seed in range(12):
         bs, n, _, assumed, qlens, chain, _ = _case(seed)
         w = max(len(c.block_ids) for c in assumed)
@@ -308,13 +309,23 @@ _CHAIN_SCRIPT = textwrap.dedent('''
         chain_fixup(ref, t, n, w, bs, off, n, chain_width(chain), chain.row_tokens, max(qlens))
         chain_fixup_cuda(got, t, n, w, bs, off, n, chain_width(chain), HEAD, chain.row_tokens, max(qlens))
         assert torch.equal(got, ref), seed
+        # an EAGLE head's chained catch-up: selected rows moved back by the rejected count
+        end = off + n * chain_width(chain)
+        buf[end:end + n] = np.arange(n) * 7 + 9
+        ref, got = torch.from_numpy(buf.copy()), torch.from_numpy(buf.copy())
+        chain_select(ref, end, off, n, chain_width(chain), chain.row_tokens)
+        chain_select_cuda(got, end, off, n, chain_width(chain), HEAD, chain.row_tokens)
+        assert torch.equal(got, ref), seed
+        moved += int((ref != torch.from_numpy(buf)).sum())
+    assert moved > 0  # (some request rejected drafts)
     print("ok")
 ''')
 
 
 def test_chain_fixup_kernel_under_interpreter() -> None:
     """A chained step's one-launch fix-up (worker/triton_chain.py) writes what the torch reference
-    writes: first ids, positions, KV slots, context lengths (worker/chain.py)."""
+    writes: first ids, positions, KV slots, context lengths (worker/chain.py); so does an EAGLE
+    head's chained catch-up's row selection (``chain_select``)."""
     import pathlib
 
     _run_interpreted(_CHAIN_SCRIPT, str(pathlib.Path(__file__).parent))
