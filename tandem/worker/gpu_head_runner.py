@@ -12,6 +12,11 @@ runner (one pinned int64 buffer, one host→device copy per step), plus a static
   a chain step's feedback rows are copied to their padded places first.
 - **eager** (a catch-up over a whole prompt): exact layout, the same ops without a graph.
 
+A step of a proposal chained on a verify still on the device (``HeadChain``) is fixed on the
+device after its input copy, outside the graph (worker/chain.py: ``head_chain_fixup``); its inputs
+are staged in 2 (k + 2) pinned buffers, so that packing a step never waits for a copy queued behind
+that verify.
+
 The linears are cuBLAS (torch ops); the head is one layer, its cost is launches, which the graph
 removes. Outputs of a bucketed step are views of static tensors, valid until this runner's next
 step (the proposer feeds them straight into the next step, which copies them in first).

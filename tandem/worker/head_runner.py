@@ -9,8 +9,11 @@ tokens of its positions), ``hidden`` [T, H] the hidden input per query row — t
 feedback, or ``None`` for a proposal's first step: the target's features of the rows' positions,
 gathered from the feature cache by the step's own slot mapping (head position ``p`` sits in the slot
 of target position ``p``) and fused (``EagleHead.step0_hidden``). It returns, for the flat rows
-``rows``, the greedy draft token (a target id, on the device) and the feedback for the next step. Torch ops on any device; the CUDA
-runner's fused kernels are not used for the head (its one layer is small next to the target).
+``rows``, the greedy draft token (a target id, on the device) and the feedback for the next step.
+A step of a proposal chained on a verify still on the device (``chain``: ``HeadChain``) is fixed on
+the device after its input copy (worker/chain.py: ``head_chain_fixup``). Torch ops on any device;
+the CUDA runner's fused kernels are not used for the head (its one layer is small next to the
+target).
 """
 
 from __future__ import annotations
