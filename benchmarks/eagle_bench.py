@@ -204,7 +204,9 @@ def main() -> None:
             per_pos = [(x - _at(b.accepted_per_pos, j))
                        / max(1, tried[j] - _at(b.drafted_per_pos, j) if tried is not None else drafts)
                        for j, x in enumerate(st.accepted_per_pos)]
-            cond = [per_pos[0]] + [per_pos[j] / per_pos[j - 1] if per_pos[j - 1] else 0.0 for j in range(1, len(per_pos))] if per_pos else []
+            # (min: with the policy choosing k per round, later positions are drafted in other rounds)
+            cond = [per_pos[0]] + [min(1.0, per_pos[j] / per_pos[j - 1]) if per_pos[j - 1] else 0.0
+                                   for j in range(1, len(per_pos))] if per_pos else []
             acc[name].update(
                 tau=1 + (st.num_accepted_tokens - b.num_accepted_tokens) / drafts if drafts else None,
                 per_position=per_pos, cond_rates=cond,
