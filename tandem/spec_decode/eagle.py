@@ -52,6 +52,9 @@ class EagleProposer:
     def __init__(self, runner: AnyHeadRunner) -> None:
         self.runner = runner
         self.head = runner.head
+        # the last proposal's first step: (query rows, requests) — rows past k + 1 per request were
+        # a catch-up over positions the head idled through (``Speculator`` does not time them as drafting)
+        self.last_catch_up = (0, 0)
 
     def forget(self, request_id: str, output_token_ids: Sequence[int]) -> None:
         """(Nothing is kept per request: the features live in the request's blocks.)"""
@@ -105,6 +108,7 @@ class EagleProposer:
             r.draft_num_computed = hi
             rows.append(t - 1)
             active.append(i)
+        self.last_catch_up = (t, len(chunks))
         if not chunks:
             return []
         # hidden inputs: the target's features

@@ -189,7 +189,7 @@ class Speculator:
             if self._on_device(reqs, ks):
                 return self._propose_on_device(reqs, ks, t0)
             proposal = self.proposer.propose_requests(reqs, ks)
-            self._draft_seconds, self._draft_steps = time.perf_counter() - t0, max(ks, default=0)
+            self._timed_drafts(t0, ks)
             for r, toks, k in zip(reqs, proposal.token_ids, ks):
                 if k:  # (an empty draft nobody asked for says nothing about how far drafts reach)
                     policy.proposed(r.request_id, len(r.token_ids), toks)
@@ -215,7 +215,7 @@ class Speculator:
 
     def _propose_on_device(self, reqs: Sequence[Request], ks: Sequence[int], t0: float) -> dict[str, Draft]:
         dd = self.proposer.propose_on_device(reqs, ks)  # type: ignore[attr-defined]
-        self._draft_seconds, self._draft_steps = time.perf_counter() - t0, max(ks, default=0)
+        self._timed_drafts(t0, ks)
         index = dd.index if dd is not None else {}
         if dd is not None:
             self._pending = (dd, [(r, len(r.token_ids), 0) for r in reqs if r.request_id in index])
@@ -324,11 +324,23 @@ class Speculator:
             return {}
         t0 = time.perf_counter()
         dd = self.proposer.propose_chained(reqs, ks, verify)  # type: ignore[attr-defined]
-        self._draft_seconds, self._draft_steps = time.perf_counter() - t0, max(ks)
+        self._timed_drafts(t0, ks)
         if dd is None:
             return {}
         self._pending = (dd, [(r, None, r.draft_num_computed) for r in reqs if r.request_id in dd.index])
         return {rid: Draft(pending(len(pos))) for rid, pos in dd.index.items()}
+
+    def _timed_drafts(self, t0: float, ks: Sequence[int]) -> None:
+        """A model proposal's time, for the step-cost model: it comes off the step's time (the
+        verify's cost), and counts as ``max(ks)`` draft steps — unless an EAGLE head first caught up
+        over positions it had idled through (more than k + 1 rows per request: after a prompt, or a
+        stretch the policy granted nothing), whose eager step is no draft step's cost. (Counted, an
+        exploration round after a long idle stretch had priced a head step at 1.9-3.8 decode steps
+        on the H200, where it costs 0.24, and the policy never drafted again; docs/performance.md §39.)"""
+        self._draft_seconds, self._draft_steps = time.perf_counter() - t0, max(ks, default=0)
+        rows, n = getattr(self.proposer, "last_catch_up", (0, 0))
+        if rows > (self.k + 1) * n:
+            self._draft_steps = 0
 
     def _settle_assumptions(self) -> None:
         """After the verify the last ``drafts_ahead`` assumed about was read: a request whose tokens

@@ -491,3 +491,26 @@ def test_chained_proposals_equal_an_independent_reference(target, heads, prompts
     for (r, n), drafts in list(zip(seen, drafted))[:6]:
         tokens = full[r.request_id][:n]
         assert drafts == _reference_drafts(target, heads["eagle3"], "eagle3", tokens, len(drafts)), tokens
+
+
+def test_a_catch_up_over_idle_positions_is_not_timed_as_drafting(target, heads, prompts):
+    """The policy prices a head step from the proposals' time; a proposal that first caught the head
+    up over positions it had not seen (a prompt, a stretch the policy granted nothing: more than
+    k + 1 rows per request) still comes off the step's time but is not counted as draft steps (on
+    the H200 such rounds had priced a head step at 1.9-3.8 decodes; docs/performance.md §39)."""
+    llm = make_llm(target, speculative_config={"method": "eagle3", "model": str(heads["eagle3"]),
+                                               "num_speculative_tokens": 3, "disable_by_acceptance": False})
+    spec = llm.engine.speculator
+    seen: list[tuple[tuple[int, int], int, int, float]] = []
+    timed = spec._timed_drafts
+
+    def spy(t0, ks):
+        timed(t0, ks)
+        seen.append((spec.proposer.last_catch_up, max(ks), spec._draft_steps, spec._draft_seconds))
+
+    spec._timed_drafts = spy
+    llm.generate(prompts[:3], greedy(48), use_tqdm=False)
+    gaps = [s for s in seen if s[0][0] > 4 * s[0][1]]
+    assert gaps and len(gaps) < len(seen)  # the first round of each request: over its prompt
+    for (rows, n), k, steps, seconds in seen:
+        assert seconds > 0 and steps == (0 if rows > 4 * n else k)

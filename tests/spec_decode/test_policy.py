@@ -444,6 +444,23 @@ def test_acceptance_model_positions_and_decay():
     assert a.rates("x") == a.global_rates
 
 
+def test_engine_wide_rates_follow_a_few_outcomes_then_a_moving_average():
+    """A model proposer is scored on its few drafting rounds only: the engine-wide rates (where new
+    requests start) are the mean of the outcomes so far while that is the larger step, so 8 rounds
+    accepting 2 of 3 drafts move position 0 from the prior 0.5 to ~0.9 (a moving average's 2 %
+    steps had left it at 0.57, and the EAGLE head's new requests never drafted); many outcomes
+    later, a change moves them by the moving average's steps."""
+    a = AcceptanceModel(3, prior=0.5, prior_weight=2.0)
+    for i in range(8):
+        a.record(f"r{i}", 3, 2)
+    assert a.global_rates[0] == pytest.approx(1 - 0.5 * 2 / 10) and a.global_rates[2] == pytest.approx(0.1)
+    for i in range(400):
+        a.record(f"s{i}", 3, 3)
+    assert a.global_rates[0] > 0.99
+    a.record("t", 3, 0)
+    assert a.global_rates[0] == pytest.approx(0.98, abs=0.01)  # one outcome: a 2 % step
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_shadow_scoring_matches_greedy_verification(seed):
     """Lazy shadow drafts (n-gram, while nothing is proposed) score each draft as greedy verification
