@@ -229,10 +229,10 @@ class Speculator:
     def resolve_drafts(self) -> dict[str, list[int]]:
         """Read the drafts left on the device (after the verify step is launched) and put them in
         place of their requests' placeholders (those not scheduled yet); the policy hears of them as
-        of any proposal. Returns them (request id → drafts; empty if none were pending). A
-        chained proposal's (``drafts_ahead``) is read once the verify it followed was: the
-        request's tokens then end where its drafts start, and the head's count of positions seen
-        (set as if that verify accepted everything) comes back to them."""
+        of any proposal. Returns them (request id → drafts). A chained proposal's (``drafts_ahead``)
+        is read once the verify it followed was: the request's tokens then end where its drafts
+        start, and the head's count of positions seen (set as if that verify accepted everything)
+        comes back to them."""
         if self._pending is None:
             return {}
         (dd, reqs), self._pending = self._pending, None
@@ -317,9 +317,8 @@ class Speculator:
     def _propose_chained(self, batch: int, reqs: Sequence[Request], rooms: Sequence[int], verify: ChainedFrom
                          ) -> dict[str, Draft]:
         """``drafts_ahead`` for an EAGLE head: the policy grants, the head drafts on the device."""
-        ks = list(rooms)
-        if self.policy is not None:
-            ks = self.policy.choose(batch, [Candidate(r.request_id, room) for r, room in zip(reqs, rooms)])
+        ks = list(rooms) if self.policy is None else self.policy.choose(
+            batch, [Candidate(r.request_id, room) for r, room in zip(reqs, rooms)])
         if not any(ks):
             return {}
         t0 = time.perf_counter()
@@ -331,12 +330,9 @@ class Speculator:
         return {rid: Draft(pending(len(pos))) for rid, pos in dd.index.items()}
 
     def _timed_drafts(self, t0: float, ks: Sequence[int]) -> None:
-        """A model proposal's time, for the step-cost model: it comes off the step's time (the
-        verify's cost), and counts as ``max(ks)`` draft steps — unless an EAGLE head first caught up
-        over positions it had idled through (more than k + 1 rows per request: after a prompt, or a
-        stretch the policy granted nothing), whose eager step is no draft step's cost. (Counted, an
-        exploration round after a long idle stretch had priced a head step at 1.9-3.8 decode steps
-        on the H200, where it costs 0.24, and the policy never drafted again; docs/performance.md §39.)"""
+        """A model proposal's time comes off the step's (the verify's cost) and counts as ``max(ks)``
+        draft steps — unless an EAGLE head first caught up over positions it had idled through (> k + 1
+        rows per request): counted, that had priced a head step at 1.9-3.8 decodes on the H200 (§39)."""
         self._draft_seconds, self._draft_steps = time.perf_counter() - t0, max(ks, default=0)
         rows, n = getattr(self.proposer, "last_catch_up", (0, 0))
         if rows > (self.k + 1) * n:
