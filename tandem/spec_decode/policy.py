@@ -141,7 +141,7 @@ class GoodputPolicy:
         self.probe_every, self.decode_probe_steps = probe_every, decode_probe_steps
         self.decode_probe_every, self.verify_probe_every = decode_probe_every, verify_probe_every
         self.cost = cost if cost is not None else StepCostModel(max_k=k)
-        self.acceptance = acceptance if acceptance is not None else AcceptanceModel(k)
+        self.acceptance = acceptance if acceptance is not None else AcceptanceModel(k, warm_start=not free)
         self.guard = guard if guard is not None else GoodputGuard()
         self.shadow_per_step = shadow_per_step
         self._shadows_left = shadow_per_step  # this step's lazy shadow budget

@@ -6,13 +6,15 @@ the tokens the target produced afterwards — updates the positions it reached: 
 accepted, rejected at j = accepted when that position was decided. Per request the counts decay
 (``forget`` per scored draft, ~10 drafts of memory) and are blended with the engine-wide estimate of
 the same position (``prior_weight`` pseudo-counts), which itself starts at ``prior`` and follows every
-request's outcomes: the mean of the position's outcomes so far (``prior_weight`` pseudo-counts of the
-prior) until that weighs less than the moving average's ``global_alpha`` step, a moving average from
-then on. So a new request starts at what requests have been getting, and a request whose text turns
-repetitive (or stops repeating) moves to its own rate within a few drafts. (With the moving average
-from the first outcome, a model proposer — scored on its few exploration rounds only, no shadow
-drafts — kept the engine-wide rates at the prior: 8 rounds of an EAGLE head accepting 2.25 tokens
-per verify on the 2-core CPU left them at 0.49–0.52, and its new requests never drafted.)
+request's outcomes in a moving average. So a new request starts at what requests have been getting,
+and a request whose text turns repetitive (or stops repeating) moves to its own rate within a few
+drafts. With ``warm_start`` (a model proposer's: scored on its own rounds only, no shadow drafts)
+the engine-wide rates are the mean of the position's outcomes so far (``prior_weight`` pseudo-counts
+of the prior) until that weighs less than the moving average's step: with the moving average alone,
+8 rounds of an EAGLE head accepting 2.25 tokens per verify on the 2-core CPU left them at 0.49–0.52,
+and its new requests never drafted. (Host proposers keep the moving average from the prior: their
+shadows bring outcomes by the hundred, and the warm start made n-gram draft more and accept less on
+the same CPU — edits 1.50× → 1.44×; docs/performance.md §39.)
 
 ``reach[r, j]`` is the share of the request's proposals that had a token j at all (n-gram finds no
 match on fresh text): only the asynchronous-decode prediction (``will_draft``) needs it, since a
@@ -48,12 +50,13 @@ class AcceptanceModel:
     ~40 µs each on the H200's host.)"""
 
     def __init__(self, k: int, *, prior: float = PRIOR_ACCEPTANCE, prior_weight: float = PRIOR_WEIGHT,
-                 forget: float = FORGET, global_alpha: float = GLOBAL_ALPHA) -> None:
+                 forget: float = FORGET, global_alpha: float = GLOBAL_ALPHA, warm_start: bool = False) -> None:
         if not 0.0 <= prior <= 1.0:
             raise ValueError(f"prior acceptance must be in [0, 1], got {prior}")
         self.k = k
         self.prior_weight, self.forget, self.global_alpha = prior_weight, forget, global_alpha
         self.global_rates = [prior] * k  # engine-wide α_j
+        self.warm_start = warm_start
         self._global_seen = [0] * k  # outcomes each engine-wide rate has followed
         self.global_reach = [1.0] * k
         self._reqs: dict[str, _Counts] = {}
@@ -85,7 +88,8 @@ class AcceptanceModel:
             acc[j] += x
             seen[j] += 1.0
             gseen[j] += 1
-            rates[j] += max(ga, 1.0 / (gseen[j] + self.prior_weight)) * (x - rates[j])
+            step = max(ga, 1.0 / (gseen[j] + self.prior_weight)) if self.warm_start else ga
+            rates[j] += step * (x - rates[j])
         st.num_scored += 1
         self.num_scored += 1
 

@@ -445,15 +445,20 @@ def test_acceptance_model_positions_and_decay():
 
 
 def test_engine_wide_rates_follow_a_few_outcomes_then_a_moving_average():
-    """A model proposer is scored on its few drafting rounds only: the engine-wide rates (where new
+    """A model proposer is scored on its few drafting rounds only: its engine-wide rates (where new
     requests start) are the mean of the outcomes so far while that is the larger step, so 8 rounds
     accepting 2 of 3 drafts move position 0 from the prior 0.5 to ~0.9 (a moving average's 2 %
     steps had left it at 0.57, and the EAGLE head's new requests never drafted); many outcomes
     later, a change moves them by the moving average's steps."""
-    a = AcceptanceModel(3, prior=0.5, prior_weight=2.0)
+    a = AcceptanceModel(3, prior=0.5, prior_weight=2.0, warm_start=True)
+    host = AcceptanceModel(3, prior=0.5, prior_weight=2.0)  # (a host proposer's: the moving average)
     for i in range(8):
         a.record(f"r{i}", 3, 2)
+        host.record(f"r{i}", 3, 2)
     assert a.global_rates[0] == pytest.approx(1 - 0.5 * 2 / 10) and a.global_rates[2] == pytest.approx(0.1)
+    assert host.global_rates[0] == pytest.approx(1 - 0.5 * 0.98 ** 8)
+    assert GoodputPolicy(K, free=False, stats=SpecStats()).acceptance.warm_start
+    assert not GoodputPolicy(K, free=True, stats=SpecStats()).acceptance.warm_start
     for i in range(400):
         a.record(f"s{i}", 3, 3)
     assert a.global_rates[0] > 0.99
