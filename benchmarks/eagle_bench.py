@@ -20,7 +20,8 @@ c = head step / target decode step and v = verify extra cost, timed on the engin
 
 Usage: python benchmarks/eagle_bench.py --target smollm2-135m-instruct --head smollm2-135m-instruct-eagle3
        [--humaneval FILE] [--sharegpt-prompts FILE.jsonl] [--sharegpt-offset N] [--num-prompts 20]
-       [--max-tokens 256] [--ks 3,5] [--device cuda] [--dtype bfloat16] [--json OUT] [--draft-every-step]
+       [--max-tokens 256] [--ks 3,5] [--device cuda] [--dtype bfloat16] [--json OUT]
+       [--draft-every-step | --also-every-step]
 """
 
 from __future__ import annotations
@@ -139,6 +140,8 @@ def main() -> None:
     ap.add_argument("--draft-every-step", action="store_true",
                     help="speculative engines draft every step (disable_by_acceptance false): measures the head's "
                          "acceptance rather than what the goodput policy makes of it")
+    ap.add_argument("--also-every-step", action="store_true",
+                    help="each EAGLE engine twice, side by side: with the goodput policy and drafting every step")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--quantization", default=None,
@@ -157,10 +160,17 @@ def main() -> None:
                                                                    **every}, **common)
     heads = args.head.split(",")
     names = {h: "eagle" if len(heads) == 1 else f"eagle[{Path(h).name}]" for h in heads}
+    eagle_k: dict[str, int] = {}  # engine name -> its k
     for h in heads:
         for k in ks:
-            engines[f"{names[h]} k={k}"] = LLM(args.target, speculative_config={
-                "model": h, "num_speculative_tokens": k, **every}, **common)
+            variants = {"": every}
+            if args.also_every_step and not args.draft_every_step:
+                variants[" every step"] = {"disable_by_acceptance": False}
+            for suffix, extra in variants.items():
+                name = f"{names[h]} k={k}{suffix}"
+                eagle_k[name] = k
+                engines[name] = LLM(args.target, speculative_config={
+                    "model": h, "num_speculative_tokens": k, **extra}, **common)
     tok = engines["baseline"].get_tokenizer()
     work: dict[str, list] = {}
     if "code" in args.workloads:
@@ -223,8 +233,8 @@ def main() -> None:
     for wname, acc in results.items():
         for name, a in acc.items():
             eta = ""
-            if name.startswith("eagle") and a["tau"]:
-                k = int(name.rsplit("=", 1)[1])
+            if name in eagle_k and a["tau"]:
+                k = eagle_k[name]
                 c = costs[k]
                 s_model = expected_tokens_from_position_rates(a["cond_rates"][:k]) / (k * c["c"] + 1 + c["v"])
                 a["eta"] = a["speedup"] / s_model

@@ -9,7 +9,8 @@ with ``s[i, j]`` the survival (expected acceptance) of request i's draft slot j
 requests, plus ``draft_cost`` per draft step for a model-based proposer). Because survival never
 increases along a draft, the optimum takes the N best slots over the whole batch for some N: the
 policy sorts the slots, evaluates G at every N (N = 0 — plain decoding — included) and keeps N* only
-if it beats plain decoding by ``margin`` (5%: estimation error must not make speculation slower).
+if it beats plain decoding by ``margin`` (5%: estimation error must not make speculation slower;
+the search: ``policy_slots.py``).
 So at batch 1 with repetitive text every request verifies k, and as the batch grows (each draft
 token costs more of a step) or acceptance falls, k shrinks per request until nobody drafts.
 
@@ -43,7 +44,10 @@ Where drafts come from:
   verify, and the policy's own host work on each synchronous round, had held the policy at
   1.16× on HumanEval at batch 1 where drafting every step gained 1.5×; docs/performance.md §35.)
 - Model-based proposers: the policy chooses k from the estimates first (the drafting costs
-  forwards), and the granted drafts are scored the same way.
+  forwards), and the granted drafts are scored the same way. They learn only from the rounds they
+  are granted, so their estimates are optimistic where evidence is thin (``policy_accept.py``) and
+  a step shape with little evidence is priced at the bound below it (``policy_slots.py``): on the 2-core
+  CPU the policy had kept 1.02–1.06× of an EAGLE head that gained 1.2× drafting every step.
 - Drafts proposed ahead of a verify in flight (chained verifies, ``Speculator.drafts_ahead``) rest
   on its accepting every draft and emitting the token the proposer expects: their survival is
   scaled by that chance (``Candidate.weight``, from ``assumption_holds``: the request's survival
@@ -81,8 +85,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tandem.engine.stats import SpecStats
-from tandem.spec_decode.policy_accept import AcceptanceModel, score_draft
+from tandem.spec_decode.policy_accept import (MODEL_BLEND_WEIGHT, MODEL_IDLE_FORGET, MODEL_OPTIMISM, AcceptanceModel,
+                                              score_draft)
 from tandem.spec_decode.policy_cost import TRANSITION_SPAN, StepCostModel, bucket_of
+from tandem.spec_decode.policy_slots import best_slots
 from tandem.spec_decode.policy_guard import GoodputGuard
 
 MARGIN = 0.05
@@ -98,6 +104,8 @@ SHADOW_BATCH = 8  # ... and SHADOW_BATCH / batch below that (batch 64: one every
 DEFER_SHADOWS_BATCH = 8  # from this batch on, latest shadows are drafted in ``background``
 WANTS_RECHECK = 4  # steps a host proposer's "nobody would draft" answer stands (batch >= 8: at least, B / 8 at
 #                   batch B, new evidence or not; below 8: at most 2, until new evidence)
+MODEL_RECHECK = 16  # steps a model proposer's "nobody would draft" stands without new evidence (its requests'
+#                   evidence fades meanwhile: policy_accept.py's idle_forget)
 DRAFT_COST_ALPHA = 0.2
 PRIOR_DRAFT_COST = 0.1  # a model-based proposer's draft step, in target decode steps, until measured
 
@@ -141,7 +149,8 @@ class GoodputPolicy:
         self.probe_every, self.decode_probe_steps = probe_every, decode_probe_steps
         self.decode_probe_every, self.verify_probe_every = decode_probe_every, verify_probe_every
         self.cost = cost if cost is not None else StepCostModel(max_k=k)
-        self.acceptance = acceptance if acceptance is not None else AcceptanceModel(k, warm_start=not free)
+        self.acceptance = acceptance if acceptance is not None else AcceptanceModel(k) if free else AcceptanceModel(
+            k, warm_start=True, optimism=MODEL_OPTIMISM, blend_weight=MODEL_BLEND_WEIGHT, idle_forget=MODEL_IDLE_FORGET)
         self.guard = guard if guard is not None else GoodputGuard()
         self.shadow_per_step = shadow_per_step
         self._shadows_left = shadow_per_step  # this step's lazy shadow budget
@@ -244,10 +253,10 @@ class GoodputPolicy:
         # >= 8, B / 8 at batch B, so the estimates cost O(1) per step (a round starting a few steps
         # late costs little where each request's drafts are a small part of the step); below batch 8
         # (where a missed verify costs more) until new evidence, for at most 2 steps. A model
-        # proposer learns only from its own drafts, so its "no" stands until a draft is scored (or
-        # ``probe_every`` steps: the step-cost fit ages).
+        # proposer learns only from its own drafts, so its "no" stands until a draft is scored or
+        # for MODEL_RECHECK steps (its requests' evidence fades meanwhile, and the step-cost fit ages).
         hold = self.free and batch >= 8
-        recheck = (max(WANTS_RECHECK, batch // 8) if hold else 2) if self.free else self.probe_every
+        recheck = (max(WANTS_RECHECK, batch // 8) if hold else 2) if self.free else MODEL_RECHECK
         self._no_until, self._no_batch = self._step + recheck, bucket_of(batch)
         self._no_evidence, self._no_drained, self._no_holds = evidence, drained, hold
         return False
@@ -274,42 +283,19 @@ class GoodputPolicy:
         sigma += restart
         # measured steps of exactly this shape: what the line misses (the CPU's int4 kernel in 4-row blocks)
         residuals = {} if cost else self.cost.residuals(batch)
+        shape_weights = self.cost.shape_weights(batch) if residuals and not self.free else None  # (policy_slots.py)
         lengths = [min(c.max_tokens, self.k if c.draft is None else len(c.draft)) for c in candidates]
-        if not self._may_pay(batch, candidates, lengths, sigma + min([0.0, *residuals.values()]), beta):
+        if shape_weights is None and not self._may_pay(batch, candidates, lengths,
+                                                       sigma + min([0.0, *residuals.values()]), beta):
             return [0] * len(candidates)
-        n = len(candidates)
+        # (reach is a host proposer's; a model proposer's drafts are as long as granted: weighing by
+        # that had made each grant below k shrink the next, and EAGLE's k-th draft was never granted)
         surv = self.acceptance.survival_matrix([c.request_id for c in candidates],
-                                               [c.draft is None for c in candidates])
+                                               [self.free and c.draft is None for c in candidates])
         for row, c in zip(surv, candidates):
             if c.weight != 1.0:
                 row[:] = [v * c.weight for v in row]
-        # a slot below beta never raises the goodput at the margin (adding it gains s, costs G·β/B ≥ β);
-        # (plain Python: at batch 1 a round's numpy calls had cost ~35 µs of a synchronous step)
-        slots = [(sv, i, j) for i, (row, m) in enumerate(zip(surv, lengths))
-                 for j, sv in enumerate(row[:m]) if sv > beta]
-        if not slots:
-            return [0] * n
-        slots.sort(key=lambda t: -t[0])  # (stable) ties: lower request, then lower position first
-        # survival falls along a draft, so the best N slots take a prefix of each request's draft
-        cap, per_slot = self.draft_cost, beta / batch
-        best_g, best_n = -1.0, 0
-        total, longest = float(batch), 0
-        for count, (sv, _, j) in enumerate(slots, 1):
-            total += sv
-            if j >= longest:
-                longest = j + 1
-            over = sigma + per_slot * count
-            if residuals:
-                over += residuals.get(count, 0.0)
-            g = total / ((1.0 + over if over > 0.0 else 1.0) + cap * longest)
-            if g > best_g:
-                best_g, best_n = g, count
-        if best_g < (1.0 + self.margin) * batch:
-            return [0] * n
-        ks = [0] * n
-        for _, i, _ in slots[:best_n]:
-            ks[i] += 1
-        return ks
+        return best_slots(batch, surv, lengths, sigma, beta, residuals, shape_weights, self.draft_cost, self.margin)
 
     def _may_pay(self, batch: int, candidates: Sequence[Candidate], lengths: Sequence[int], sigma: float,
                  beta: float) -> bool:
@@ -320,7 +306,7 @@ class GoodputPolicy:
         total = sum(lengths)
         if total == 0:
             return False
-        s_max = max((self.acceptance.first_survival(c.request_id, c.draft is None) * c.weight
+        s_max = max((self.acceptance.first_survival(c.request_id, self.free and c.draft is None) * c.weight
                      for c, n in zip(candidates, lengths) if n), default=0.0)
         need = (1.0 + self.margin) * batch
         cost = self.draft_cost * max(lengths)
@@ -458,6 +444,7 @@ class GoodputPolicy:
             self._decode_probe -= 1  # a probe lasts its steps, timed or not
         self._step += 1
         self.guard.tick()
+        self.acceptance.tick()
         if self.shadow is not None or self.latest_shadow is not None:
             # lazy shadows: a budget per step (fewer at large batch, where one costs more of a step
             # than it tells: engine-wide rates need few samples), none while the guard blocks this

@@ -16,6 +16,15 @@ and its new requests never drafted. (Host proposers keep the moving average from
 shadows bring outcomes by the hundred, and the warm start made n-gram draft more and accept less on
 the same CPU — edits 1.50× → 1.44×; docs/performance.md §39.)
 
+With ``optimism`` z (a model proposer's as well), requests are blended with the engine-wide rates
+raised by z standard errors, ``g + z·sqrt(g (1 − g) / (n + prior_weight))`` after n outcomes of the
+position: an upper confidence bound. A model proposer learns only from the rounds it is granted, so
+a pessimistic estimate from its first few rounds was self-fulfilling: on the 2-core CPU an EAGLE
+head granted 2 rounds during a warm-up request then sat idle for 64 steps (an exploration's wait,
+doubling after each), and the policy gained 1.15× where drafting every step gained 1.36×. The bound
+keeps it drafting until its outcomes say otherwise with some confidence; the bonus falls as the
+outcomes accumulate (0.25 after 2 at 0.5, 0.05 after 100).
+
 ``reach[r, j]`` is the share of the request's proposals that had a token j at all (n-gram finds no
 match on fresh text): only the asynchronous-decode prediction (``will_draft``) needs it, since a
 free proposer's actual drafts are known before the policy chooses.
@@ -34,6 +43,9 @@ PRIOR_WEIGHT = 2.0
 FORGET = 0.85
 GLOBAL_ALPHA = 0.02  # EWMA step of the engine-wide per-position rates
 REACH_ALPHA = 0.3  # EWMA step of a request's reach
+MODEL_OPTIMISM = 1.0  # a model proposer's upper-confidence bonus on the engine-wide rates, in standard errors
+MODEL_BLEND_WEIGHT = 6.0  # a model proposer's pull of a request's rates to the engine-wide ones, in drafts
+MODEL_IDLE_FORGET = 0.95  # a model proposer's request evidence, per step without a draft scored (half-life ~14)
 
 
 @dataclass
@@ -42,6 +54,7 @@ class _Counts:
     seen: list[float]  # [k] decayed reached counts per position
     reach: list[float]  # [k] EWMA of [proposal had token j]
     num_scored: int = 0
+    at: int = 0  # the model's clock when acc / seen were last brought up to date
 
 
 class AcceptanceModel:
@@ -50,13 +63,18 @@ class AcceptanceModel:
     ~40 µs each on the H200's host.)"""
 
     def __init__(self, k: int, *, prior: float = PRIOR_ACCEPTANCE, prior_weight: float = PRIOR_WEIGHT,
-                 forget: float = FORGET, global_alpha: float = GLOBAL_ALPHA, warm_start: bool = False) -> None:
+                 forget: float = FORGET, global_alpha: float = GLOBAL_ALPHA, warm_start: bool = False,
+                 optimism: float = 0.0, blend_weight: float | None = None, idle_forget: float = 1.0) -> None:
         if not 0.0 <= prior <= 1.0:
             raise ValueError(f"prior acceptance must be in [0, 1], got {prior}")
         self.k = k
         self.prior_weight, self.forget, self.global_alpha = prior_weight, forget, global_alpha
         self.global_rates = [prior] * k  # engine-wide α_j
         self.warm_start = warm_start
+        self.optimism = optimism
+        self._blend_weight = blend_weight
+        self.idle_forget = idle_forget
+        self.clock = 0  # steps (``tick``): a request's counts fade by ``idle_forget`` per step since updated
         self._global_seen = [0] * k  # outcomes each engine-wide rate has followed
         self.global_reach = [1.0] * k
         self._reqs: dict[str, _Counts] = {}
@@ -69,7 +87,7 @@ class AcceptanceModel:
         k = self.k
         st = self._reqs.get(request_id)
         if st is None:
-            st = self._reqs[request_id] = _Counts([0.0] * k, [0.0] * k, [1.0] * k)
+            st = self._reqs[request_id] = _Counts([0.0] * k, [0.0] * k, [1.0] * k, at=self.clock)
         reach, greach, ga = st.reach, self.global_reach, self.global_alpha
         for j in range(k):
             had = 1.0 if j < draft_len else 0.0
@@ -80,6 +98,8 @@ class AcceptanceModel:
             return
         last = min(accepted + 1, n) if decided else min(accepted, n)
         f, acc, seen, rates, gseen = self.forget, st.acc, st.seen, self.global_rates, self._global_seen
+        f *= self._idle(st)
+        st.at = self.clock
         for j in range(k):
             acc[j] *= f
             seen[j] *= f
@@ -93,17 +113,40 @@ class AcceptanceModel:
         st.num_scored += 1
         self.num_scored += 1
 
+    @property
+    def blend_weight(self) -> float:
+        """A request's pull to the engine-wide rates, in drafts (default: ``prior_weight``)."""
+        return self.prior_weight if self._blend_weight is None else self._blend_weight
+
+    def tick(self) -> None:
+        """One engine step: with ``idle_forget`` < 1, the evidence of requests not scored since fades
+        towards the engine-wide rates (a model proposer's request that stopped drafting after a few
+        unlucky rounds is asked again later instead of never: it gets no shadow drafts)."""
+        self.clock += 1
+
+    def _idle(self, st: _Counts) -> float:
+        return 1.0 if self.idle_forget == 1.0 else self.idle_forget ** (self.clock - st.at)
+
+    def prior_rates(self) -> list[float]:
+        """What a request's own counts are blended with: the engine-wide rates, raised by the
+        optimism bonus (z standard errors of their outcomes so far)."""
+        z, w = self.optimism, self.prior_weight
+        if not z:
+            return self.global_rates
+        return [min(1.0, g + z * (g * (1.0 - g) / (n + w)) ** 0.5) for g, n in zip(self.global_rates, self._global_seen)]
+
     def forget_request(self, request_id: str) -> None:
         self._reqs.pop(request_id, None)
 
     # ---- estimates -------------------------------------------------------------------------------
     def rates(self, request_id: str) -> list[float]:
-        """α[r, j] for j < k: the request's decayed counts blended with the engine-wide rates."""
+        """α[r, j] for j < k: the request's decayed counts blended with the engine-wide rates (raised
+        by the optimism bonus)."""
         st = self._reqs.get(request_id)
         if st is None:
-            return list(self.global_rates)
-        w = self.prior_weight
-        return [(a + w * g) / (n + w) for a, n, g in zip(st.acc, st.seen, self.global_rates)]
+            return list(self.prior_rates())
+        w, d = self.blend_weight, self._idle(st)
+        return [(d * a + w * g) / (d * n + w) for a, n, g in zip(st.acc, st.seen, self.prior_rates())]
 
     def survival_matrix(self, request_ids: Sequence[str], with_reach: Sequence[bool]) -> list[list[float]]:
         """Per request, s[r, j] for j < k (times reach[r, j] where ``with_reach``)."""
@@ -129,10 +172,11 @@ class AcceptanceModel:
         if not self.k:
             return 0.0
         st = self._reqs.get(request_id)
-        g = self.global_rates[0]
+        g = self.prior_rates()[0]
         if st is None:
             return g * (self.global_reach[0] if with_reach else 1.0)
-        rate = (st.acc[0] + self.prior_weight * g) / (st.seen[0] + self.prior_weight)
+        w, d = self.blend_weight, self._idle(st)
+        rate = (d * st.acc[0] + w * g) / (d * st.seen[0] + w)
         return rate * (st.reach[0] if with_reach else 1.0)
 
     def expected_tokens(self, request_id: str, length: int) -> float:

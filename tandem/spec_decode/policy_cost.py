@@ -216,6 +216,14 @@ class StepCostModel:
             return {}
         return {n: r for (vb, n), r in b.residuals.items() if vb == batch}
 
+    def shape_weights(self, batch: int) -> dict[int, float]:
+        """Draft tokens -> the (decayed) weight of the verify steps behind ``residuals``' entry: a
+        correction is shrunk towards the line by ``RESIDUAL_PRIOR_WEIGHT / (weight + RESIDUAL_PRIOR_WEIGHT)``."""
+        b = self._buckets.get(bucket_of(batch))
+        if b is None or b.fit is None:
+            return {}
+        return {n: acc[0] for (vb, n), acc in b.shape_sums.items() if vb == batch and (vb, n) in b.residuals}
+
     def ratio(self, batch: int, num_draft_tokens: int) -> float:
         """Predicted step time with ``num_draft_tokens`` drafts over the batch, in units of D(B)."""
         if num_draft_tokens <= 0:

@@ -10,13 +10,21 @@ for the same tokens with the time they took,
     efficiency E = Σ (tokens_i / B_i) · D(B_i)  /  Σ t_i        (decayed sums, newest weighing most)
 
 where D(B) is the measured time of a steady plain decode step of B requests (the cost model's) and
-tokens_i the tokens step i emitted. E < ``min_efficiency`` with enough evidence (``min_weight``
-decayed steps; ``FAST_WEIGHT`` when E < ``FAST_EFFICIENCY``: a trial that clearly loses is cut short) blocks drafting in that bucket for a cooldown (``cooldown`` steps, doubling after
+tokens_i the tokens step i emitted. E below ``min_efficiency`` with confidence — ``E + Z·se(E) <
+min_efficiency``, se the ratio estimator's standard error over the same decayed steps, after at least
+``FAST_WEIGHT`` of them — blocks drafting in that bucket for a cooldown (``cooldown`` steps, doubling after
 every failed trial up to ``max_cooldown``; reset after a trial that passes). When the cooldown ends
 the sums restart and the policy drafts again as its model says: a trial. Blocking only ever turns
 speculation off, so an error of the guard costs a missed gain, never a slowdown; the trials cost at
 most ``min_weight`` steps per cooldown, a few when they clearly lose (well under 1 % once the
 cooldown has grown).
+
+Why a confidence bound: a step's tokens vary from 1 to k + 1, so E over a few dozen steps is noisy
+where the gain is modest. With a fixed threshold (E < 1 after 24 steps, or < 0.85 after 8) an EAGLE
+head on the 2-core CPU that gained 1.2× when drafting every step was blocked for 256 steps at its
+44th step (E < 0.85 over 8.8 steps, the last a 1-token verify); with one standard error it was
+still blocked at step 38 (E 0.92 over 15 steps, in its first short requests). A trial that clearly
+loses is still cut short: its E is far below 1 within a few dozen steps (tests/spec_decode/test_policy.py).
 """
 
 from __future__ import annotations
@@ -26,9 +34,9 @@ from dataclasses import dataclass
 from tandem.spec_decode.policy_cost import bucket_of
 
 MIN_EFFICIENCY = 1.0
-MIN_WEIGHT = 24.0
-FAST_EFFICIENCY = 0.85  # this far below plain decoding, fewer steps of evidence suffice
-FAST_WEIGHT = 8.0
+MIN_WEIGHT = 24.0  # decayed steps of a trial that passes (its cooldown returns to the base)
+FAST_WEIGHT = 8.0  # decayed steps before any judgement
+Z = 2.0  # standard errors E must stay below min_efficiency by to block
 DECAY = 0.97  # per drafting-regime step: ~33 steps of memory
 COOLDOWN = 256
 MAX_COOLDOWN = 8192
@@ -39,6 +47,7 @@ class _Regime:
     plain_seconds: float = 0.0  # decayed Σ tokens / B · D(B)
     seconds: float = 0.0  # decayed Σ t
     weight: float = 0.0  # decayed step count
+    sq: tuple[float, float, float] = (0.0, 0.0, 0.0)  # Σ w² x², Σ w² x t, Σ w² t² (x: a step's plain seconds)
     blocked_until: int = -1  # step clock
     cooldown: int = COOLDOWN
     trials_failed: int = 0
@@ -71,21 +80,30 @@ class GoodputGuard:
         b = self._buckets.setdefault(key, _Regime(cooldown=self.cooldown))
         if self._clock < b.blocked_until:
             return  # a step of the blocked regime (a transition or a stray verify): not a trial's
-        d = self.decay
-        b.plain_seconds = d * b.plain_seconds + num_tokens / batch * decode_seconds
+        d, x = self.decay, num_tokens / batch * decode_seconds
+        b.plain_seconds = d * b.plain_seconds + x
         b.seconds = d * b.seconds + seconds
         b.weight = d * b.weight + 1.0
+        d2, (sxx, sxt, stt) = d * d, b.sq
+        b.sq = (d2 * sxx + x * x, d2 * sxt + x * seconds, d2 * stt + seconds * seconds)
         if b.weight < FAST_WEIGHT:
             return
         e = b.plain_seconds / b.seconds
-        if e < self.min_efficiency and (b.weight >= self.min_weight or e < FAST_EFFICIENCY):
+        if e < self.min_efficiency and e + Z * self._std_error(b, e) < self.min_efficiency:
             b.blocked_until = self._clock + b.cooldown
             b.trials_failed += 1
             b.cooldown = min(self.max_cooldown, b.cooldown * 2)
             b.plain_seconds = b.seconds = b.weight = 0.0  # the next trial starts afresh
+            b.sq = (0.0, 0.0, 0.0)
             self.num_blocks += 1
         elif b.trials_failed and b.weight >= self.min_weight:
             b.trials_failed, b.cooldown = 0, self.cooldown  # a trial passed: speculation pays again
+
+    @staticmethod
+    def _std_error(b: _Regime, e: float) -> float:
+        """se(E) of the ratio estimator E = Σ w x / Σ w t: sqrt(Σ w² (x − E t)²) / Σ w t."""
+        sxx, sxt, stt = b.sq
+        return max(0.0, sxx - 2.0 * e * sxt + e * e * stt) ** 0.5 / b.seconds
 
     def efficiency(self, batch: int) -> float | None:
         """E for the bucket of ``batch`` (None without evidence)."""

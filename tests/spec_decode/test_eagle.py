@@ -376,7 +376,8 @@ def test_an_idle_head_keeps_the_asynchronous_pipeline_chained(target, heads, pro
     plain = make_llm(target, async_scheduling=True)
     policy = llm.engine.policy
     assert policy is not None
-    policy._steps_since_draft, policy._explore_every = 0, 10**9  # no exploration round: nobody drafts
+    policy._steps_since_draft, policy._explore_every = 0, 10**9  # no exploration round ...
+    policy.acceptance.optimism = 0.0  # ... and the prior's 0.5 unraised: nobody drafts
     calls = _count_head_forwards(llm)
     long = greedy(200)  # prompts of up to 50 tokens: within the tiny target's 256 positions
     want = tokens_of(plain.generate(prompts[:2], long, use_tqdm=False))
