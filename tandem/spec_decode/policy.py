@@ -47,7 +47,8 @@ Where drafts come from:
   forwards), and the granted drafts are scored the same way. They learn only from the rounds they
   are granted, so their estimates are optimistic where evidence is thin (``policy_accept.py``) and
   a step shape with little evidence is priced at the bound below it (``policy_slots.py``): on the 2-core
-  CPU the policy had kept 1.02–1.06× of an EAGLE head that gained 1.2× drafting every step.
+  CPU the policy had kept 0.97–1.14× of an EAGLE head that gained 1.12–1.37× drafting every step
+  (docs/performance.md §40).
 - Drafts proposed ahead of a verify in flight (chained verifies, ``Speculator.drafts_ahead``) rest
   on its accepting every draft and emitting the token the proposer expects: their survival is
   scaled by that chance (``Candidate.weight``, from ``assumption_holds``: the request's survival
@@ -88,8 +89,8 @@ from tandem.engine.stats import SpecStats
 from tandem.spec_decode.policy_accept import (MODEL_BLEND_WEIGHT, MODEL_IDLE_FORGET, MODEL_OPTIMISM, AcceptanceModel,
                                               score_draft)
 from tandem.spec_decode.policy_cost import TRANSITION_SPAN, StepCostModel, bucket_of
-from tandem.spec_decode.policy_slots import best_slots
 from tandem.spec_decode.policy_guard import GoodputGuard
+from tandem.spec_decode.policy_slots import best_slots
 
 MARGIN = 0.05
 PROBE_EVERY = 64

@@ -21,13 +21,15 @@ raised by z standard errors, ``g + z·sqrt(g (1 − g) / (n + prior_weight))`` a
 position: an upper confidence bound. A model proposer learns only from the rounds it is granted, so
 a pessimistic estimate from its first few rounds was self-fulfilling: on the 2-core CPU an EAGLE
 head granted 2 rounds during a warm-up request then sat idle for 64 steps (an exploration's wait,
-doubling after each), and the policy gained 1.15× where drafting every step gained 1.36×. The bound
+doubling after each); with the reach weighting below it, the policy kept 0.97–1.14× where drafting
+every step gained 1.12–1.37× (float32 target, docs/performance.md §40). The bound
 keeps it drafting until its outcomes say otherwise with some confidence; the bonus falls as the
 outcomes accumulate (0.25 after 2 at 0.5, 0.05 after 100).
 
 ``reach[r, j]`` is the share of the request's proposals that had a token j at all (n-gram finds no
-match on fresh text): only the asynchronous-decode prediction (``will_draft``) needs it, since a
-free proposer's actual drafts are known before the policy chooses.
+match on fresh text): only the asynchronous-decode prediction (``will_draft``) of a host proposer
+needs it, since a free proposer's actual drafts are known before the policy chooses. (A model
+proposer's drafts are as long as the policy granted: the policy never weighs them by reach.)
 
 Survival ``s[r, j] = Π_{i≤j} α[r, i]`` is the expected acceptance of slot j; it never increases with j,
 so choosing the best slots across requests always takes a prefix of each request's draft.
