@@ -284,7 +284,8 @@ class GoodputPolicy:
         sigma += restart
         # measured steps of exactly this shape: what the line misses (the CPU's int4 kernel in 4-row blocks)
         residuals = {} if cost else self.cost.residuals(batch)
-        shape_weights = self.cost.shape_weights(batch) if residuals and not self.free else None  # (policy_slots.py)
+        # (policy_slots.py; at batch 1 only: a batch of B has up to B·k shapes, each tried twice when bounded)
+        shape_weights = self.cost.shape_weights(batch) if residuals and not self.free and batch == 1 else None
         lengths = [min(c.max_tokens, self.k if c.draft is None else len(c.draft)) for c in candidates]
         if shape_weights is None and not self._may_pay(batch, candidates, lengths,
                                                        sigma + min([0.0, *residuals.values()]), beta):
@@ -292,7 +293,7 @@ class GoodputPolicy:
         # (reach is a host proposer's; a model proposer's drafts are as long as granted: weighing by
         # that had made each grant below k shrink the next, and EAGLE's k-th draft was never granted)
         surv = self.acceptance.survival_matrix([c.request_id for c in candidates],
-                                               [self.free and c.draft is None for c in candidates])
+                                               [self.free and c.draft is None for c in candidates], 1.0 / batch)
         for row, c in zip(surv, candidates):
             if c.weight != 1.0:
                 row[:] = [v * c.weight for v in row]
@@ -307,7 +308,7 @@ class GoodputPolicy:
         total = sum(lengths)
         if total == 0:
             return False
-        s_max = max((self.acceptance.first_survival(c.request_id, self.free and c.draft is None) * c.weight
+        s_max = max((self.acceptance.first_survival(c.request_id, self.free and c.draft is None, 1.0 / batch) * c.weight
                      for c, n in zip(candidates, lengths) if n), default=0.0)
         need = (1.0 + self.margin) * batch
         cost = self.draft_cost * max(lengths)

@@ -24,7 +24,10 @@ head granted 2 rounds during a warm-up request then sat idle for 64 steps (an ex
 doubling after each); with the reach weighting below it, the policy kept 0.97–1.14× where drafting
 every step gained 1.12–1.37× (float32 target, docs/performance.md §40). The bound
 keeps it drafting until its outcomes say otherwise with some confidence; the bonus falls as the
-outcomes accumulate (0.25 after 2 at 0.5, 0.05 after 100).
+outcomes accumulate (0.25 after 2 at 0.5, 0.05 after 100). The policy scales it by 1 / B at batch B:
+a round there brings B outcomes, and a wrong "yes" costs a verify of B drafts (on the 2-core CPU's
+packed target at concurrency 8 the unscaled bonus drafted 11–54 % of decisions where drafting
+loses, 0.93–0.95× against 0.97–1.02× without it; docs/performance.md §40).
 
 ``reach[r, j]`` is the share of the request's proposals that had a token j at all (n-gram finds no
 match on fresh text): only the asynchronous-decode prediction (``will_draft``) of a host proposer
@@ -129,10 +132,10 @@ class AcceptanceModel:
     def _idle(self, st: _Counts) -> float:
         return 1.0 if self.idle_forget == 1.0 else self.idle_forget ** (self.clock - st.at)
 
-    def prior_rates(self) -> list[float]:
+    def prior_rates(self, scale: float = 1.0) -> list[float]:
         """What a request's own counts are blended with: the engine-wide rates, raised by the
-        optimism bonus (z standard errors of their outcomes so far)."""
-        z, w = self.optimism, self.prior_weight
+        optimism bonus (``scale`` · z standard errors of their outcomes so far)."""
+        z, w = self.optimism * scale, self.prior_weight
         if not z:
             return self.global_rates
         return [min(1.0, g + z * (g * (1.0 - g) / (n + w)) ** 0.5) for g, n in zip(self.global_rates, self._global_seen)]
@@ -141,21 +144,23 @@ class AcceptanceModel:
         self._reqs.pop(request_id, None)
 
     # ---- estimates -------------------------------------------------------------------------------
-    def rates(self, request_id: str) -> list[float]:
+    def rates(self, request_id: str, scale: float = 1.0) -> list[float]:
         """α[r, j] for j < k: the request's decayed counts blended with the engine-wide rates (raised
-        by the optimism bonus)."""
+        by ``scale`` times the optimism bonus)."""
         st = self._reqs.get(request_id)
         if st is None:
-            return list(self.prior_rates())
+            return list(self.prior_rates(scale))
         w, d = self.blend_weight, self._idle(st)
-        return [(d * a + w * g) / (d * n + w) for a, n, g in zip(st.acc, st.seen, self.prior_rates())]
+        return [(d * a + w * g) / (d * n + w) for a, n, g in zip(st.acc, st.seen, self.prior_rates(scale))]
 
-    def survival_matrix(self, request_ids: Sequence[str], with_reach: Sequence[bool]) -> list[list[float]]:
-        """Per request, s[r, j] for j < k (times reach[r, j] where ``with_reach``)."""
+    def survival_matrix(self, request_ids: Sequence[str], with_reach: Sequence[bool],
+                        scale: float = 1.0) -> list[list[float]]:
+        """Per request, s[r, j] for j < k (times reach[r, j] where ``with_reach``; ``scale``: of the
+        optimism bonus)."""
         out = []
         for rid, wr in zip(request_ids, with_reach):
             s, row = 1.0, []
-            for a in self.rates(rid):
+            for a in self.rates(rid, scale):
                 s *= a
                 row.append(s)
             if wr:
@@ -169,12 +174,12 @@ class AcceptanceModel:
         that a proposal has a token j at all (for decisions made before the draft is known)."""
         return self.survival_matrix([request_id], [with_reach])[0][: min(length, self.k)]
 
-    def first_survival(self, request_id: str, with_reach: bool = False) -> float:
+    def first_survival(self, request_id: str, with_reach: bool = False, scale: float = 1.0) -> float:
         """s[r, 0] (times reach[r, 0] with ``with_reach``): the best slot a request has, cheaply."""
         if not self.k:
             return 0.0
         st = self._reqs.get(request_id)
-        g = self.prior_rates()[0]
+        g = self.prior_rates(scale)[0]
         if st is None:
             return g * (self.global_reach[0] if with_reach else 1.0)
         w, d = self.blend_weight, self._idle(st)

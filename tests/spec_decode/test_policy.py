@@ -233,10 +233,10 @@ def test_pipeline_restarts_are_measured_apart_from_verifies():
 class _Optimist(AcceptanceModel):
     """An acceptance model that is simply wrong: it believes 90% of every draft is accepted."""
 
-    def survival_matrix(self, request_ids, with_reach):
+    def survival_matrix(self, request_ids, with_reach, scale=1.0):
         return [[0.9 ** (j + 1) for j in range(self.k)] for _ in request_ids]
 
-    def first_survival(self, request_id, with_reach=False):
+    def first_survival(self, request_id, with_reach=False, scale=1.0):
         return 0.9
 
 
@@ -512,6 +512,18 @@ def test_a_model_proposers_estimates_are_optimistic_while_uncertain_and_forget_i
         host.tick()
     assert model.rates("bad")[0] == pytest.approx(model.prior_rates()[0], abs=0.02)
     assert host.rates("bad")[0] == low_host
+
+
+def test_a_model_proposers_optimism_is_scaled_by_the_batch():
+    """At batch B the bonus is 1 / B of batch 1's: a round there brings B outcomes, and a wrong "yes"
+    verifies B drafts (on the 2-core CPU's packed target at concurrency 8 the unscaled bonus drafted
+    where drafting loses). A fresh head: 0.85 per position at batch 1 (the whole k), 0.54 at batch 8."""
+    policy = GoodputPolicy(K, free=False, stats=SpecStats())
+    batch8 = [Candidate(f"r{i}", K) for i in range(8)]
+    assert policy._optimise(1, [Candidate("a", K)]) == [K]
+    assert sum(policy._optimise(8, batch8)) <= 8
+    policy.acceptance.optimism *= 8  # the batch-1 bonus at batch 8
+    assert sum(policy._optimise(8, batch8)) > 8
 
 
 def _flat_cost(decode: float, verify: float) -> StepTime:
