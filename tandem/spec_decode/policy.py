@@ -45,8 +45,8 @@ Where drafts come from:
   1.16× on HumanEval at batch 1 where drafting every step gained 1.5×; docs/performance.md §35.)
 - Model-based proposers: the policy chooses k from the estimates first (the drafting costs
   forwards), and the granted drafts are scored the same way. They learn only from the rounds they
-  are granted, so their estimates are optimistic where evidence is thin (``policy_accept.py``) and
-  a step shape with little evidence is priced at the bound below it (``policy_slots.py``): on the 2-core
+  are granted, so their estimates are optimistic where evidence is thin (``policy_accept.py``) and,
+  at batch 1, a step shape with little evidence is priced at the bound below it (``policy_slots.py``): on the 2-core
   CPU the policy had kept 0.97–1.14× of an EAGLE head that gained 1.12–1.37× drafting every step
   (docs/performance.md §40).
 - Drafts proposed ahead of a verify in flight (chained verifies, ``Speculator.drafts_ahead``) rest
