@@ -135,10 +135,19 @@ class AcceptanceModel:
     def prior_rates(self, scale: float = 1.0) -> list[float]:
         """What a request's own counts are blended with: the engine-wide rates, raised by the
         optimism bonus (``scale`` · z standard errors of their outcomes so far)."""
-        z, w = self.optimism * scale, self.prior_weight
-        if not z:
-            return self.global_rates
-        return [min(1.0, g + z * (g * (1.0 - g) / (n + w)) ** 0.5) for g, n in zip(self.global_rates, self._global_seen)]
+        z = self.optimism * scale
+        return [self._raised(j, z) for j in range(self.k)] if z else self.global_rates
+
+    def _raised(self, j: int, z: float) -> float:
+        g = self.global_rates[j]
+        return min(1.0, g + z * (g * (1.0 - g) / (self._global_seen[j] + self.prior_weight)) ** 0.5) if z else g
+
+    def _blended(self, st: _Counts | None, prior: Sequence[float]) -> list[float]:
+        """α[r, j]: a request's decayed counts (faded while idle) blended with ``prior``."""
+        if st is None:
+            return list(prior)
+        w, d = self.blend_weight, self._idle(st)
+        return [(d * a + w * g) / (d * n + w) for a, n, g in zip(st.acc, st.seen, prior)]
 
     def forget_request(self, request_id: str) -> None:
         self._reqs.pop(request_id, None)
@@ -147,24 +156,21 @@ class AcceptanceModel:
     def rates(self, request_id: str, scale: float = 1.0) -> list[float]:
         """α[r, j] for j < k: the request's decayed counts blended with the engine-wide rates (raised
         by ``scale`` times the optimism bonus)."""
-        st = self._reqs.get(request_id)
-        if st is None:
-            return list(self.prior_rates(scale))
-        w, d = self.blend_weight, self._idle(st)
-        return [(d * a + w * g) / (d * n + w) for a, n, g in zip(st.acc, st.seen, self.prior_rates(scale))]
+        return self._blended(self._reqs.get(request_id), self.prior_rates(scale))
 
     def survival_matrix(self, request_ids: Sequence[str], with_reach: Sequence[bool],
                         scale: float = 1.0) -> list[list[float]]:
         """Per request, s[r, j] for j < k (times reach[r, j] where ``with_reach``; ``scale``: of the
         optimism bonus)."""
+        prior = self.prior_rates(scale)  # (once for the batch)
         out = []
         for rid, wr in zip(request_ids, with_reach):
+            st = self._reqs.get(rid)
             s, row = 1.0, []
-            for a in self.rates(rid, scale):
+            for a in self._blended(st, prior):
                 s *= a
                 row.append(s)
             if wr:
-                st = self._reqs.get(rid)
                 row = [v * r for v, r in zip(row, st.reach if st is not None else self.global_reach)]
             out.append(row)
         return out
@@ -179,7 +185,7 @@ class AcceptanceModel:
         if not self.k:
             return 0.0
         st = self._reqs.get(request_id)
-        g = self.prior_rates(scale)[0]
+        g = self._raised(0, self.optimism * scale)
         if st is None:
             return g * (self.global_reach[0] if with_reach else 1.0)
         w, d = self.blend_weight, self._idle(st)
