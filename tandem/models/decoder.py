@@ -15,7 +15,7 @@ chosen layers (residual stream included: what EAGLE-3 heads read) without a seco
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -150,6 +150,8 @@ class CausalLM(nn.Module):
 
     lm_head_lowp: torch.Tensor | None = None  # configure_lm_head's fp16 copy (CPU), not in the state dict
     screened_head: ScreenedHead | None = None  # screen_lm_head's argmax path (CPU), not in the state dict
+    # onednn_linear.prepack_float_linears's multi-row path for a float32 head (CPU), not in the state dict
+    lm_head_onednn: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def configure_lm_head(self, dtype: str = "auto") -> None:
         """``ModelConfig.lm_head_dtype``, once the weights are loaded: "float16" keeps an fp16 copy of
@@ -180,6 +182,8 @@ class CausalLM(nn.Module):
         if self.lm_head_lowp is not None:
             # F.linear in fp16 is row-invariant on CPU (a verify row's logits are a decode's, bitwise)
             logits = F.linear(hidden.to(torch.float16), self.lm_head_lowp).float()
+        elif self.lm_head_onednn is not None and hidden.dtype is torch.float32:
+            logits = self.lm_head_onednn(hidden)
         else:
             logits = _logits_float32(hidden, self.lm_head_weight)
         cap = self.arch.final_logit_softcapping

@@ -65,12 +65,16 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     rowwise: bool = False,
+    exact_verify: bool = True,
 ) -> torch.Tensor:  # [num_tokens, heads, head_dim]
+    """``exact_verify``: a lone verify's rows each as a decode at its position computes them (see
+    ``_Plan``); False where the caller's linears give a verify's rows other bits than a decode's
+    anyway (then the verify is one masked call per layer)."""
     if rowwise:
         return _rowwise_attention(q, k_cache, v_cache, _host(meta), scale, sliding_window)
     plan = meta.plans.get(sliding_window)
     if plan is None:
-        plan = meta.plans[sliding_window] = _Plan(_host(meta), sliding_window, q.device)
+        plan = meta.plans[sliding_window] = _Plan(_host(meta), sliding_window, q.device, exact_verify)
     threads = torch.get_num_threads()
     if plan.long or threads == 1 or q.device.type != "cpu":
         return _paged_attention(q, k_cache, v_cache, plan, scale)
@@ -224,7 +228,7 @@ def _host(meta: AttentionMetadata) -> _HostMeta:
 class _Plan:
     """Per-step, per-window gather indices and masks, built once and shared by all layers."""
 
-    def __init__(self, meta: _HostMeta, window: int | None, dev: torch.device) -> None:
+    def __init__(self, meta: _HostMeta, window: int | None, dev: torch.device, exact_verify: bool = True) -> None:
         self.host = meta
         self.short = [i for i in range(meta.num_reqs) if meta.query_len(i) <= _BATCHED_MAX_QUERY]
         self.long = [i for i in range(meta.num_reqs) if meta.query_len(i) > _BATCHED_MAX_QUERY]
@@ -234,7 +238,8 @@ class _Plan:
         # decode at its position sees, with the decode's op shapes: its rows are then bitwise what
         # decoding would compute, so greedy speculation cannot drift from plain decoding through
         # attention rounding (it did on the packed int4 path, whose bf16 activations amplify 1e-7
-        # differences). Costs k + 1 small calls per layer instead of one.
+        # differences). Costs k + 1 small calls per layer instead of one, so only with ``exact_verify``
+        # (the runner's float32 linears give a verify's rows other bits than a decode's: then one call).
         self.row_masks: list[torch.Tensor | None] | None = None
         self.single_range: range | None = None
         self.alone = False
@@ -245,7 +250,7 @@ class _Plan:
             self.single = (i, None if mask is None else ~mask)
             self.single_range = meta.slot_range(i)
             self.alone = meta.num_reqs == 1 and not self.long
-            if ql > 1:
+            if ql > 1 and exact_verify:
                 rows = [_mask(1, ctx - ql + 1 + r, window, dev) for r in range(ql)]
                 self.row_masks = [None if m is None else ~m for m in rows]
             return
@@ -307,14 +312,16 @@ class TorchAttention:
     """The torch attention backend: q/k norm and rope in torch, ``index_copy_`` KV write, paged
     attention above. Reference numerics (HF's order of operations)."""
 
-    def __init__(self, rowwise: bool = False) -> None:
+    def __init__(self, rowwise: bool = False, exact_verify: bool = True) -> None:
         self.rowwise = rowwise  # batch-invariant mode: every query row alone (``_rowwise_attention``)
+        self.exact_verify = exact_verify  # a lone verify's rows as decodes compute them (``_Plan``)
 
     def forward(self, attn: Attention, qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_cache: KVCache) -> torch.Tensor:  # [T, H * D]
         q, k, v = split_qkv(attn, qkv, positions) if attn.q_norm is not None else _rope_qk(attn, qkv, positions)
         write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
-        o = paged_attention(q, kv_cache[0], kv_cache[1], meta, attn.scale, attn.sliding_window, self.rowwise)
+        o = paged_attention(q, kv_cache[0], kv_cache[1], meta, attn.scale, attn.sliding_window, self.rowwise,
+                            self.exact_verify)
         return o.reshape(qkv.shape[0], attn.q_size)
 
 

@@ -45,12 +45,13 @@ class TorchRunner:
         # batch-invariant mode: every row alone through the linears, norms, attention and LM head
         self.invariant = batch_invariant
         self.kernels = ROWWISE_KERNELS if batch_invariant else TORCH_KERNELS
-        self.attention = TorchAttention(rowwise=batch_invariant)
         # A batch-1 verify on the CPU runs its float linears row by row when the model also has packed
         # quantized ones: their bf16 activations turn a float linear's row-count-dependent rounding
         # (~1e-7) into different greedy tokens (gemma-3-270m's GGUF). An all-float model keeps one
-        # matmul per linear (4 GEMVs would read its weights 4 times; its fp32 rows differ by ~1e-7).
+        # matmul per linear (4 GEMVs would read its weights 4 times; its fp32 rows differ by ~1e-7),
+        # so its verify's attention is one masked call per layer too, not a decode's row by row.
         packed = any(hasattr(m, "forward_lowp") for m in model.modules())
+        self.attention = TorchAttention(rowwise=batch_invariant, exact_verify=packed or device.type != "cpu")
         self._verify_kernels = (LONE_VERIFY_KERNELS if packed and device.type == "cpu" and not batch_invariant
                                 else None)
         # batch-1 decode / verify steps of a packed int4 model run as one TorchScript function

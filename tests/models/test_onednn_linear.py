@@ -1,6 +1,7 @@
 """Float32 CPU linears with a oneDNN-packed copy for multi-row steps (models/onednn_linear.py): the
 same products as ``layers.linear`` (to float32 rounding), one-row steps unchanged bit for bit, only
-all-float32 models converted, and an engine that speculates on a float32 CPU target uses them."""
+all-float32 models converted, and an engine that speculates on a float32 CPU target uses them, for
+its LM head too, with its verify's attention in one masked call (its rows are not a decode's bits)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from tandem.models.layers import Linear, linear
-from tandem.models.onednn_linear import OneDnnLinear, available, prepack_float_linears
+from tandem.models.onednn_linear import OneDnnHead, OneDnnLinear, available, prepack_float_linears
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no oneDNN")
 
@@ -46,3 +47,26 @@ def test_only_all_float32_models_are_converted(tmp_path):
     assert prepack_float_linears(model) == 0  # already converted: nothing is a plain float linear now
     bf16 = make_llm(path, dtype="bfloat16", speculative_config={"method": "ngram", "num_speculative_tokens": 3})
     assert not isinstance(bf16.engine.model.model.layers[0].mlp.gate_up_proj, OneDnnLinear)
+
+
+def test_the_head_of_a_speculating_float32_target_and_its_verify_attention(tmp_path):
+    from engine_utils import make_llm
+    from tiny_models import write_tiny_hf_checkpoint
+
+    path = write_tiny_hf_checkpoint(tmp_path, "llama")
+    spec = make_llm(path, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    model = spec.engine.model
+    assert isinstance(model.lm_head_onednn, OneDnnHead)
+    assert not spec.engine.runner.attention.exact_verify  # all-float: one masked attention call per verify
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        for rows in (1, 4):
+            h = torch.randn(rows, model.arch.hidden_size)
+            got, want = model.compute_logits(h), linear(h, model.lm_head_weight)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            if rows == 1:
+                assert torch.equal(got, want)
+    plain = make_llm(path)
+    assert plain.engine.model.lm_head_onednn is None
+    packed = make_llm(path, quantization="int4", speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    assert packed.engine.model.lm_head_onednn is None and packed.engine.runner.attention.exact_verify
