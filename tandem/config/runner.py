@@ -41,8 +41,9 @@ class RunnerConfig:
     # CPU: argmax-only rows (greedy, no logits processing, no logprobs) take the LM head's argmax
     # through an 8-bit packed copy of the head, confirmed exactly (models/quant/screened_head.py)
     screened_head: bool = True
-    # CPU, speculation on: a float32 target's (and draft's) decoder linears keep a copy prepacked for
-    # oneDNN, which multiplies a verify's k + 1 rows in about one row's time (models/onednn_linear.py)
+    # CPU, speculation on: a float32 target's (and draft's) decoder linears and LM head keep a copy
+    # prepacked for oneDNN, which multiplies a verify's 3+ rows in little more than one row's time
+    # (models/onednn_linear.py)
     cpu_onednn: bool = True
 
     def __post_init__(self) -> None:

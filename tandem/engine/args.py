@@ -99,9 +99,9 @@ _HELP: dict[str, str] = {
                   "function (same ops and bits as eager)",
     "screened_head": "CPU, packed layers: greedy rows take the LM head's argmax through an 8-bit packed copy "
                      "of the head, confirmed exactly (same tokens as the float head, faster)",
-    "cpu_onednn": "CPU, float32 model, speculation on: multi-row steps (verify, prefill) of the decoder linears "
-                  "on a oneDNN-packed copy of their weights (about one row's time for a verify; memory: the "
-                  "linears' bytes again)",
+    "cpu_onednn": "CPU, float32 model, speculation on: steps of 3+ rows (verify, prefill) of the decoder linears "
+                  "and LM head on a oneDNN-packed copy of their weights (little more than one row's time for a "
+                  "verify; memory: those weights' bytes again)",
 }
 _GROUPS = {
     ModelConfig: ("model", None),

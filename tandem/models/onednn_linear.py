@@ -4,11 +4,12 @@ compiler uses for linears: ``mkldnn._reorder_linear_weight`` + ``mkldnn._linear_
 Why: a verify step multiplies k + 1 rows, and on the 2-core CI-class CPU the BLAS paths of
 ``layers.linear`` cost about twice a decode's single row for 4 rows, so a float32 verify of SmolLM2
 cost 2.2–2.4 decode steps and speculation could not pay. On prepacked weights oneDNN's small-batch
-GEMM costs about one row's time for 2–8 rows, but a single row runs slower there than the split GEMV
-of ``layers.linear``. So a ``OneDnnLinear`` keeps both: one-row steps (decode) on the float weight
-as before, steps of more rows (verify, prefill) on the packed copy (docs/performance.md §31: a step
-of SmolLM2 float32, 1 / 4 / 5 rows: 28.5–34.3 / 67–77 / 102–110 ms before, 45–47 ms for 4–5 rows on
-oneDNN). The copy costs the decoder linears' bytes again, so the builder makes it only for a target
+GEMM costs little more than one row's time for 3–8 rows, but one or two rows run faster on
+``layers.linear`` (its split GEMV; ``W @ xᵀ`` for two rows, about one row's time). So a
+``OneDnnLinear`` keeps both: steps of one or two rows (a decode, a verify of one draft) on the float
+weight as before, steps of more rows (longer verifies, prefill) on the packed copy
+(docs/performance.md §31: a step of SmolLM2 float32, 1 / 4 / 5 rows: 28.5–34.3 / 67–77 / 102–110 ms
+before, 45–47 ms for 4–5 rows on oneDNN; §41 for two rows). The copy costs the decoder linears' bytes again, so the builder makes it only for a target
 (and draft) that verifies drafts: ``RunnerConfig.cpu_onednn``.
 
 Scope: a model whose decoder linears are all float32 on the CPU (no packed quantized kernels: their
@@ -26,6 +27,12 @@ from torch import nn
 from tandem.models.layers import Linear, PackedLinear, linear
 from tandem.models.quant.attach import LAYER_LINEARS, replace_module
 
+# Steps of at most this many rows stay on ``layers.linear``. SmolLM2's shapes, 2 threads, ms for
+# 30 layers (the head alone): 2 rows there / on oneDNN: qkv 1.99 / 2.82, o 1.27 / 1.88, gate_up
+# 6.41 / 9.33, down 3.23 / 4.70, head 2.89 / 4.76 (1 row there 1.85, 1.13, 6.06, 2.83, 2.78); at 3
+# rows oneDNN is faster on each (2.41 vs 2.68 … 3.46 vs 4.03; docs/performance.md §41).
+PLAIN_MAX_ROWS = 2
+
 
 def available() -> bool:
     ops = torch.ops.mkldnn
@@ -34,7 +41,7 @@ def available() -> bool:
 
 
 class OneDnnLinear(nn.Module):
-    """``y = x W^T + b``: one row from the float weight (``layers.linear``), more rows from W
+    """``y = x W^T + b``: up to PLAIN_MAX_ROWS rows from the float weight (``layers.linear``), more from W
     prepacked for oneDNN (float32, CPU)."""
 
     kernel = "onednn"
@@ -49,7 +56,7 @@ class OneDnnLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        if flat.shape[0] == 1 or torch.is_grad_enabled():
+        if flat.shape[0] <= PLAIN_MAX_ROWS or torch.is_grad_enabled():
             return linear(x, self.weight, self.bias)
         y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -64,7 +71,7 @@ class OneDnnHead:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 4)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 1 or x.dim() != 2:
+        if x.shape[0] <= PLAIN_MAX_ROWS or x.dim() != 2:
             return linear(x, self.weight)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 

@@ -14,7 +14,15 @@ from tandem.models.onednn_linear import OneDnnHead, OneDnnLinear, available, pre
 pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no oneDNN")
 
 
-def test_products_equal_the_float_linear():
+def test_products_equal_the_float_linear(monkeypatch):
+    calls: list[int] = []
+    packed_op = torch.ops.mkldnn._linear_pointwise
+
+    def spy(x, *args):  # type: ignore[no-untyped-def]
+        calls.append(x.shape[0])
+        return packed_op(x, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
     torch.manual_seed(0)
     lin = Linear(96, 80, bias=True)
     lin.weight.data.normal_()
@@ -25,8 +33,9 @@ def test_products_equal_the_float_linear():
             x = torch.randn(rows, 96)
             got, want = fast(x), linear(x, lin.weight, lin.bias)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-            if rows == 1:
-                assert torch.equal(got, want)  # a decode row: the float path itself
+            if rows <= 2:  # a decode, a verify of one draft: the float path itself (faster there)
+                assert torch.equal(got, want)
+        assert calls == [4, 5, 17]
         x3 = torch.randn(2, 3, 96)
         torch.testing.assert_close(fast(x3), linear(x3.reshape(6, 96), lin.weight, lin.bias).reshape(2, 3, 80))
 
@@ -49,7 +58,7 @@ def test_only_all_float32_models_are_converted(tmp_path):
     assert not isinstance(bf16.engine.model.model.layers[0].mlp.gate_up_proj, OneDnnLinear)
 
 
-def test_the_head_of_a_speculating_float32_target_and_its_verify_attention(tmp_path):
+def test_the_head_of_a_speculating_float32_target_and_its_verify_attention(tmp_path, monkeypatch):
     from engine_utils import make_llm
     from tiny_models import write_tiny_hf_checkpoint
 
@@ -58,14 +67,23 @@ def test_the_head_of_a_speculating_float32_target_and_its_verify_attention(tmp_p
     model = spec.engine.model
     assert isinstance(model.lm_head_onednn, OneDnnHead)
     assert not spec.engine.runner.attention.exact_verify  # all-float: one masked attention call per verify
+    calls: list[int] = []
+    packed_op = torch.ops.mkldnn._linear_pointwise
+
+    def spy(x, *args):  # type: ignore[no-untyped-def]
+        calls.append(x.shape[0])
+        return packed_op(x, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
     torch.manual_seed(0)
     with torch.inference_mode():
-        for rows in (1, 4):
+        for rows in (1, 2, 4):
             h = torch.randn(rows, model.arch.hidden_size)
             got, want = model.compute_logits(h), linear(h, model.lm_head_weight)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-            if rows == 1:
+            if rows <= 2:
                 assert torch.equal(got, want)
+    assert calls == [4]  # only the 4-row head on the packed copy
     plain = make_llm(path)
     assert plain.engine.model.lm_head_onednn is None
     packed = make_llm(path, quantization="int4", speculative_config={"method": "ngram", "num_speculative_tokens": 3})
