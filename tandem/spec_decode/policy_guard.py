@@ -25,6 +25,15 @@ head on the 2-core CPU that gained 1.2× when drafting every step was blocked fo
 44th step (E < 0.85 over 8.8 steps, the last a 1-token verify); with one standard error it was
 still blocked at step 38 (E 0.92 over 15 steps, in its first short requests). A trial that clearly
 loses is still cut short: its E is far below 1 within a few dozen steps (tests/spec_decode/test_policy.py).
+
+A regime that has paid gets a short block (``paid_cooldown``, about the judged window): outcomes
+are not independent, and a request's text has stretches where the drafts fail (an EAGLE head on the
+2-core CPU: 10–14 verifies in a row emitting 1–2 tokens, E ≈ 0.5, in a run that gained 1.2× drafting
+every step), which the confidence bound, made for independent steps, blocks. With the full cooldown
+such a stretch switched drafting off for two more 128-token requests at batch 1, a third of that
+run's steps (docs/performance.md §41). "Has paid": E ≥ ``min_efficiency`` over ``min_weight`` steps
+since the bucket's last block. A regime that never paid starts at ``cooldown`` (a wrong model must
+not get cheap trials), and either doubles after each failed trial.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ FAST_WEIGHT = 8.0  # decayed steps before any judgement
 Z = 2.0  # standard errors E must stay below min_efficiency by to block
 DECAY = 0.97  # per drafting-regime step: ~33 steps of memory
 COOLDOWN = 256
+PAID_COOLDOWN = 32  # the first block of a regime that has paid (the decay's window)
 MAX_COOLDOWN = 8192
 
 
@@ -51,13 +61,15 @@ class _Regime:
     blocked_until: int = -1  # step clock
     cooldown: int = COOLDOWN
     trials_failed: int = 0
+    paid: bool = False  # E >= min_efficiency over min_weight steps since the last block
 
 
 class GoodputGuard:
     def __init__(self, *, min_efficiency: float = MIN_EFFICIENCY, min_weight: float = MIN_WEIGHT,
-                 decay: float = DECAY, cooldown: int = COOLDOWN, max_cooldown: int = MAX_COOLDOWN) -> None:
+                 decay: float = DECAY, cooldown: int = COOLDOWN, paid_cooldown: int = PAID_COOLDOWN,
+                 max_cooldown: int = MAX_COOLDOWN) -> None:
         self.min_efficiency, self.min_weight, self.decay = min_efficiency, min_weight, decay
-        self.cooldown, self.max_cooldown = cooldown, max_cooldown
+        self.cooldown, self.paid_cooldown, self.max_cooldown = cooldown, paid_cooldown, max_cooldown
         self._buckets: dict[int, _Regime] = {}
         self._clock = 0
         self.num_blocks = 0  # times a bucket was blocked (cumulative)
@@ -90,14 +102,19 @@ class GoodputGuard:
             return
         e = b.plain_seconds / b.seconds
         if e < self.min_efficiency and e + Z * self._std_error(b, e) < self.min_efficiency:
+            if b.paid and not b.trials_failed:
+                b.cooldown = self.paid_cooldown  # likely a stretch of failing drafts: a short block
             b.blocked_until = self._clock + b.cooldown
             b.trials_failed += 1
             b.cooldown = min(self.max_cooldown, b.cooldown * 2)
             b.plain_seconds = b.seconds = b.weight = 0.0  # the next trial starts afresh
             b.sq = (0.0, 0.0, 0.0)
+            b.paid = False
             self.num_blocks += 1
-        elif b.trials_failed and b.weight >= self.min_weight:
-            b.trials_failed, b.cooldown = 0, self.cooldown  # a trial passed: speculation pays again
+        elif b.weight >= self.min_weight:
+            if b.trials_failed:
+                b.trials_failed, b.cooldown = 0, self.cooldown  # a trial passed: speculation pays again
+            b.paid = b.paid or e >= self.min_efficiency
 
     @staticmethod
     def _std_error(b: _Regime, e: float) -> float:

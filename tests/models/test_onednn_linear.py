@@ -14,15 +14,21 @@ from tandem.models.onednn_linear import OneDnnHead, OneDnnLinear, available, pre
 pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no oneDNN")
 
 
-def test_products_equal_the_float_linear(monkeypatch):
-    calls: list[int] = []
+@pytest.fixture
+def calls(monkeypatch) -> list[int]:
+    """The row counts of the products run on a oneDNN-packed copy."""
+    seen: list[int] = []
     packed_op = torch.ops.mkldnn._linear_pointwise
 
     def spy(x, *args):  # type: ignore[no-untyped-def]
-        calls.append(x.shape[0])
+        seen.append(x.shape[0])
         return packed_op(x, *args)
 
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
+    return seen
+
+
+def test_products_equal_the_float_linear(calls):
     torch.manual_seed(0)
     lin = Linear(96, 80, bias=True)
     lin.weight.data.normal_()
@@ -58,7 +64,7 @@ def test_only_all_float32_models_are_converted(tmp_path):
     assert not isinstance(bf16.engine.model.model.layers[0].mlp.gate_up_proj, OneDnnLinear)
 
 
-def test_the_head_of_a_speculating_float32_target_and_its_verify_attention(tmp_path, monkeypatch):
+def test_the_head_of_a_speculating_float32_target_and_its_verify_attention(tmp_path, calls):
     from engine_utils import make_llm
     from tiny_models import write_tiny_hf_checkpoint
 
@@ -67,14 +73,7 @@ def test_the_head_of_a_speculating_float32_target_and_its_verify_attention(tmp_p
     model = spec.engine.model
     assert isinstance(model.lm_head_onednn, OneDnnHead)
     assert not spec.engine.runner.attention.exact_verify  # all-float: one masked attention call per verify
-    calls: list[int] = []
-    packed_op = torch.ops.mkldnn._linear_pointwise
-
-    def spy(x, *args):  # type: ignore[no-untyped-def]
-        calls.append(x.shape[0])
-        return packed_op(x, *args)
-
-    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
+    calls.clear()  # (the engine's prefill ran on the packed copy)
     torch.manual_seed(0)
     with torch.inference_mode():
         for rows in (1, 2, 4):
