@@ -9,8 +9,9 @@ GEMM costs little more than one row's time for 3–8 rows, but one or two rows r
 ``OneDnnLinear`` keeps both: steps of one or two rows (a decode, a verify of one draft) on the float
 weight as before, steps of more rows (longer verifies, prefill) on the packed copy
 (docs/performance.md §31: a step of SmolLM2 float32, 1 / 4 / 5 rows: 28.5–34.3 / 67–77 / 102–110 ms
-before, 45–47 ms for 4–5 rows on oneDNN; §41 for two rows). The copy costs the decoder linears' bytes again, so the builder makes it only for a target
-(and draft) that verifies drafts: ``RunnerConfig.cpu_onednn``.
+before, 45–47 ms for 4–5 rows on oneDNN; §41 for two rows). The copy costs the decoder linears'
+bytes again, so the builder makes it only for a target (and draft) that verifies drafts:
+``RunnerConfig.cpu_onednn``.
 
 Scope: a model whose decoder linears are all float32 on the CPU (no packed quantized kernels: their
 TorchScript decode and row-exact verify paths expect those modules), outside batch-invariant mode.
@@ -55,10 +56,7 @@ class OneDnnLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)
-        if flat.shape[0] <= PLAIN_MAX_ROWS or torch.is_grad_enabled():
-            return linear(x, self.weight, self.bias)
-        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
+        y = _multiply(x.reshape(-1, self.in_features), self.weight, self.bias, self.packed)
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
@@ -70,16 +68,23 @@ class OneDnnHead:
         self.weight = weight.detach()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 4)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] <= PLAIN_MAX_ROWS or x.dim() != 2:
-            return linear(x, self.weight)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [N, H] → [N, V]
+        return _multiply(x, self.weight, None, self.packed)
+
+
+def _multiply(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+              packed: torch.Tensor) -> torch.Tensor:
+    """``x W^T + b`` for x [N, K]: up to PLAIN_MAX_ROWS rows (or with autograd on) on the float
+    weight, more on the packed copy."""
+    if x.shape[0] <= PLAIN_MAX_ROWS or torch.is_grad_enabled():
+        return linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 def prepack_float_linears(model: nn.Module) -> int:
     """Replace every decoder layer's float32 CPU linear by a ``OneDnnLinear`` (same parameters, plus
-    the packed copy), and give a float32 LM head a ``OneDnnHead``; how many linears were replaced. Does nothing unless all of them are float32 on the CPU and
-    oneDNN is there."""
+    the packed copy), and give a float32 LM head a ``OneDnnHead``; how many linears were replaced.
+    Does nothing unless all of them are float32 on the CPU and oneDNN is there."""
     layers = model.model.layers  # type: ignore[union-attr]
     names = [f"model.layers.{i}.{rel}" for i in range(len(layers)) for rel in LAYER_LINEARS]
     modules = [model.get_submodule(n) for n in names]
@@ -90,7 +95,7 @@ def prepack_float_linears(model: nn.Module) -> int:
     with torch.no_grad():
         for name, m in zip(names, modules):
             replace_module(model, name, OneDnnLinear(m.weight, m.bias))
-        head = model.lm_head_weight  # type: ignore[union-attr]
-        if head.dtype is torch.float32 and head.device.type == "cpu" and model.lm_head_lowp is None:  # type: ignore[union-attr]
+        head, lowp = model.lm_head_weight, model.lm_head_lowp  # type: ignore[union-attr]
+        if head.dtype is torch.float32 and head.device.type == "cpu" and lowp is None:
             model.lm_head_onednn = OneDnnHead(head)  # type: ignore[union-attr]
     return len(names)
