@@ -46,9 +46,9 @@ Where drafts come from:
 - Model-based proposers: the policy chooses k from the estimates first (the drafting costs
   forwards), and the granted drafts are scored the same way. They learn only from the rounds they
   are granted, so their estimates are optimistic where evidence is thin (``policy_accept.py``) and,
-  at batch 1, a step shape with little evidence is priced at the bound below it (``policy_slots.py``): on the 2-core
-  CPU the policy had kept 0.97–1.14× of an EAGLE head that gained 1.12–1.37× drafting every step
-  (docs/performance.md §40).
+  at batch 1, a step shape with little evidence is priced at the bound below it
+  (``policy_slots.py``): on the 2-core CPU the policy had kept 0.97–1.14× of an EAGLE head that
+  gained 1.12–1.37× drafting every step (docs/performance.md §40).
 - Drafts proposed ahead of a verify in flight (chained verifies, ``Speculator.drafts_ahead``) rest
   on its accepting every draft and emitting the token the proposer expects: their survival is
   scaled by that chance (``Candidate.weight``, from ``assumption_holds``: the request's survival

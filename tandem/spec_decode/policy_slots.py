@@ -7,10 +7,10 @@ it beats plain decoding by the margin. A step of ``count`` draft tokens costs
     T / D(B) = 1 + max(0, σ + β · count / B + r(count)) + draft_cost · (longest draft)
 
 with r the per-shape correction of the step-cost fit (``policy_cost.py``). For a model proposer at
-batch 1 (``shape_weights`` given; a batch of B has up to B·k shapes) the shapes are those the policy granted, and where they cost the same (a
-float32 verify of 2..5 rows on the 2-core CPU) the line's slope is only the prior's: it priced an
-EAGLE head's third draft at +0.25 decode steps, the policy stopped granting it, and its measurement
-faded. There a shape's mean is shrunk towards the largest prediction below it (a lower bound: more
+batch 1 (``shape_weights`` given; a batch of B has up to B·k shapes) the shapes are those the policy
+granted, and where they cost the same (a float32 verify of 2..5 rows on the 2-core CPU) the line's
+slope is only the prior's: it priced an EAGLE head's third draft at +0.25 decode steps, the policy
+stopped granting it, and its measurement faded. There a shape's mean is shrunk towards the largest prediction below it (a lower bound: more
 tokens never cost less) instead of towards the line, and a shape never measured is predicted at that
 bound, so it is tried and then measured.
 
