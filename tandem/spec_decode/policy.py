@@ -66,9 +66,9 @@ Safety valves: ``disable_by_batch_size`` (vLLM's key: no drafts once the batch r
 no proposal is made (asynchronous decode), a proposal round is forced every ``probe_every`` steps for
 host proposers without lazy shadows; a model proposer, which has no shadow drafts to learn from (a
 round in which it drafts nothing tells it nothing, so none is forced: each would drain an
-asynchronous pipeline), drafts the full k for every request in its first proposal round and again
-once no request has drafted for ``probe_every`` steps (exploration: otherwise estimates that say
-"does not pay" could never be corrected), the interval doubling after each exploration up to
+asynchronous pipeline), drafts the full k for up to ``EXPLORE_REQUESTS`` requests (in turn) in its
+first proposal round and again once no request has drafted for ``probe_every`` steps (exploration:
+otherwise estimates that say "does not pay" could never be corrected), the interval doubling after each exploration up to
 ``MAX_EXPLORE_EVERY`` and back to ``probe_every`` once the estimates alone choose to draft (a head
 that never pays then costs an exploration round every few thousand steps, not every 64: with the
 64-step rounds and their pipeline drains an idle EAGLE-3 head ran at 0.87× of plain decoding on the
@@ -95,6 +95,7 @@ from tandem.spec_decode.policy_slots import best_slots
 MARGIN = 0.05
 PROBE_EVERY = 64
 MAX_EXPLORE_EVERY = 4096  # a model proposer's exploration interval doubles up to this while it never pays
+EXPLORE_REQUESTS = 4  # ... and an exploration drafts the full k for this many requests at most, in turn
 DECODE_PROBE_EVERY = 256
 VERIFY_PROBE_EVERY = 256
 DECODE_PROBE_STEPS = 4  # on an asynchronous engine the first one restarts the pipeline (not steady)
@@ -172,9 +173,10 @@ class GoodputPolicy:
         self._shadow_due: list[tuple[str, Sequence[int]]] = []  # latest shadows for ``background`` (id, tokens)
         self._decode_probe = 0  # plain steps left to re-measure the decode time
         self._steps_since_proposal = 0
-        # model proposers: steps since any request drafted; the first round explores (full k for all)
+        # model proposers: steps since any request drafted; the first round explores (full k)
         self._steps_since_draft = probe_every
         self._explore_every = probe_every  # doubles after each exploration while the estimates say no
+        self._explore_turn = 0  # where the next exploration's candidates start (``_exploration``)
         # the last proposal round was an exploration (not the estimates' choice): its steps are no
         # trial of the policy, so the guard does not judge them (its cost is bounded by the schedule)
         self._exploring = False
@@ -198,7 +200,7 @@ class GoodputPolicy:
         if any(ks):
             self._explore_every = self.probe_every  # drafting pays on the estimates: explore at the base rate
         elif not self.free and self._steps_since_draft >= self._explore_every:
-            ks = [c.max_tokens for c in candidates]  # explore: a model proposer has no shadow drafts
+            ks = self._exploration(candidates)  # a model proposer has no shadow drafts
             self._explore_every = min(MAX_EXPLORE_EVERY, 2 * self._explore_every)
             self._exploring = True
         elif (self.free and self._steps_since_draft >= self.probe_every
@@ -212,6 +214,15 @@ class GoodputPolicy:
             self._steps_since_event = -1
         self._count(ks)
         return ks
+
+    def _exploration(self, candidates: Sequence[Candidate]) -> list[int]:
+        """The full k for ``EXPLORE_REQUESTS`` candidates, the next ones in turn: an exploration's verify
+        rows and the head's catch-up over the positions each request idled through grow with every
+        request explored, and the engine-wide rates it informs need few outcomes."""
+        n = len(candidates)
+        start, m = self._explore_turn % max(n, 1), min(n, EXPLORE_REQUESTS)
+        self._explore_turn = start + m
+        return [c.max_tokens if (i - start) % n < m else 0 for i, c in enumerate(candidates)]
 
     def wants_any(self, batch: int, candidates: Sequence[Candidate] | Callable[[], Sequence[Candidate]],
                   drained: bool = False) -> bool:
