@@ -16,11 +16,14 @@ neighbours in time), the share of steps launched ahead of the previous read (``n
 / steps: 1.0 is a fully overlapped pipeline), and the drafting share (request-steps that verified
 drafts / request-steps).
 
-``--engines``: a comma-separated subset of none, ngram, ngram-every, suffix, eagle3 (default: all).
+``--engines``: a comma-separated subset of none, ngram, ngram-every, ngram-off, suffix, suffix-off,
+eagle3 (default: all); ``-off``: configured with ``disable_by_batch_size: 1`` (never drafting: the
+speculator's standing cost). Every engine runs the target without the oneDNN copies a speculating
+float32 CPU target gets (``cpu_onednn=False``), so the target forward is the same everywhere.
 ``--profile NAME``: instead of the table, cProfile the decode steps of one engine (after one warm-up
 round) and print its 25 most expensive functions by own time. ``--breakdown``: after the table, the
 wall time per decode step of each engine's stages (the target forward — for EAGLE with the write
-of its features to the feature cache —, the speculator's three calls, and within them the proposer's
+of its features to the feature cache —, the speculator's four calls, and within them the proposer's
 proposals), timed around each call in every round.
 
 ``--repetitive F``: that fraction of the prompts repeats a 6-token motif (n-gram matches there, so a
@@ -45,8 +48,8 @@ from typing import Any
 
 import torch
 
-ENGINES = ("none", "ngram", "ngram-every", "suffix", "eagle3")
-STAGES = ("target forward", "drafts_for", "will_draft", "observe", "proposer")
+ENGINES = ("none", "ngram", "ngram-every", "ngram-off", "suffix", "suffix-off", "eagle3")
+STAGES = ("target forward", "drafts_for", "will_draft", "observe", "background", "proposer")
 
 
 class Stages:
@@ -59,7 +62,7 @@ class Stages:
         self._stack: list[str] = []
         self._wrap(engine.runner, "forward_logits", "target forward")
         self._wrap(engine.runner, "forward", "target forward")
-        for name in ("drafts_for", "will_draft", "observe"):
+        for name in ("drafts_for", "will_draft", "observe", "background"):
             self._wrap(engine.speculator, name, name)
         proposer = engine.speculator.proposer
         if proposer is not None:  # head / draft-model forwards, proposals
@@ -91,6 +94,10 @@ def spec_config(name: str, target: Path) -> dict[str, Any] | None:
         return None
     if name == "ngram":
         return {"method": "ngram", "num_speculative_tokens": 4, "disable_by_acceptance": True}
+    if name == "ngram-off":  # configured, never drafting: the speculator's standing cost
+        return {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 1}
+    if name == "suffix-off":
+        return {"method": "suffix", "disable_by_batch_size": 1}
     if name == "ngram-every":
         return {"method": "ngram", "num_speculative_tokens": 4, "disable_by_acceptance": False}
     if name == "suffix":  # vLLM's defaults (k = 24)
@@ -136,7 +143,8 @@ def main() -> None:
         for i in range(round(args.repetitive * batch)):
             prompts[i] = (torch.randint(3, 500, (6,), generator=g).tolist() * 8)[:48]
         llms = {name: LLM(str(d), device="cpu", dtype="float32", kv_cache_memory_bytes=256 << 20, block_size=16,
-                          max_num_seqs=max(256, batch), async_scheduling=True, speculative_config=cfg)
+                          max_num_seqs=max(256, batch), async_scheduling=True, speculative_config=cfg,
+                          runner_config={"cpu_onednn": False})  # (the same target forward in every engine: host work is the subject)
                 for name, cfg in configs.items()}
         if args.profile:
             profile(llms[args.profile].engine, prompts, sp, args.rounds)

@@ -40,10 +40,9 @@ drafts nothing). An EAGLE head drafts on the device from the verify's real outco
 
 Host work that may wait runs in ``background()``, which the engine calls while the device computes
 a step (after launching it, before reading it): the policy's latest shadows (the suffix proposer's
-lookups) are drafted and finished outputs go to the proposer there, ``FORGET_TOKENS_PER_STEP``
-tokens' worth per call plus 1/64 of the queue. The suffix proposer caches each one in its global
-tree (~3-6 µs per token): forgotten inside ``observe``, the 64 outputs of a batch that finishes
-together had cost ~0.8 ms each on the H200's host, on the critical path (docs/performance.md §36).
+lookups) are drafted and finished outputs go to the proposer there, paid from a time credit of 2 %
+of each step's wall time (``finished_queue.py``: the suffix proposer caches each output in its
+global tree, ~3-4 µs per token, and a host-bound step pays that whether anyone drafts or not).
 
 ``disable_by_acceptance: false`` turns the policy off: every request drafts up to k every step, as
 vLLM does (the policy is on by default). Without speculation the engine holds a ``NoSpeculation``: no drafts, never in the way of
@@ -54,7 +53,6 @@ from __future__ import annotations
 
 import enum
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -65,14 +63,12 @@ from tandem.engine.stats import SpecStats
 from tandem.request import Request
 from tandem.scheduler import SchedulerOutput
 from tandem.spec_decode.device_drafts import PENDING, DeviceDrafts, pending
+from tandem.spec_decode.finished_queue import FinishedQueue
 from tandem.spec_decode.policy import Candidate, GoodputPolicy
 from tandem.spec_decode.policy_cost import ASYNC_PRIOR_RESTART, ASYNC_PRIOR_SIGMA, PRIOR_SIGMA, StepCostModel
 from tandem.spec_decode.proposers import EngineProposer, TokenProposerAdapter
 from tandem.worker.batch import ChainedFrom
 
-
-# Finished requests' output tokens handed to the proposer per ``background()`` call (at least one request)
-FORGET_TOKENS_PER_STEP = 128
 
 # Where the policy is on without ``disable_by_acceptance``: everywhere. (On the 2-core CPU, drafting
 # every step ran at 0.62-0.89x of plain decoding on chat and at concurrency 8, docs/performance.md §15.)
@@ -141,8 +137,7 @@ class Speculator:
         # drafts on the device for the next step, and per drafter (request, tokens when proposed;
         # chained: None and the head's position count as proposed, corrected when read)
         self._pending: tuple[DeviceDrafts, list[tuple[Request, int | None, int]]] | None = None
-        self._finishing: deque[tuple[str, Sequence[int]]] = deque()  # (request id, output) for the proposer
-        self._finishing_tokens = 0  # their output tokens
+        self.finished = FinishedQueue()  # (request id, output) for the proposer
         # chained verifies (``drafts_ahead``): per request drafting in the step just launched, the
         # tokens its drafts assume the verify in flight emits (request, from index, tokens, full draft)
         self._assumed: dict[str, tuple[Request, int, tuple[int, ...], tuple[int, ...]]] = {}
@@ -387,6 +382,7 @@ class Speculator:
 
     # ---- what observe() is made of -------------------------------------------------------------
     def on_step(self, record: StepRecord, bookkeeping: float = 0.0) -> None:
+        self.finished.earn(record.seconds)
         if self.policy is not None:
             self.policy.on_step(record.num_requests, record.num_query_tokens, record.seconds + bookkeeping,
                                 self._draft_seconds, self._draft_steps,
@@ -400,28 +396,17 @@ class Speculator:
         rid = request.request_id
         self._new_tokens.discard(rid)
         self._unsound.discard(rid)
-        output = request.output_token_ids
-        self._finishing.append((rid, output))
-        self._finishing_tokens += len(output) + 1
+        self.finished.push(rid, request.output_token_ids)
         if self.policy is not None:
             self.policy.forget(rid)
 
     def background(self, drain: bool = False) -> None:
         """Host work that may wait, done while the device computes a step: the policy's latest
-        shadows, then queued finished outputs to the proposer, ``FORGET_TOKENS_PER_STEP`` tokens'
-        worth plus 1/64 of the queue (at least one request; all with ``drain``): the queue stays
-        bounded however fast requests finish, and a batch's burst of finished outputs (64 × 256
-        tokens) is spread over its successor's steps at ~1 ms of the H200 host's time per step at
-        first. Until then a proposal does not see them (the suffix global tree lags a few steps)."""
+        shadows, then queued finished outputs to the proposer while the steps' time credit lasts
+        (all with ``drain``; finished_queue.py). Until then a proposal does not see them."""
         if self.policy is not None:
             self.policy.background()  # its latest shadows (a stateful proposer's lookups)
-        queue = self._finishing
-        budget = FORGET_TOKENS_PER_STEP + self._finishing_tokens // 64
-        while queue and (budget > 0 or drain):
-            rid, output = queue.popleft()
-            self.proposer.forget(rid, output)
-            budget -= len(output) + 1
-            self._finishing_tokens -= len(output) + 1
+        self.finished.hand_over(self.proposer.forget, drain)
 
     def _capped(self, batch: int) -> bool:
         """``disable_by_batch_size`` without the policy (the policy applies it itself)."""

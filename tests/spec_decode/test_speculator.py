@@ -12,6 +12,7 @@ from tandem.request import Request, RequestStatus
 from tandem.sampling_params import SamplingParams
 from tandem.scheduler import ScheduledRequest, SchedulerOutput
 from tandem.spec_decode.draft_model import DraftModelProposer
+from tandem.spec_decode.finished_queue import FinishedQueue
 from tandem.spec_decode.ngram import NgramProposer
 from tandem.spec_decode.proposers import TokenProposerAdapter, build_proposer
 from tandem.spec_decode.speculator import (NoSpeculation, SampledTokens, Speculator, StepKind, StepRecord,
@@ -140,51 +141,40 @@ def test_suffix_proposer_learns_finished_outputs_without_lazy_shadows():
     assert "gone" not in suffix.global_tree
 
 
-def test_finished_outputs_reach_the_proposer_a_budget_per_background_call():
-    """``observe`` only queues finished requests; each ``background`` call (the engine makes one
-    while the device computes a step) hands FORGET_TOKENS_PER_STEP output tokens' worth plus 1/64
-    of the queue to the proposer, at least one request, in finishing order; ``drain`` hands
-    all; the queue stays bounded when requests finish faster than that."""
+def test_finished_outputs_reach_the_proposer_from_background_within_the_time_credit():
+    """``observe`` only queues finished requests; ``background`` (the engine calls it while the
+    device computes a step) hands them to the proposer in finishing order while the steps' time
+    credit lasts (finished_queue.py), ``drain`` hands all."""
     told: list[tuple[str, int]] = []
+    clock = [0.0]
 
     class Recorder(TokenProposerAdapter):
         def forget(self, request_id, output_token_ids):
             told.append((request_id, len(output_token_ids)))
+            clock[0] += 1e-5 * len(output_token_ids)  # 10 µs per token
 
     spec = build_speculator(_cfg(), Recorder(NgramProposer(1, 3, 3)), SpecStats(), CPU)
+    spec.finished = FinishedQueue(share=0.02, credit_max=0.003, call_max=0.0015, clock=lambda: clock[0])
     done = []
     for i, n in enumerate((100, 100, 300, 5, 5, 5)):
         r = _req(f"r{i}", [1, 2])
         r.token_ids += [7] * n
         r.status = RequestStatus.FINISHED_LENGTH
         done.append(r)
-    spec.observe(_record(finished=tuple(done)))
+    spec.observe(_record(finished=tuple(done)))  # a step of 10 ms: earns 0.2 ms (the credit is full)
     assert told == []
-    spec.background()  # 101 + 101 > 128
+    spec.background()  # r0 (1 ms), r1 (1 ms): this call's 1.5 ms are spent
     assert told == [("r0", 100), ("r1", 100)]
-    spec.background()  # one request at least, however long
-    assert told[2:] == [("r2", 300)]
+    spec.observe(_record())
+    spec.background()  # 1.2 ms of credit: r2 (3 ms, overdrawn to -1.8 ms)
+    assert told[2:] == [("r2", 300)] and spec.finished.credit < 0
+    spec.observe(_record())
+    spec.background()  # -1.6 ms: nothing
+    assert len(told) == 3
     spec.background(drain=True)
     assert [rid for rid, _ in told] == [f"r{i}" for i in range(6)]
     spec.background()  # nothing left
     assert len(told) == 6
-
-    # finishing faster than FORGET_TOKENS_PER_STEP per step: 1/64 of the queue more per call, so the
-    # queue stays bounded (404 tokens per step: steady at 64 * (404 - 128) = 17664; without: 82800)
-    told.clear()
-    most = 0
-    for step in range(300):
-        batch = []
-        for j in range(4):
-            r = _req(f"s{step}.{j}", [1, 2])
-            r.token_ids += [7] * 100
-            r.status = RequestStatus.FINISHED_LENGTH
-            batch.append(r)
-        spec.observe(_record(finished=tuple(batch)))
-        spec.background()
-        most = max(most, spec._finishing_tokens)
-    assert most < 18000 and len(told) > 950
-    assert [rid for rid, _ in told] == [f"s{i // 4}.{i % 4}" for i in range(len(told))]  # in order
 
 
 def test_spec_stats_count_the_drafts_that_reached_each_position():
