@@ -1,7 +1,7 @@
 """Finished requests' outputs on their way to the proposer, within a share of the host's time.
 
 The suffix proposer caches every finished output in its global tree (``SuffixProposer.forget``):
-~3–4 µs of Python per token on the 2-core CPU. Handed over whole, the outputs of a batch that
+~2–4 µs of Python per token on the 2-core CPU. Handed over whole, the outputs of a batch that
 finishes together cost a step ~0.8 ms each on the H200's host (docs/performance.md §36); handed
 over a fixed number of tokens per step plus 1/64 of the queue (§36 to §42) they still cost 120–180
 µs per step at batch 32–64 on that CPU — and an engine whose steps are bound by the host's work, as
@@ -12,9 +12,8 @@ at 0.81× of plain decoding at batch 32 (§43).
 So the hand-over is paid from a time credit: each step earns ``FORGET_SHARE`` of its wall time (at
 most ``FORGET_CREDIT_MAX`` saved), and ``hand_over`` passes outputs while the credit is positive
 and the call has spent less than ``FORGET_CALL_MAX``, charging the time each one took (the last one
-may overdraw; later steps repay it). At batch 1 an
-output finishes every few hundred steps, so the saved credit passes it over at once — the next
-request's lookups see it, as before. When outputs finish faster than the credit allows, the queue
+may overdraw; later steps repay it). At batch 1 an output finishes every few hundred steps, so the
+saved credit passes it over at once — the next request's lookups see it, as before. When outputs finish faster than the credit allows, the queue
 keeps the newest ``FORGET_QUEUE_TOKENS`` tokens and drops the oldest outputs (counted in
 ``num_dropped``): the global tree is a cache of recent outputs whose upkeep must not cost the
 steps it is meant to speed up. ``drain`` (the engine switching speculators) hands everything over.
