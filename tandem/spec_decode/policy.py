@@ -355,8 +355,9 @@ class GoodputPolicy:
 
     @property
     def wants_tokens(self) -> bool:
-        """Whether ``on_step_tokens`` has anything to do: a proposal to score, or shadows to draft."""
-        return bool(self._pending) or self.shadow is not None or self.latest_shadow is not None
+        """Whether ``on_step_tokens`` has anything to do: a proposal to score, or a shadow budget."""
+        return bool(self._pending) or ((self.shadow is not None or self.latest_shadow is not None)
+                                       and self._shadows_left > 0)
 
     def on_step_tokens(self, requests: Sequence[tuple[str, Sequence[int]]]) -> None:
         """One step's new tokens, per request (id, tokens so far): pending proposals are scored; lazy
@@ -461,10 +462,12 @@ class GoodputPolicy:
         if self.shadow is not None or self.latest_shadow is not None:
             # lazy shadows: a budget per step (fewer at large batch, where one costs more of a step
             # than it tells: engine-wide rates need few samples), none while the guard blocks this
-            # batch size
+            # batch size or ``disable_by_batch_size`` switches it off (nobody may draft: evidence
+            # that only ages, and per-step host work a step nobody drafts must not pay)
             rate = min(float(self.shadow_per_step), SHADOW_RATE, SHADOW_BATCH / max(batch, 1))
             self._shadow_credit = min(float(self.shadow_per_step), self._shadow_credit + rate)
-            self._shadows_left = int(self._shadow_credit) if self.guard.allows(batch) else 0
+            capped = self.disable_by_batch_size is not None and batch >= self.disable_by_batch_size
+            self._shadows_left = int(self._shadow_credit) if self.guard.allows(batch) and not capped else 0
             self._shadow_credit -= self._shadows_left
         verify = num_query_tokens > batch
         self._steps_since_event = 0 if verify else self._steps_since_event + 1

@@ -353,6 +353,28 @@ def test_disable_by_batch_size():
     assert sim.drafting_share(30) > 0.9
 
 
+def test_no_shadows_where_disable_by_batch_size_switches_drafting_off():
+    """At a batch size nobody may draft, lazy shadows only cost host time each step: none are drawn,
+    and the step's tokens are not even asked for; below it they run as usual."""
+    calls: list[int] = []
+
+    def shadow(tokens, k):
+        calls.append(len(tokens))
+        return [1] * k
+
+    for batch, want in ((8, False), (7, True)):
+        calls.clear()
+        policy = GoodputPolicy(3, free=True, shadow=shadow, shadow_per_step=4, disable_by_batch_size=8)
+        tokens = {f"r{i}": [0] * 10 for i in range(batch)}
+        for step in range(40):
+            for toks in tokens.values():
+                toks.append(step % 5 + 2)
+            policy.on_step(batch, batch, 1e-3)
+            if policy.wants_tokens:
+                policy.on_step_tokens(list(tokens.items()))
+        assert bool(calls) is want and (policy.stats.num_shadow_drafts > 0) is want
+
+
 def test_stats_histogram_and_share():
     policy = _policy()
     sim = Sim(policy, 1, GPU_SMALL, lambda: 0.9).run(100)
