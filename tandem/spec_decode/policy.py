@@ -69,10 +69,10 @@ round in which it drafts nothing tells it nothing, so none is forced: each would
 asynchronous pipeline), drafts the full k for up to ``EXPLORE_REQUESTS`` requests (in turn) in its
 first proposal round and again once no request has drafted for ``probe_every`` steps (exploration:
 otherwise estimates that say "does not pay" could never be corrected), the interval doubling after
-each exploration up to ``MAX_EXPLORE_EVERY`` and back to ``probe_every`` once the estimates alone choose to draft (a head
-that never pays then costs an exploration round every few thousand steps, not every 64: with the
-64-step rounds and their pipeline drains an idle EAGLE-3 head ran at 0.87× of plain decoding on the
-H200, docs/performance.md §23);
+each exploration up to ``MAX_EXPLORE_EVERY`` and back to ``probe_every`` once the estimates alone
+choose to draft (a head that never pays then costs an exploration round every few thousand steps,
+not every 64: with the 64-step rounds and their pipeline drains an idle EAGLE-3 head ran at 0.87× of
+plain decoding on the H200, docs/performance.md §23);
 likewise a host proposer verifies its whole drafts once per ``verify_probe_every`` steps without a
 verify when its acceptance would pay under the prior cost model (the measured cost may be an outlier
 that nobody re-measures; measurements also fade with age); and when a batch-size
@@ -282,8 +282,10 @@ class GoodputPolicy:
         return True
 
     def _off(self, batch: int) -> bool:
-        return ((self.disable_by_batch_size is not None and batch >= self.disable_by_batch_size)
-                or self._decode_probe > 0 or not self.guard.allows(batch))
+        return self._capped(batch) or self._decode_probe > 0 or not self.guard.allows(batch)
+
+    def _capped(self, batch: int) -> bool:  # ``disable_by_batch_size``
+        return self.disable_by_batch_size is not None and batch >= self.disable_by_batch_size
 
     def _optimise(self, batch: int, candidates: Sequence[Candidate], restart: float = 0.0,
                   cost: tuple[float, float] | None = None) -> list[int]:
@@ -462,12 +464,11 @@ class GoodputPolicy:
         if self.shadow is not None or self.latest_shadow is not None:
             # lazy shadows: a budget per step (fewer at large batch, where one costs more of a step
             # than it tells: engine-wide rates need few samples), none while the guard blocks this
-            # batch size or ``disable_by_batch_size`` switches it off (nobody may draft: evidence
-            # that only ages, and per-step host work a step nobody drafts must not pay)
+            # batch size or ``disable_by_batch_size`` switches it off (nobody drafts: host work for nothing)
             rate = min(float(self.shadow_per_step), SHADOW_RATE, SHADOW_BATCH / max(batch, 1))
             self._shadow_credit = min(float(self.shadow_per_step), self._shadow_credit + rate)
-            capped = self.disable_by_batch_size is not None and batch >= self.disable_by_batch_size
-            self._shadows_left = int(self._shadow_credit) if self.guard.allows(batch) and not capped else 0
+            allowed = self.guard.allows(batch) and not self._capped(batch)
+            self._shadows_left = int(self._shadow_credit) if allowed else 0
             self._shadow_credit -= self._shadows_left
         verify = num_query_tokens > batch
         self._steps_since_event = 0 if verify else self._steps_since_event + 1
