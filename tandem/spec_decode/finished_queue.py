@@ -9,14 +9,16 @@ SmolLM2's are at batch 32–64 on an H100 (§43: the GPU kernels of a batch-64 s
 ~2.3), pays that on every step, drafting or not: the suffix engine configured never to draft ran
 at 0.81× of plain decoding at batch 32 (§43).
 
-So the hand-over is paid from a time credit: each step earns ``FORGET_SHARE`` of its wall time (at
-most ``FORGET_CREDIT_MAX`` saved), and ``hand_over`` passes outputs while the credit is positive
-and the call has spent less than ``FORGET_CALL_MAX``, charging the time each one took (the last one
-may overdraw; later steps repay it). At batch 1 an output finishes every few hundred steps, so the
-saved credit passes it over at once — the next request's lookups see it, as before. When outputs finish faster than the credit allows, the queue
-keeps the newest ``FORGET_QUEUE_TOKENS`` tokens and drops the oldest outputs (counted in
-``num_dropped``): the global tree is a cache of recent outputs whose upkeep must not cost the
-steps it is meant to speed up. ``drain`` (the engine switching speculators) hands everything over.
+So the hand-over is paid from a time credit (``time_credit.py``; a speculator's goodput policy
+shares it): each step earns ``HOST_SHARE`` of its wall time (at most ``HOST_CREDIT_MAX`` saved), and
+``hand_over`` passes outputs while the credit is positive and the call has spent less than
+``FORGET_CALL_MAX``, charging the time each one took (the last one may overdraw; later steps repay
+it). At batch 1 an output finishes every few hundred steps, so the saved credit passes it over at
+once — the next request's lookups see it, as before. When outputs finish faster than the credit
+allows, the queue keeps the newest ``FORGET_QUEUE_TOKENS`` tokens and drops the oldest outputs
+(counted in ``num_dropped``): the global tree is a cache of recent outputs whose upkeep must not
+cost the steps it is meant to speed up. ``drain`` (the engine switching speculators) hands
+everything over.
 """
 
 from __future__ import annotations
@@ -25,10 +27,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-# Of each step's wall time, the share that handing finished outputs over may take on average.
-FORGET_SHARE = 0.02
-# Credit saved at most (seconds): a burst of finished outputs after a quiet stretch goes over quickly.
-FORGET_CREDIT_MAX = 0.004
+from tandem.spec_decode.time_credit import HOST_CREDIT_MAX, HOST_SHARE, TimeCredit
+
 # One call spends at most this (seconds; the output it started may overrun it): a burst is spread
 # over several steps, none of which stalls much longer than the outputs' longest insertion.
 FORGET_CALL_MAX = 0.0005
@@ -40,14 +40,14 @@ class FinishedQueue:
     """(request id, output tokens) of finished requests, oldest first, and the time credit that
     pays for handing them to the proposer."""
 
-    def __init__(self, share: float = FORGET_SHARE, credit_max: float = FORGET_CREDIT_MAX,
+    def __init__(self, share: float = HOST_SHARE, credit_max: float = HOST_CREDIT_MAX,
                  max_tokens: int = FORGET_QUEUE_TOKENS, call_max: float = FORGET_CALL_MAX,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        self.share, self.credit_max, self.max_tokens, self.call_max = share, credit_max, max_tokens, call_max
-        self._clock = clock
+                 clock: Callable[[], float] = time.perf_counter, credit: TimeCredit | None = None) -> None:
+        self.max_tokens, self.call_max = max_tokens, call_max
+        # (``credit``: one shared with other optional work, whose owner earns it; else its own)
+        self._credit = credit if credit is not None else TimeCredit(share, credit_max, clock)
         self._queue: deque[tuple[str, Sequence[int]]] = deque()
         self.num_tokens = 0  # queued output tokens (+ 1 per output)
-        self.credit = credit_max  # seconds
         self.num_dropped = 0  # outputs dropped unseen (the queue was full)
 
     def __len__(self) -> int:
@@ -61,21 +61,30 @@ class FinishedQueue:
             self.num_tokens -= len(old) + 1
             self.num_dropped += 1
 
+    @property
+    def credit(self) -> float:
+        """Seconds of host time the hand-over may spend now (negative: overdrawn)."""
+        return self._credit.credit
+
+    @credit.setter
+    def credit(self, seconds: float) -> None:
+        self._credit.credit = seconds
+
     def earn(self, step_seconds: float) -> None:
         """A step ran for ``step_seconds``: its share joins the credit."""
-        self.credit = min(self.credit_max, self.credit + self.share * max(0.0, step_seconds))
+        self._credit.earn(step_seconds)
 
     def hand_over(self, forget: Callable[[str, Sequence[int]], None], drain: bool = False) -> None:
         """Pass queued outputs to ``forget`` in finishing order while the credit lasts and this
         call has spent less than ``call_max`` (all with ``drain``, uncharged)."""
-        queue = self._queue
+        queue, credit = self._queue, self._credit
         spent = 0.0
-        while queue and (drain or (self.credit > 0 and spent < self.call_max)):
+        while queue and (drain or (credit.available and spent < self.call_max)):
             rid, output = queue.popleft()
             self.num_tokens -= len(output) + 1
-            t0 = self._clock()
+            t0 = credit.clock()
             forget(rid, output)
             if not drain:
-                dt = self._clock() - t0
-                self.credit -= dt
+                dt = credit.clock() - t0
+                credit.charge(dt)
                 spent += dt

@@ -30,7 +30,15 @@ Where drafts come from:
   computes a step). Shadows cost host time on every step, so a step gets at most
   ``shadow_per_step`` of them, ``SHADOW_RATE`` per step on average and ``SHADOW_BATCH / batch``
   at large batch (round robin over the batch), none while the guard blocks. A request never
-  proposed for gets its first shadow from its latest tokens (the chain goes on from there).
+  proposed for gets its first shadow from its latest tokens (the chain goes on from there). (The
+  scoring and the shadows: ``policy_evidence.py``.)
+- While nobody drafts at batch >= ``IDLE_BATCH`` (no verify nor drafting round in the last
+  ``TRANSITION_SPAN`` steps: ``rationed``), that optional host work — shadows, a re-evaluation of
+  the estimates after a "no", a host proposer's periodic full round — runs only while a time credit
+  lasts (``time_credit.py``: 1 % of each step's wall time, shared with the speculator's hand-over of
+  finished outputs) and is charged what it took. On the H200 (SmolLM2, batch 8–64, host-bound
+  steps) a suffix engine with nobody drafting had run at 0.91–0.96× of plain decoding, n-gram at
+  0.95–0.97× (docs/performance.md §44).
 - A proposal round happens only when ``wants_any`` says someone would likely draft (or a periodic
   round is due): a synchronous engine, which could propose every step, skips the proposal (the
   full lookups for the whole batch and their scoring) like an asynchronous one that chains decode
@@ -86,11 +94,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tandem.engine.stats import SpecStats
-from tandem.spec_decode.policy_accept import (MODEL_BLEND_WEIGHT, MODEL_IDLE_FORGET, MODEL_OPTIMISM, AcceptanceModel,
-                                              score_draft)
+from tandem.spec_decode.policy_accept import MODEL_BLEND_WEIGHT, MODEL_IDLE_FORGET, MODEL_OPTIMISM, AcceptanceModel
 from tandem.spec_decode.policy_cost import TRANSITION_SPAN, StepCostModel, bucket_of
+from tandem.spec_decode.policy_evidence import LatestShadowDraft, PendingDraft, PolicyEvidence, ShadowDraft
 from tandem.spec_decode.policy_guard import GoodputGuard
 from tandem.spec_decode.policy_slots import best_slots
+from tandem.spec_decode.time_credit import TimeCredit
 
 MARGIN = 0.05
 PROBE_EVERY = 64
@@ -103,17 +112,16 @@ SHADOW_PER_STEP = 2  # lazy shadow drafts in one step, at most (each costs a hos
 SHADOW_RATE = 0.5  # ... and per step on average at most this (one every other step at batch 1: a
 #                    shadow, lookup + score, took ~0.09 ms of the H200 host's time, a ~1 ms sampled step)
 SHADOW_BATCH = 8  # ... and SHADOW_BATCH / batch below that (batch 64: one every 8 steps)
-DEFER_SHADOWS_BATCH = 8  # from this batch on, latest shadows are drafted in ``background``
 WANTS_RECHECK = 4  # steps a host proposer's "nobody would draft" answer stands (batch >= 8: at least, B / 8 at
 #                   batch B, new evidence or not; below 8: at most 2, until new evidence)
 MODEL_RECHECK = 16  # steps a model proposer's "nobody would draft" stands without new evidence (its requests'
 #                   evidence fades meanwhile: policy_accept.py's idle_forget)
+# While nobody drafts at batch >= IDLE_BATCH, the policy's optional host work (shadow drafts, a
+# re-evaluation of the estimates, a host proposer's periodic full round) is paid from a time credit
+# (time_credit.py: a share of each step's wall time; the speculator's finished outputs share it)
+IDLE_BATCH = 8
 DRAFT_COST_ALPHA = 0.2
 PRIOR_DRAFT_COST = 0.1  # a model-based proposer's draft step, in target decode steps, until measured
-
-ShadowDraft = Callable[[Sequence[int], int], list[int]]
-LatestShadowDraft = Callable[[str, Sequence[int], int], list[int]]  # (request id, tokens, k): a stateful proposer
-
 
 @dataclass(frozen=True)
 class Candidate:
@@ -125,20 +133,15 @@ class Candidate:
     weight: float = 1.0
 
 
-@dataclass(frozen=True)
-class _Pending:
-    at: int  # proposed from token_ids[:at]
-    draft: tuple[int, ...]
-
-
-class GoodputPolicy:
+class GoodputPolicy(PolicyEvidence):
     def __init__(self, k: int, *, free: bool, shadow: ShadowDraft | None = None, stats: SpecStats | None = None,
                  margin: float = MARGIN, disable_by_batch_size: int | None = None,
                  probe_every: int = PROBE_EVERY, decode_probe_every: int = DECODE_PROBE_EVERY,
                  decode_probe_steps: int = DECODE_PROBE_STEPS, verify_probe_every: int = VERIFY_PROBE_EVERY,
                  draft_cost: float | None = None, cost: StepCostModel | None = None,
                  acceptance: AcceptanceModel | None = None, guard: GoodputGuard | None = None,
-                 shadow_per_step: int = SHADOW_PER_STEP, latest_shadow: LatestShadowDraft | None = None) -> None:
+                 shadow_per_step: int = SHADOW_PER_STEP, latest_shadow: LatestShadowDraft | None = None,
+                 idle: TimeCredit | None = None) -> None:
         self.k = k
         self.free = free  # drafts are host lookups: propose the full k, then choose
         self.shadow = shadow
@@ -155,6 +158,8 @@ class GoodputPolicy:
             k, warm_start=True, optimism=MODEL_OPTIMISM, blend_weight=MODEL_BLEND_WEIGHT, idle_forget=MODEL_IDLE_FORGET)
         self.guard = guard if guard is not None else GoodputGuard()
         self.shadow_per_step = shadow_per_step
+        self.idle = idle if idle is not None else TimeCredit()  # (earned in ``on_step``)
+        self._rationing = False  # this step's optional host work is paid from ``idle`` (``rationed``)
         self._shadows_left = shadow_per_step  # this step's lazy shadow budget
         self._rotation = 0  # where this step's lazy shadows start in the batch (round robin)
         self._shadow_credit = 0.0
@@ -168,7 +173,7 @@ class GoodputPolicy:
         self._steps_since_round = TRANSITION_SPAN + 1  # steps since any proposal round
         self.measure_draft_cost = draft_cost is None and not free
         self.draft_cost = 0.0 if free else (PRIOR_DRAFT_COST if draft_cost is None else draft_cost)
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, PendingDraft] = {}
         self._shadow_at: dict[str, int] = {}  # lazy shadows: the next position to draft from
         self._shadow_due: list[tuple[str, Sequence[int]]] = []  # latest shadows for ``background`` (id, tokens)
         self._decode_probe = 0  # plain steps left to re-measure the decode time
@@ -241,6 +246,9 @@ class GoodputPolicy:
         when the estimates are consulted)."""
         if self._off(batch):
             return False
+        rationed = self.rationed(batch)
+        if rationed and not self.idle.available:
+            return False  # the idle share is spent: the last "no" stands
         if self.free:
             if self.shadow is None and self.latest_shadow is None and self._steps_since_proposal >= self.probe_every:
                 return True  # no shadows: refresh the estimates now and then
@@ -252,13 +260,16 @@ class GoodputPolicy:
         if (self._no_until > self._step and self._no_batch == bucket_of(batch)
                 and (self._no_evidence == evidence or self._no_holds) and (self._no_drained or not drained)):
             return False
+        t0 = self.idle.clock()
         cands = candidates() if callable(candidates) else candidates
         if self.free and self._pending:  # live drafts: the match they came from holds so far
             pending = self._pending
             cands = [Candidate(c.request_id, c.max_tokens, p.draft)
                      if (p := pending.get(c.request_id)) is not None and p.draft else c for c in cands]
         restart = 0.0 if drained else self.cost.restart_ratio(batch) / self.cost.run_length(batch)
-        if any(self._optimise(batch, cands, restart=restart)):
+        yes = any(self._optimise(batch, cands, restart=restart))
+        self.charge(batch, self.idle.clock() - t0)
+        if yes:
             return True
         # The estimates cost O(batch) (~0.1 ms at batch 64 on this CPU, where the lazy shadows bring
         # new evidence every few steps). A host proposer's "no" stands WANTS_RECHECK steps at batch
@@ -272,6 +283,17 @@ class GoodputPolicy:
         self._no_until, self._no_batch = self._step + recheck, bucket_of(batch)
         self._no_evidence, self._no_drained, self._no_holds = evidence, drained, hold
         return False
+
+    def rationed(self, batch: int) -> bool:
+        """Optional host work is paid from the idle credit: batch >= IDLE_BATCH and no verify nor
+        drafting round in the last ``TRANSITION_SPAN`` steps (while drafting, decisions are due)."""
+        return batch >= IDLE_BATCH and self._steps_since_event > TRANSITION_SPAN
+
+    def charge(self, batch: int, seconds: float) -> None:
+        """Host work of ``seconds`` done for the policy (a proposal round, an evaluation, a shadow):
+        charged to the idle credit where it is rationed."""
+        if self.rationed(batch):
+            self.idle.charge(seconds)
 
     def off(self, batch: int) -> bool:
         """Nobody drafts at this batch size now (``disable_by_batch_size``, a decode probe, the guard):
@@ -344,108 +366,6 @@ class GoodputPolicy:
     def _count(self, ks: Sequence[int]) -> None:
         self.stats.record_choices(ks, self.k)
 
-    # ---- evidence -------------------------------------------------------------------------------
-    def proposed(self, request_id: str, at: int, draft: Sequence[int]) -> None:
-        """A proposal from the request's first ``at`` tokens (the full draft, before truncation)."""
-        self._shadow_at.pop(request_id, None)
-        old = self._pending.pop(request_id, None)
-        if old is not None and old.draft and at > old.at:
-            # superseded undecided: every token produced since matched (else on_tokens decided it)
-            self.acceptance.record(request_id, len(old.draft), min(at - old.at, len(old.draft)), decided=False)
-        self._pending[request_id] = _Pending(at, tuple(int(t) for t in draft))
-        self._num_proposals += 1
-
-    @property
-    def wants_tokens(self) -> bool:
-        """Whether ``on_step_tokens`` has anything to do: a proposal to score, or a shadow budget."""
-        return bool(self._pending) or ((self.shadow is not None or self.latest_shadow is not None)
-                                       and self._shadows_left > 0)
-
-    def on_step_tokens(self, requests: Sequence[tuple[str, Sequence[int]]]) -> None:
-        """One step's new tokens, per request (id, tokens so far): pending proposals are scored; lazy
-        shadows start for at most the step's budget of the others, round robin over the batch (the
-        per-request work of a step where nobody drafts stays a dictionary lookup)."""
-        pending = self._pending
-        for rid, toks in requests:
-            if rid in pending:
-                self.on_tokens(rid, toks)
-        n = len(requests)
-        if (self.shadow is None and self.latest_shadow is None) or self._shadows_left <= 0 or not n:
-            return
-        start = self._rotation % n
-        for i in range(n):
-            if self._shadows_left <= 0:
-                break
-            rid, toks = requests[(start + i) % n]
-            if rid in pending:
-                continue
-            if self.latest_shadow is not None:
-                if n < DEFER_SHADOWS_BATCH:  # fresh evidence first where a missed verify costs most
-                    self._latest(rid, toks)
-                    self._shadows_left -= 1
-                elif all(rid != due for due, _ in self._shadow_due):
-                    self._shadow_due.append((rid, toks))  # drafted by ``background``
-                    self._shadows_left -= 1
-                self._rotation = start + i + 1
-            elif self._shadow_at.get(rid, len(toks)) < len(toks):
-                self.on_tokens(rid, toks)
-                self._rotation = start + i + 1
-            elif rid not in self._shadow_at:  # never proposed for: a first shadow from its latest tokens
-                self._shadow(rid, len(toks), toks)
-                self._rotation = start + i + 1
-
-    def background(self) -> None:
-        """The latest shadows due (``on_step_tokens``, batch >= ``DEFER_SHADOWS_BATCH``), drafted
-        now: the engine calls this while the device computes a step. A stateful proposer's lookup
-        first brings its per-request index up to date — the whole prompt and output at a request's
-        first one (~0.6 ms for 550 tokens on the 2-core CPU) — host work that may wait a step where
-        a request's drafts are a small part of the step."""
-        due, self._shadow_due = self._shadow_due, []
-        for rid, toks in due:
-            if rid not in self._pending:  # (else proposed for meanwhile)
-                self._latest(rid, toks)
-
-    def _latest(self, request_id: str, token_ids: Sequence[int]) -> None:
-        assert self.latest_shadow is not None
-        self._pending[request_id] = _Pending(len(token_ids), tuple(self.latest_shadow(request_id, token_ids, self.k)))
-        self.stats.num_shadow_drafts += 1
-        self._num_proposals += 1
-
-    def on_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
-        """New tokens of a request: score its pending proposal, then (lazy shadows) propose and score
-        from each earlier prefix the tokens have gone past."""
-        n = len(token_ids)
-        p = self._pending.get(request_id)
-        if p is None and self.shadow is not None and self._shadow_at.get(request_id, n) < n:
-            if self._shadows_left <= 0:
-                return  # over this step's budget: its shadow waits and later skips ahead
-            # a shadow that fell behind (budget) restarts from the latest prefix a draft can be scored on
-            p = self._shadow(request_id, max(self._shadow_at.pop(request_id), n - self.k - 1), token_ids)
-        while p is not None:
-            r = score_draft(p.draft, p.at, token_ids)
-            if r is None:
-                return
-            acc, decided = r
-            if not decided:
-                return
-            self.acceptance.record(request_id, len(p.draft), acc)
-            del self._pending[request_id]
-            at = p.at + acc + 1  # where a verify of this draft would have left the request
-            p = None
-            if self.shadow is not None:
-                if at < n and self._shadows_left > 0:
-                    p = self._shadow(request_id, at, token_ids)
-                else:
-                    self._shadow_at[request_id] = at
-
-    def _shadow(self, request_id: str, at: int, token_ids: Sequence[int]) -> _Pending:
-        assert self.shadow is not None
-        p = self._pending[request_id] = _Pending(at, tuple(self.shadow(token_ids[:at], self.k)))
-        self.stats.num_shadow_drafts += 1
-        self._num_proposals += 1
-        self._shadows_left -= 1
-        return p
-
     def on_step(self, batch: int, num_query_tokens: int, seconds: float, draft_seconds: float = 0.0,
                 draft_steps: int = 0, timed: bool = True, steady: bool = True,
                 num_tokens: int | None = None) -> None:
@@ -461,16 +381,20 @@ class GoodputPolicy:
         self._step += 1
         self.guard.tick()
         self.acceptance.tick()
+        self.idle.earn(seconds)
+        self._rationing = self.rationed(batch)
         if self.shadow is not None or self.latest_shadow is not None:
             # lazy shadows: a budget per step (fewer at large batch, where one costs more of a step
             # than it tells: engine-wide rates need few samples), none while the guard blocks this
-            # batch size or ``disable_by_batch_size`` switches it off (nobody drafts: host work for nothing)
+            # batch size or ``disable_by_batch_size`` switches it off (nobody drafts: host work for
+            # nothing), nor while the idle share is spent (``rationed``)
             rate = min(float(self.shadow_per_step), SHADOW_RATE, SHADOW_BATCH / max(batch, 1))
             self._shadow_credit = min(float(self.shadow_per_step), self._shadow_credit + rate)
-            allowed = self.guard.allows(batch) and not self._capped(batch)
+            allowed = (self.guard.allows(batch) and not self._capped(batch)
+                       and (not self._rationing or self.idle.available))
             self._shadows_left = int(self._shadow_credit) if allowed else 0
             self._shadow_credit -= self._shadows_left
-        verify = num_query_tokens > batch
+        verify = timed and num_query_tokens > batch  # (a prefill's tokens are no drafts)
         self._steps_since_event = 0 if verify else self._steps_since_event + 1
         self._steps_since_round += 1
         if not timed:

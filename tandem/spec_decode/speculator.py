@@ -137,7 +137,8 @@ class Speculator:
         # drafts on the device for the next step, and per drafter (request, tokens when proposed;
         # chained: None and the head's position count as proposed, corrected when read)
         self._pending: tuple[DeviceDrafts, list[tuple[Request, int | None, int]]] | None = None
-        self.finished = FinishedQueue()  # (request id, output) for the proposer
+        # (request id, output) for the proposer, paid from the policy's time credit (which it earns)
+        self.finished = FinishedQueue(credit=policy.idle if policy is not None else None)
         # chained verifies (``drafts_ahead``): per request drafting in the step just launched, the
         # tokens its drafts assume the verify in flight emits (request, from index, tokens, full draft)
         self._assumed: dict[str, tuple[Request, int, tuple[int, ...], tuple[int, ...]]] = {}
@@ -171,9 +172,11 @@ class Speculator:
                 return self._propose_on_device(reqs, rooms, time.perf_counter())
             proposal, ks = self.proposer.propose_requests(reqs, rooms), rooms
         elif policy.free:  # host lookups: the full drafts first, then the choice
+            t0 = time.perf_counter()
             proposal = self.proposer.propose_requests(reqs, rooms)
             for r, toks in zip(reqs, proposal.token_ids):
                 policy.proposed(r.request_id, len(r.token_ids), toks)
+            policy.charge(len(requests), time.perf_counter() - t0)  # (while nobody drafts: the idle share)
             ks = policy.choose(len(requests), [Candidate(r.request_id, room, tuple(toks))
                                                for r, room, toks in zip(reqs, rooms, proposal.token_ids)])
         else:  # drafting costs forwards: choose first, draft what was granted
@@ -382,8 +385,9 @@ class Speculator:
 
     # ---- what observe() is made of -------------------------------------------------------------
     def on_step(self, record: StepRecord, bookkeeping: float = 0.0) -> None:
-        self.finished.earn(record.seconds)
-        if self.policy is not None:
+        if self.policy is None:
+            self.finished.earn(record.seconds)  # (else the policy earns the credit they share)
+        else:
             self.policy.on_step(record.num_requests, record.num_query_tokens, record.seconds + bookkeeping,
                                 self._draft_seconds, self._draft_steps,
                                 timed=record.kind is not StepKind.OTHER and record.num_requests > 0,
