@@ -8,7 +8,8 @@ and round: ``baseline`` (no speculation); ``<method> off`` (n-gram k = 4, suffix
 k = 3 with ``disable_by_batch_size: 1``: speculation configured, never drafting — the speculator's
 and, for EAGLE, the target features' cost alone); ``<method>`` (the default goodput policy). Prints
 total seconds, the ratio to the baseline, steps, the chained share (steps launched before the previous
-step's tokens were read) and ms per step. Then one group per engine under ``torch.profiler``: API calls
+step's tokens were read), ms per step, the tokens drafted and accepted and the goodput guard's
+blocks. Then one group per engine under ``torch.profiler``: API calls
 and GPU kernels per step (the profiler inflates the times; counts and differences between engines
 are the signal).
 
@@ -85,7 +86,8 @@ def main() -> None:
         for llm in engines.values():  # graphs, kernels
             llm.generate(group(batch, 0), sp, use_tqdm=False)
         secs: dict[str, float] = collections.defaultdict(float)
-        steps0 = {n: (llm.engine.stats.num_steps, llm.engine.num_chained_steps) for n, llm in engines.items()}
+        steps0 = {n: (llm.engine.stats.num_steps, llm.engine.num_chained_steps, *speculation(llm))
+                  for n, llm in engines.items()}
         for rnd in range(args.rounds):
             for i in range(args.num_prompts):
                 order = names if (i + rnd) % 2 == 0 else names[::-1]
@@ -96,8 +98,9 @@ def main() -> None:
         for name, llm in engines.items():
             steps = llm.engine.stats.num_steps - steps0[name][0]
             chained = llm.engine.num_chained_steps - steps0[name][1]
+            drafted, accepted, blocks = (a - b for a, b in zip(speculation(llm), steps0[name][2:]))
             rows.append((batch, name, secs[name], secs["baseline"] / secs[name], chained, steps,
-                         1e3 * secs[name] / max(1, steps)))
+                         1e3 * secs[name] / max(1, steps), drafted, accepted, blocks))
         if args.cprofile:
             Path(args.cprofile).mkdir(parents=True, exist_ok=True)
             for name, llm in engines.items():
@@ -105,6 +108,7 @@ def main() -> None:
                 prof.runcall(llm.generate, group(batch, 2), sp, use_tqdm=False)
                 text = io.StringIO()
                 pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
+                pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats("spec_decode", 30)
                 Path(args.cprofile, f"{batch}-{name.replace(' ', '_')}.txt").write_text(text.getvalue())
         if not args.no_profile:
             for name, llm in engines.items():
@@ -124,10 +128,21 @@ def main() -> None:
                     print(f"  GPU {k.key[:70]}: {k.count / steps:.2f} per step, "
                           f"{k.self_device_time_total / steps:.1f} us per step")
     print(f"\n{args.num_prompts} groups x {args.rounds} rounds, {args.max_tokens} tokens each, {args.device}")
-    print("| batch | engine | seconds | vs baseline | chained / steps | ms per step |")
-    print("|---|---|---|---|---|---|")
-    for batch, name, s, ratio, chained, steps, ms in rows:
-        print(f"| {batch} | {name} | {s:.3f} | {ratio:.3f}x | {chained} / {steps} | {ms:.3f} |")
+    print("| batch | engine | seconds | vs baseline | chained / steps | ms per step | drafted / accepted tokens "
+          "| guard blocks |")
+    print("|---|---|---|---|---|---|---|---|")
+    for batch, name, s, ratio, chained, steps, ms, drafted, accepted, blocks in rows:
+        print(f"| {batch} | {name} | {s:.3f} | {ratio:.3f}x | {chained} / {steps} | {ms:.3f} | {drafted} / {accepted} "
+              f"| {blocks} |")
+
+
+def speculation(llm) -> tuple[int, int, int]:
+    """Drafted and accepted tokens and the goodput guard's blocks so far (zeros without speculation)."""
+    spec = llm.engine.speculator
+    stats, policy = getattr(spec, "stats", None), spec.policy
+    if stats is None:
+        return 0, 0, 0
+    return stats.num_draft_tokens, stats.num_accepted_tokens, policy.guard.num_blocks if policy is not None else 0
 
 
 if __name__ == "__main__":

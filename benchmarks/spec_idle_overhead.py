@@ -21,7 +21,8 @@ eagle3 (default: all); ``-off``: configured with ``disable_by_batch_size: 1`` (n
 speculator's standing cost). Every engine runs the target without the oneDNN copies a speculating
 float32 CPU target gets (``cpu_onednn=False``), so the target forward is the same everywhere.
 ``--profile NAME``: instead of the table, cProfile the decode steps of one engine (after one warm-up
-round) and print its 25 most expensive functions by own time. ``--breakdown``: after the table, the
+round) and print its 25 most expensive functions by own time, then the speculator's
+(``spec_decode``) 30 by cumulative time. ``--breakdown``: after the table, the
 wall time per decode step of each engine's stages (the target forward — for EAGLE with the write
 of its features to the feature cache —, the speculator's four calls, and within them the proposer's
 proposals), timed around each call in every round.
@@ -192,6 +193,7 @@ def profile(engine: Any, prompts: list[list[int]], sp: Any, rounds: int) -> None
         prof.disable()
     print(f"{steps} decode steps (cProfile on: times are inflated)")
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    pstats.Stats(prof).sort_stats("cumulative").print_stats("spec_decode", 30)
 
 
 if __name__ == "__main__":
