@@ -14,7 +14,7 @@ ask.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -72,6 +72,23 @@ class TokenProposerAdapter:
     def propose_for(self, request_id: str, token_ids: Sequence[int], num_tokens: int) -> list[int]:
         """Drafts for one request from all its accepted tokens (a stateful proposer keeps its state)."""
         return self.proposer.propose([ProposalInput(request_id, token_ids, num_tokens)]).token_ids[0]
+
+
+def propose_in_turn(proposer: EngineProposer, reqs: Sequence[Request], ks: Sequence[int], start: int,
+                    clock: Callable[[], float], deadline: float) -> tuple[list[int], DraftProposal]:
+    """One lookup per request, from index ``start`` (mod the count) on in turn, until ``clock()``
+    passes ``deadline`` (the lookup it started finishes): the indices asked, in order, and their drafts
+    (a bounded proposal round: ``Speculator.drafts_for`` while nobody drafts)."""
+    n = len(reqs)
+    order: list[int] = []
+    drafts: list[list[int]] = []
+    for i in range(n):
+        j = (start + i) % n
+        order.append(j)
+        drafts.append(proposer.propose_requests([reqs[j]], [ks[j]]).token_ids[0])
+        if clock() >= deadline:
+            break
+    return order, DraftProposal(drafts)
 
 
 def build_proposer(cfg: SpeculativeConfig | None, draft_runner: ModelRunner | None,

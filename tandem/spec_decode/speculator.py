@@ -66,10 +66,14 @@ from tandem.spec_decode.device_drafts import PENDING, DeviceDrafts, pending
 from tandem.spec_decode.finished_queue import FinishedQueue
 from tandem.spec_decode.policy import Candidate, GoodputPolicy
 from tandem.spec_decode.policy_cost import ASYNC_PRIOR_RESTART, ASYNC_PRIOR_SIGMA, PRIOR_SIGMA, StepCostModel
-from tandem.spec_decode.proposers import EngineProposer, TokenProposerAdapter
+from tandem.spec_decode.proposers import EngineProposer, TokenProposerAdapter, propose_in_turn
 from tandem.worker.batch import ChainedFrom
 
 
+# A host proposer's round while nobody drafts at batch >= 8 stops asking after this (seconds; the
+# lookup it started finishes), the others come first next time: a suffix proposer's first lookup
+# builds a request's index (a batch-32 round had stalled a step 29 ms on the H200, performance.md §44)
+ROUND_CALL_MAX = 0.001
 # Where the policy is on without ``disable_by_acceptance``: everywhere. (On the 2-core CPU, drafting
 # every step ran at 0.62-0.89x of plain decoding on chat and at concurrency 8, docs/performance.md §15.)
 POLICY_BY_DEFAULT_ON: tuple[str, ...] = ("cuda", "cpu", "mps", "xpu")
@@ -143,6 +147,7 @@ class Speculator:
         # tokens its drafts assume the verify in flight emits (request, from index, tokens, full draft)
         self._assumed: dict[str, tuple[Request, int, tuple[int, ...], tuple[int, ...]]] = {}
         self._unsound: set[str] = set()  # requests whose drafts in flight rest on a failed assumption
+        self._round_turn = 0  # where the next bounded proposal round starts (``_bounded_round``)
 
     @property
     def synthetic_acceptance_rate(self) -> float | None:
@@ -156,33 +161,40 @@ class Speculator:
         self._new_tokens.clear()
         if not reqs:
             return {}
+        due = [r.request_id for r in reqs]
         policy = self.policy
         if policy is None and self._capped(len(requests)):
-            return dict.fromkeys([r.request_id for r in reqs], NO_DRAFT)
+            return dict.fromkeys(due, NO_DRAFT)
         if policy is not None and (policy.off(len(requests)) or not policy.wants_any(
                 len(requests), lambda: [Candidate(r.request_id, self._room(r)) for r in reqs], drained=True)):
             # no proposal costs while nobody may draft, nor while the estimates say nobody would
             # (the question asynchronous decode asks: ``will_draft``); evidence keeps coming from
             # the lazy shadows and the rounds ``wants_any`` forces
             policy.stats.record_nothing_drafted(len(reqs), self.k)
-            return dict.fromkeys([r.request_id for r in reqs], NO_DRAFT)
+            return dict.fromkeys(due, NO_DRAFT)
         rooms = [self._room(r) for r in reqs]
         if policy is None:
             if self._on_device(reqs, rooms):
                 return self._propose_on_device(reqs, rooms, time.perf_counter())
             proposal, ks = self.proposer.propose_requests(reqs, rooms), rooms
         elif policy.free:  # host lookups: the full drafts first, then the choice
-            t0 = time.perf_counter()
-            proposal = self.proposer.propose_requests(reqs, rooms)
+            t0 = policy.idle.clock()
+            if policy.rationed(len(requests)):  # (while nobody drafts: the idle share, a bounded round)
+                order, proposal = propose_in_turn(self.proposer, reqs, rooms, self._round_turn, policy.idle.clock,
+                                                  t0 + ROUND_CALL_MAX)
+                self._round_turn += len(order)
+                reqs, rooms = [reqs[i] for i in order], [rooms[i] for i in order]
+            else:
+                proposal = self.proposer.propose_requests(reqs, rooms)
             for r, toks in zip(reqs, proposal.token_ids):
                 policy.proposed(r.request_id, len(r.token_ids), toks)
-            policy.charge(len(requests), time.perf_counter() - t0)  # (while nobody drafts: the idle share)
+            policy.charge(len(requests), policy.idle.clock() - t0)
             ks = policy.choose(len(requests), [Candidate(r.request_id, room, tuple(toks))
                                                for r, room, toks in zip(reqs, rooms, proposal.token_ids)])
         else:  # drafting costs forwards: choose first, draft what was granted
             ks = policy.choose(len(requests), [Candidate(r.request_id, room) for r, room in zip(reqs, rooms)])
             if not any(ks):  # no forward for nobody's drafts
-                return dict.fromkeys([r.request_id for r in reqs], NO_DRAFT)
+                return dict.fromkeys(due, NO_DRAFT)
             t0 = time.perf_counter()
             if self._on_device(reqs, ks):
                 return self._propose_on_device(reqs, ks, t0)
@@ -191,7 +203,7 @@ class Speculator:
             for r, toks, k in zip(reqs, proposal.token_ids, ks):
                 if k:  # (an empty draft nobody asked for says nothing about how far drafts reach)
                     policy.proposed(r.request_id, len(r.token_ids), toks)
-        drafts: dict[str, Draft] = {}
+        drafts: dict[str, Draft] = dict.fromkeys(due, NO_DRAFT)  # (a bounded round asks only some)
         off = 0
         for r, toks, k in zip(reqs, proposal.token_ids, ks):
             n = min(len(toks), k)

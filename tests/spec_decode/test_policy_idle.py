@@ -7,9 +7,15 @@ rationing."""
 
 from __future__ import annotations
 
+from tandem.config.speculative import SpeculativeConfig
 from tandem.engine.stats import SpecStats
+from tandem.request import Request, RequestStatus
+from tandem.sampling_params import SamplingParams
+from tandem.spec_decode.base import DraftProposal
 from tandem.spec_decode.policy import IDLE_BATCH, Candidate, GoodputPolicy
 from tandem.spec_decode.policy_accept import AcceptanceModel
+from tandem.spec_decode.proposers import TokenProposerAdapter
+from tandem.spec_decode.speculator import NO_DRAFT, ROUND_CALL_MAX, Speculator
 from tandem.spec_decode.time_credit import TimeCredit
 
 STEP = 1.4e-3  # a batch-32 step of SmolLM2 on the H100 (§43)
@@ -110,3 +116,41 @@ def test_a_prefill_is_no_verify():
         assert policy.rationed(32)
         policy.on_step(32, 32, 3 * STEP, num_tokens=32)  # slow plain steps (the pipeline restarting)
     assert policy.guard.efficiency(32) is None and policy.guard.num_blocks == 0
+
+
+def test_a_round_while_nobody_drafts_asks_in_turn_within_its_time():
+    """A host proposer's periodic round at batch 32 while nobody drafts: lookups of 0.4 ms each (a
+    suffix proposer building request indexes) stop once ``ROUND_CALL_MAX`` is spent; the requests
+    not asked get no draft and come first in the next round."""
+    clock = Clock()
+    asked: list[str] = []
+
+    class Slow:
+        drafts_on_host_for_free = False
+
+        def propose(self, inputs):
+            clock.t += 4e-4
+            asked.extend(i.request_id for i in inputs)
+            return DraftProposal([[] for _ in inputs])
+
+        def forget(self, request_id, output):
+            pass
+
+    policy = GoodputPolicy(3, free=True, stats=SpecStats(), idle=TimeCredit(0.01, 0.004, clock),
+                           acceptance=AcceptanceModel(3, prior=0.0), verify_probe_every=4)
+    spec = Speculator(SpeculativeConfig(method="ngram", num_speculative_tokens=3), TokenProposerAdapter(Slow()),
+                      SpecStats(), policy)
+    reqs = []
+    for i in range(32):
+        r = Request(f"r{i}", [1, 2], SamplingParams(max_tokens=50), (0,), 64, token_ids=[1, 2, 3, 4, 5])
+        r.num_computed_tokens, r.status = 4, RequestStatus.RUNNING
+        reqs.append(r)
+    per_round = int(ROUND_CALL_MAX / 4e-4) + 1  # (the lookup that crosses the limit finishes)
+    for n in range(2):
+        for _ in range(4):
+            policy.on_step(32, 32, STEP)
+        spec._new_tokens.update(r.request_id for r in reqs)  # (they all got tokens: observe)
+        assert policy.rationed(32)
+        drafts = spec.drafts_for(reqs)
+        assert asked == [f"r{i}" for i in range((n + 1) * per_round)]
+        assert set(drafts) == {r.request_id for r in reqs} and set(drafts.values()) == {NO_DRAFT}
