@@ -57,8 +57,8 @@ from tandem.request import Request, RequestStatus
 from tandem.sampling_params import SamplingParams
 from tandem.scheduler import SchedulerOutput
 from tandem.spec_decode.policy import GoodputPolicy
-from tandem.spec_decode.speculator import (AnySpeculator, SampledTokens, StepKind, StepRecord, build_speculator,
-                                           step_kind)
+from tandem.spec_decode.speculator import AnySpeculator, build_speculator
+from tandem.spec_decode.step_record import SampledTokens, StepKind, StepRecord, step_kind
 
 logger = logging.getLogger("tandem")
 
@@ -220,8 +220,9 @@ class LLMEngine:
         size = (len(timed.scheduled), timed.num_batched_tokens) if timed is not None else (0, 0)
         # steady: what a plain engine would have run (a pipeline drain or restart is not)
         steady = not self.async_scheduling or not (chained or ahead) or (chained and ahead)
-        self.speculator.observe(StepRecord(kind, time.perf_counter() - t0, tuple(sampled), finished, *size,
-                                           steady=steady))
+        if self.speculator.observes:
+            self.speculator.observe(StepRecord(kind, time.perf_counter() - t0, tuple(sampled), finished, *size,
+                                               steady=steady))
         if self._log is not None:
             self._log.maybe_log(self.stats, self.num_running, self.num_waiting, self.kv_usage)
         return outputs
@@ -279,9 +280,10 @@ class LLMEngine:
                 and not self.speculator.will_draft(s.running))
 
     def _apply(self, sched: SchedulerOutput, out: ModelRunnerOutput, sampled: list[SampledTokens]) -> None:
-        for s, toks, accepted in zip(sched.scheduled, out.sampled_token_ids, out.num_accepted):
-            if toks and not s.request.status.finished:
-                sampled.append(SampledTokens(s.request, len(s.spec_token_ids), accepted))
+        if self.speculator.observes:  # (its step record)
+            for s, toks, accepted in zip(sched.scheduled, out.sampled_token_ids, out.num_accepted):
+                if toks and not s.request.status.finished:
+                    sampled.append(SampledTokens(s.request, len(s.spec_token_ids), accepted))
         self.output_processor.apply(sched, out)
 
     def _finish(self, r: Request, status: RequestStatus) -> None:

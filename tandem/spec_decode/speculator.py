@@ -23,7 +23,8 @@ three points:
    are read (asynchronous decode) only when none will. It is asked with a step in flight, so a "yes"
    drains the pipeline (the policy's ``wants_any(drained=False)``); ``drafts_for`` asks with every
    token read (``drained=True``: going on after a verify costs the verify alone).
-3. ``observe(StepRecord)``, after every step: per request that got tokens, its drafted / accepted
+3. ``observe(StepRecord)`` (``step_record.py``; an engine without speculation builds none), after
+   every step: per request that got tokens, its drafted / accepted
    counts (the counters) and its new tokens (``policy.on_step_tokens``: pending proposals scored,
    a budget of lazy shadows; skipped while the policy has nothing to score); the requests that
    finished (``forget``: the policy drops them, their outputs queue for the proposer); the
@@ -51,22 +52,20 @@ asynchronous decode, nothing to observe.
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from tandem.config.speculative import SpeculativeConfig
 from tandem.engine.stats import SpecStats
 from tandem.request import Request
-from tandem.scheduler import SchedulerOutput
 from tandem.spec_decode.device_drafts import PENDING, DeviceDrafts, pending
 from tandem.spec_decode.finished_queue import FinishedQueue
 from tandem.spec_decode.policy import Candidate, GoodputPolicy
 from tandem.spec_decode.policy_cost import ASYNC_PRIOR_RESTART, ASYNC_PRIOR_SIGMA, PRIOR_SIGMA, StepCostModel
 from tandem.spec_decode.proposers import EngineProposer, TokenProposerAdapter, propose_in_turn
+from tandem.spec_decode.step_record import NO_DRAFT, Draft, StepKind, StepRecord
 from tandem.worker.batch import ChainedFrom
 
 
@@ -79,56 +78,9 @@ ROUND_CALL_MAX = 0.001
 POLICY_BY_DEFAULT_ON: tuple[str, ...] = ("cuda", "cpu", "mps", "xpu")
 
 
-class StepKind(enum.Enum):
-    VERIFY = "verify"  # some request verified drafts
-    DECODE = "decode"  # every request decoded one token
-    OTHER = "other"  # prefill chunks, mixed steps, nothing scheduled: not timed
-
-
-def step_kind(sched: SchedulerOutput) -> StepKind:
-    if any(s.spec_token_ids for s in sched.scheduled):
-        return StepKind.VERIFY
-    if sched.scheduled and all(s.num_new_tokens == 1 and s.samples for s in sched.scheduled):
-        return StepKind.DECODE
-    return StepKind.OTHER
-
-
-@dataclass(frozen=True)
-class Draft:
-    token_ids: tuple[int, ...]  # target token ids, at most the k chosen for the request (0 allowed)
-    probs: torch.Tensor | None = None  # [len(token_ids), V] draft q when the proposer sampled
-
-
-NO_DRAFT = Draft(())
-
-
-@dataclass(frozen=True)
-class SampledTokens:
-    """A request that got tokens in a step: ``num_drafted`` drafts verified, ``num_accepted`` kept."""
-
-    request: Request
-    num_drafted: int
-    num_accepted: int
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    kind: StepKind
-    seconds: float  # wall time of the engine step
-    sampled: tuple[SampledTokens, ...]
-    finished: tuple[Request, ...]  # requests finished (stopped, length, aborted) since the last record
-    num_requests: int = 0  # requests in the timed step's batch
-    num_query_tokens: int = 0  # its query tokens (drafts included)
-    # False: a plain step that drained or restarted the asynchronous pipeline (around a verify)
-    steady: bool = True
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens the step emitted (accepted drafts + one per request that sampled)."""
-        return sum(s.num_accepted + 1 for s in self.sampled)
-
-
 class Speculator:
+    observes = True  # the engine hands it a StepRecord after every step
+
     def __init__(self, config: SpeculativeConfig, proposer: EngineProposer, stats: SpecStats,
                  policy: GoodputPolicy | None = None, k: int | None = None) -> None:
         self.config = config
@@ -443,6 +395,7 @@ class NoSpeculation:
     synthetic_acceptance_rate: float | None = None
     device_drafts: DeviceDrafts | None = None
     chains = False
+    observes = False  # (the engine builds no step records for it)
     k = 0
 
     def drafts_ahead(self, requests: Sequence[Request], verify: ChainedFrom) -> dict[str, Draft]:

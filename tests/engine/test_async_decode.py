@@ -339,3 +339,26 @@ def test_verify_text_is_decoded_while_the_next_step_runs(llama_dir):
         finals.append(ids)
         assert e.kv_usage == 0.0
     assert finals[1] == finals[0][:len(finals[1])]
+
+
+def test_only_a_speculating_engine_builds_step_records(llama_dir, monkeypatch):
+    """A plain engine's steps build no per-request step records (host work at batch 32–64 on a
+    host-bound GPU: ~15–30 µs a step as frozen dataclasses); a speculating one hands its speculator
+    one per step, a record per request that got tokens."""
+    import tandem.engine.llm_engine as llm_engine
+
+    built = Counter()
+    real = llm_engine.SampledTokens
+
+    def counting(*args):
+        built["sampled"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(llm_engine, "SampledTokens", counting)
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(4, 100, lo=4, hi=8, seed=5)]
+    plain = make_llm(llama_dir, async_scheduling=True)
+    plain.generate(prompts, greedy(6), use_tqdm=False)
+    assert built["sampled"] == 0
+    spec = make_llm(llama_dir, async_scheduling=True, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    spec.generate(prompts, greedy(6), use_tqdm=False)
+    assert built["sampled"] >= 4 + 6  # (a verify step: one record for its tokens)

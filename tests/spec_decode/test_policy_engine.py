@@ -146,7 +146,7 @@ def test_async_transitions_are_marked_and_timed(llama_dir, prompts, want, monkey
     pipeline and one before it drains it: both are reported not ``steady`` (the cost model charges a
     restart to the verify), chained decode steps are steady, and every record counts the tokens it
     emitted. (A draft model verifies synchronously; host proposers' verifies chain: test_chained_verify.py.)"""
-    from tandem.spec_decode.speculator import StepKind
+    from tandem.spec_decode.step_record import StepKind
 
     llm = make_llm(llama_dir, async_scheduling=True,
                    speculative_config={"method": "draft_model", "model": str(llama_dir), "num_speculative_tokens": K,

@@ -15,7 +15,8 @@ from tandem.spec_decode.base import DraftProposal
 from tandem.spec_decode.policy import IDLE_BATCH, Candidate, GoodputPolicy
 from tandem.spec_decode.policy_accept import AcceptanceModel
 from tandem.spec_decode.proposers import TokenProposerAdapter
-from tandem.spec_decode.speculator import NO_DRAFT, ROUND_CALL_MAX, Speculator
+from tandem.spec_decode.speculator import ROUND_CALL_MAX, Speculator
+from tandem.spec_decode.step_record import NO_DRAFT
 from tandem.spec_decode.time_credit import TimeCredit
 
 STEP = 1.4e-3  # a batch-32 step of SmolLM2 on the H100 (§43)

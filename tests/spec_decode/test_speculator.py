@@ -15,8 +15,8 @@ from tandem.spec_decode.draft_model import DraftModelProposer
 from tandem.spec_decode.finished_queue import FinishedQueue
 from tandem.spec_decode.ngram import NgramProposer
 from tandem.spec_decode.proposers import TokenProposerAdapter, build_proposer
-from tandem.spec_decode.speculator import (NoSpeculation, SampledTokens, Speculator, StepKind, StepRecord,
-                                           build_speculator, step_kind)
+from tandem.spec_decode.speculator import NoSpeculation, Speculator, build_speculator
+from tandem.spec_decode.step_record import SampledTokens, StepKind, StepRecord, step_kind
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # only the device type is read
 
