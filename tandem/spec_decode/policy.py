@@ -36,9 +36,9 @@ Where drafts come from:
   ``TRANSITION_SPAN`` steps: ``rationed``), that optional host work — shadows, a re-evaluation of
   the estimates after a "no", a host proposer's periodic full round — runs only while a time credit
   lasts (``time_credit.py``: 1 % of each step's wall time, shared with the speculator's hand-over of
-  finished outputs) and is charged what it took. On the H200 (SmolLM2, batch 8–64, host-bound
-  steps) a suffix engine with nobody drafting had run at 0.91–0.96× of plain decoding, n-gram at
-  0.95–0.97× (docs/performance.md §44).
+  finished outputs) and is charged what it took. On the H200 (SmolLM2 at batch 32–64, host-bound
+  steps) a suffix engine drafting next to nothing had run at 0.91–0.93× of plain decoding, n-gram
+  at 0.95–0.97× (docs/performance.md §44).
 - A proposal round happens only when ``wants_any`` says someone would likely draft (or a periodic
   round is due): a synchronous engine, which could propose every step, skips the proposal (the
   full lookups for the whole batch and their scoring) like an asynchronous one that chains decode

@@ -99,7 +99,7 @@ class Speculator:
         # tokens its drafts assume the verify in flight emits (request, from index, tokens, full draft)
         self._assumed: dict[str, tuple[Request, int, tuple[int, ...], tuple[int, ...]]] = {}
         self._unsound: set[str] = set()  # requests whose drafts in flight rest on a failed assumption
-        self._round_turn = 0  # where the next bounded proposal round starts (``_bounded_round``)
+        self._round_turn = 0  # where the next bounded proposal round starts (``propose_in_turn``)
 
     @property
     def synthetic_acceptance_rate(self) -> float | None:
