@@ -10,8 +10,10 @@ step of real SmolLM2 bf16 at that batch, docs/performance.md §43, unless ``--st
 time of each hand-over is measured on this machine. Rules:
 
 - ``old``: 128 output tokens per step plus 1/64 of the queue, at least one output (§36 to §42);
-- ``credit``: a credit of 2 % of each step's wall time (4 ms saved at most, 0.5 ms a call), the
-  oldest queued outputs dropped beyond 8192 tokens (``FinishedQueue``'s defaults).
+- ``credit``: a credit of ``HOST_SHARE`` of each step's wall time (``time_credit.py``: 1 % since
+  docs/performance.md §44, 2 % in §43's table; 4 ms saved at most, 0.5 ms a call), the oldest queued
+  outputs dropped beyond 8192 tokens (``FinishedQueue``'s defaults; in an engine with the goodput
+  policy the credit is shared with the policy's idle work).
 
 Outputs: n-gram-like token streams (a 2,000-token vocabulary, runs copied from earlier outputs so the
 tree has structure), seeded. Prints, per batch and rule, µs per step spent handing over (mean, and
