@@ -23,11 +23,10 @@ everything over.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from tandem.spec_decode.time_credit import HOST_CREDIT_MAX, HOST_SHARE, TimeCredit
+from tandem.spec_decode.time_credit import TimeCredit
 
 # One call spends at most this (seconds; the output it started may overrun it): a burst is spread
 # over several steps, none of which stalls much longer than the outputs' longest insertion.
@@ -40,12 +39,12 @@ class FinishedQueue:
     """(request id, output tokens) of finished requests, oldest first, and the time credit that
     pays for handing them to the proposer."""
 
-    def __init__(self, share: float = HOST_SHARE, credit_max: float = HOST_CREDIT_MAX,
-                 max_tokens: int = FORGET_QUEUE_TOKENS, call_max: float = FORGET_CALL_MAX,
-                 clock: Callable[[], float] = time.perf_counter, credit: TimeCredit | None = None) -> None:
+    def __init__(self, credit: TimeCredit | None = None, max_tokens: int = FORGET_QUEUE_TOKENS,
+                 call_max: float = FORGET_CALL_MAX) -> None:
         self.max_tokens, self.call_max = max_tokens, call_max
-        # (``credit``: one shared with other optional work, whose owner earns it; else its own)
-        self._credit = credit if credit is not None else TimeCredit(share, credit_max, clock)
+        # (``credit``: one shared with other optional work, whose owner earns it; else its own,
+        # ``HOST_SHARE`` of each step, ``HOST_CREDIT_MAX`` saved)
+        self._credit = credit if credit is not None else TimeCredit()
         self._queue: deque[tuple[str, Sequence[int]]] = deque()
         self.num_tokens = 0  # queued output tokens (+ 1 per output)
         self.num_dropped = 0  # outputs dropped unseen (the queue was full)

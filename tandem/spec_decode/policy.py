@@ -268,7 +268,8 @@ class GoodputPolicy(PolicyEvidence):
                      if (p := pending.get(c.request_id)) is not None and p.draft else c for c in cands]
         restart = 0.0 if drained else self.cost.restart_ratio(batch) / self.cost.run_length(batch)
         yes = any(self._optimise(batch, cands, restart=restart))
-        self.charge(batch, self.idle.clock() - t0)
+        if rationed:
+            self.idle.charge(self.idle.clock() - t0)
         if yes:
             return True
         # The estimates cost O(batch) (~0.1 ms at batch 64 on this CPU, where the lazy shadows bring

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tandem.spec_decode.finished_queue import FinishedQueue
+from tandem.spec_decode.time_credit import TimeCredit
 
 
 class Forgetter:
@@ -27,7 +28,7 @@ def test_host_time_spent_handing_over_stays_within_the_share_of_step_time():
     stays within 2 % of the steps' time (+ the saved credit and one output's overdraft), no call
     spends much more than ``call_max``, and what does not fit the queue is dropped oldest first."""
     f = Forgetter(per_token=1e-6)  # 0.26 ms an output
-    q = FinishedQueue(share=0.02, credit_max=0.004, max_tokens=4096, call_max=0.0005, clock=f.clock)
+    q = FinishedQueue(TimeCredit(0.02, 0.004, f.clock), max_tokens=4096, call_max=0.0005)
     step = 0.002
     longest = 0.0
     for wave in range(8):
@@ -52,7 +53,7 @@ def test_a_lone_output_goes_over_at_once_and_drain_hands_over_everything():
     """At batch 1 an output finishes every few hundred steps: the saved credit passes it at the next
     call, whatever its length. ``drain`` passes everything and charges nothing."""
     f = Forgetter(per_token=4e-6)
-    q = FinishedQueue(share=0.02, credit_max=0.004, max_tokens=4096, clock=f.clock)
+    q = FinishedQueue(TimeCredit(0.02, 0.004, f.clock), max_tokens=4096)
     q.push("a", [1] * 2000)  # 8 ms: more than the whole credit
     q.hand_over(f)
     assert f.told == ["a"] and q.credit < 0
@@ -75,7 +76,7 @@ def test_a_lone_output_goes_over_at_once_and_drain_hands_over_everything():
 
 
 def test_the_credit_is_capped_and_the_queue_drops_its_oldest_outputs():
-    q = FinishedQueue(share=0.5, credit_max=0.01, max_tokens=30)
+    q = FinishedQueue(TimeCredit(0.5, 0.01), max_tokens=30)
     for _ in range(10):
         q.earn(1.0)
     assert q.credit == 0.01
@@ -96,7 +97,7 @@ def test_the_share_binds_when_outputs_finish_faster_than_it_pays_for():
     12.5 % of the steps' time: the hand-over spends its 2 % share, no more, and the backlog stays
     queued (bounded by ``max_tokens``)."""
     f = Forgetter(per_token=4e-6)
-    q = FinishedQueue(share=0.02, credit_max=0.004, max_tokens=10**6, call_max=0.0005, clock=f.clock)
+    q = FinishedQueue(TimeCredit(0.02, 0.004, f.clock), max_tokens=10**6, call_max=0.0005)
     for wave in range(8):
         for i in range(64):
             q.push(f"w{wave}.{i}", [7] * 256)

@@ -17,6 +17,7 @@ from tandem.spec_decode.ngram import NgramProposer
 from tandem.spec_decode.proposers import TokenProposerAdapter, build_proposer
 from tandem.spec_decode.speculator import NoSpeculation, Speculator, build_speculator
 from tandem.spec_decode.step_record import SampledTokens, StepKind, StepRecord, step_kind
+from tandem.spec_decode.time_credit import TimeCredit
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # only the device type is read
 
@@ -154,7 +155,7 @@ def test_finished_outputs_reach_the_proposer_from_background_within_the_time_cre
             clock[0] += 1e-5 * len(output_token_ids)  # 10 µs per token
 
     spec = build_speculator(_cfg(), Recorder(NgramProposer(1, 3, 3)), SpecStats(), CPU)
-    spec.finished = FinishedQueue(share=0.02, credit_max=0.003, call_max=0.0015, clock=lambda: clock[0])
+    spec.finished = FinishedQueue(TimeCredit(0.02, 0.003, lambda: clock[0]), call_max=0.0015)
     done = []
     for i, n in enumerate((100, 100, 300, 5, 5, 5)):
         r = _req(f"r{i}", [1, 2])
