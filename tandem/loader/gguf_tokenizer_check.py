@@ -44,27 +44,42 @@ _FLAG_KEYS = {"tokenizer.ggml.add_bos_token": "add_bos_token", "tokenizer.ggml.a
 
 
 def gguf_special_token_flags(path: Path) -> dict[str, bool]:
-    """``add_bos_token`` / ``add_eos_token`` where the file's metadata states them. Scans the
-    key-value header only, skipping the vocabulary arrays (``gguf.GGUFReader`` parses all of them:
-    13 s for Gemma's 262k tokens, against ~0.3 s here)."""
-    flags: dict[str, bool] = {}
+    """``add_bos_token`` / ``add_eos_token`` where the file's metadata states them."""
+    found = gguf_header_values(path, dict.fromkeys(_FLAG_KEYS, _BOOL))
+    return {_FLAG_KEYS[k]: bool(v) for k, v in found.items()}
+
+
+def gguf_architecture(path: Path) -> str | None:
+    """The file's ``general.architecture`` (``llama``, ``gemma3``, …); None where it has none."""
+    value = gguf_header_values(path, {"general.architecture": _STRING}).get("general.architecture")
+    return value if isinstance(value, str) else None
+
+
+def gguf_header_values(path: Path, wanted: dict[str, int]) -> dict[str, bool | str]:
+    """The values of the ``wanted`` keys (key → GGUF type: bool or string) that the file states with
+    that type. Scans the key-value header only, skipping the vocabulary arrays (``gguf.GGUFReader``
+    parses all of them: 13 s for Gemma's 262k tokens, against ~0.3 s here); stops once all are found."""
+    found: dict[str, bool | str] = {}
     try:
         with open(path, "rb") as f:
             if f.read(4) != b"GGUF" or _u(f, "<I") < 2:
-                return flags
+                return found
             _u(f, "<Q")  # tensor count
             for _ in range(_u(f, "<Q")):
                 key = f.read(_length(f)).decode("utf-8", "replace")
                 vtype = _u(f, "<I")
-                if key in _FLAG_KEYS and vtype == _BOOL:
-                    flags[_FLAG_KEYS[key]] = f.read(1) != b"\x00"
-                    if len(flags) == len(_FLAG_KEYS):
-                        break
+                if wanted.get(key) == vtype == _BOOL:
+                    found[key] = f.read(1) != b"\x00"
+                elif wanted.get(key) == vtype == _STRING:
+                    found[key] = f.read(_length(f)).decode("utf-8", "replace")
                 else:
                     _skip_value(f, vtype)
+                    continue
+                if len(found) == len(wanted):
+                    break
     except (OSError, struct.error, ValueError) as e:  # the model loader reports a bad file itself
-        logger.warning("cannot read GGUF metadata of %s for the tokenizer check: %s", path, e)
-    return flags
+        logger.warning("cannot read the GGUF metadata of %s for its tokenizer: %s", path, e)
+    return found
 
 
 def _u(f: Any, fmt: str) -> int:

@@ -2,10 +2,11 @@
 
 ``load_tokenizer(source)`` accepts a checkpoint, a built-in alias, an HF directory with tokenizer
 files, a ``.gguf`` file, or a directory holding exactly one ``.gguf``, and returns a fast
-``transformers`` tokenizer. GGUF tokenizers are rebuilt by transformers from the file's metadata,
-which is slow (≈6 s for SmolLM2, ≈40 s for Gemma's 262k vocabulary on 2 CPU cores), so the result
-is saved once under ``<cache>/.tokenizers/`` keyed by the file's path, size, mtime and the
-transformers version, and reloaded from there next time (≈0.5 s and ≈8 s). Before it is cached it is
+``transformers`` tokenizer. GGUF tokenizers are rebuilt by transformers from the file's metadata
+(the class AutoTokenizer would pick, without the model config it builds to pick it:
+``_build_gguf_tokenizer``), which takes seconds for Gemma's 262k vocabulary, so the result is
+saved once under ``<cache>/.tokenizers/`` keyed by the file's path, size, mtime and the
+transformers version, and reloaded from there next time. Before it is cached it is
 checked against the file (``gguf_tokenizer_check``: BOS/EOS flags applied, its vocabulary must
 encode back to itself), because some transformers versions build Gemma's wrong. The cache entry is
 written to a temporary directory and renamed into place, so a reader never sees a half-written one.
@@ -30,12 +31,16 @@ import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from tandem.errors import ModelLoadError, RequestError
-from tandem.loader.gguf_tokenizer_check import checked_gguf_tokenizer
+from tandem.loader.gguf_tokenizer_check import checked_gguf_tokenizer, gguf_architecture
 from tandem.loader.registry import cache_dir, is_builtin, resolve_model
 
 logger = logging.getLogger(__name__)
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+# GGUF general.architecture → the model type transformers' GGUF loader gives it (Gemma 3's GGUF
+# holds the text model only).
+_GGUF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 
 
 def single_gguf_in(directory: Path) -> Path | None:
@@ -76,15 +81,40 @@ def load_tokenizer(source: Any, *, use_cache: bool = True) -> PreTrainedTokenize
     raise ModelLoadError(f"cannot load a tokenizer from {path}: expected a directory or a .gguf file")
 
 
-def _from_pretrained(path: str, **kwargs: Any) -> PreTrainedTokenizerBase:
+def _from_pretrained(
+    path: str, *, tokenizer_class: Any = AutoTokenizer, **kwargs: Any
+) -> PreTrainedTokenizerBase:
     try:
-        tok = AutoTokenizer.from_pretrained(path, **kwargs)
+        tok = tokenizer_class.from_pretrained(path, **kwargs)
     except Exception as e:  # transformers raises many kinds (OSError, ValueError, KeyError, …)
         what = f"{path}/{kwargs['gguf_file']}" if "gguf_file" in kwargs else path
         raise ModelLoadError(f"cannot load tokenizer from {what}: {e}") from e
     if not getattr(tok, "is_fast", False):
         logger.warning("tokenizer at %s is a slow (Python) tokenizer", path)
     return tok
+
+
+def _build_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    """The tokenizer ``AutoTokenizer.from_pretrained(dir, gguf_file=...)`` builds, without the
+    model config it builds first to choose the class.
+
+    transformers 5 makes that config from the file (``AutoConfig.for_model``), and importing the
+    config class brings in the model stack (``torch.distributed.tensor``, sympy): ~80 MB more
+    resident and ~180 MB at the peak for SmolLM2, on a first run that must stay under 600 MB; for
+    Gemma 3 it reads every tensor (15 s, 975 MB peak, against 2.7 s and 590 MB). The class is the
+    one AutoTokenizer would pick: the model type's registered tokenizer, else ``TokenizersBackend``
+    (its fallback). transformers 4 (no ``TokenizersBackend``) and architectures not listed here
+    take AutoTokenizer's own way. ``tests/loader/test_loader.py`` compares both ways.
+    """
+    model_type = _GGUF_MODEL_TYPES.get(gguf_architecture(path) or "")
+    backend = getattr(transformers, "TokenizersBackend", None)
+    if model_type is None or backend is None:
+        return _from_pretrained(str(path.parent), gguf_file=path.name)
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+    if TOKENIZER_MAPPING_NAMES.get(model_type) is not None:
+        return _from_pretrained(str(path.parent), gguf_file=path.name, tokenizer_type=model_type)
+    return _from_pretrained(str(path.parent), gguf_file=path.name, tokenizer_class=backend)
 
 
 def gguf_tokenizer_dir(gguf_path: str | Path) -> Path:
@@ -112,7 +142,7 @@ def _load_gguf_tokenizer(path: Path, *, use_cache: bool) -> PreTrainedTokenizerB
         except Exception as e:  # noqa: BLE001 - a damaged cache entry of any kind: rebuild it
             logger.warning("tokenizer cache %s unreadable (%s); rebuilding", entry, e)
             shutil.rmtree(entry, ignore_errors=True)
-    tok = checked_gguf_tokenizer(_from_pretrained(str(path.parent), gguf_file=path.name), path)
+    tok = checked_gguf_tokenizer(_build_gguf_tokenizer(path), path)
     if entry is not None:
         _save_entry(tok, entry)
     return tok

@@ -619,7 +619,7 @@ def test_smollm2_tokenizer(smollm2) -> None:
     cached = [smollm2.load_tokenizer(), smollm2.load_tokenizer()]  # the 2nd comes from the disk cache
     texts = ["The capital of France is", "def fibonacci(n):\n    if n < 2:", "  spaces\tand ümlauts 🤖", ""]
     for tok in cached:
-        assert tok.is_fast and tok.chat_template == fresh.chat_template
+        assert type(tok) is type(fresh) and tok.chat_template == fresh.chat_template
         for text in texts:
             assert tok(text).input_ids == fresh(text).input_ids
     tok = cached[1]
