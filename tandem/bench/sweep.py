@@ -192,15 +192,22 @@ def drive(engine: Any, prompts: Sequence[Sequence[int]], params: Sequence[Any], 
 
 
 def reset_speculation(engine: Any) -> None:
-    """A fresh proposer (token proposers: the suffix global tree starts empty) and a fresh policy."""
+    """A fresh proposer (token proposers: the suffix global tree starts empty) and a fresh policy,
+    except its step-cost model: what a step of each shape costs belongs to this machine, not to the
+    run (a server has measured it within its first minute), while a fresh one spent a whole run at
+    c = 8 learning it again on the H200 (docs/performance.md §44). Acceptance estimates, the guard
+    and the proposer's state start afresh."""
     cfg = engine.spec
     if cfg is None:
         return
     from tandem.spec_decode.proposers import TokenProposerAdapter, build_proposer
 
+    old = engine.policy
     if isinstance(engine.proposer, TokenProposerAdapter):
         engine.proposer = build_proposer(cfg, None, engine.generator)
     engine.spec = cfg
+    if old is not None and engine.policy is not None:
+        engine.policy.cost = old.cost
 
 
 def run_cell(engine: Any, workload: Workload, method: str, prompts: Sequence[Sequence[int]], concurrency: int,

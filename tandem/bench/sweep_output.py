@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -15,7 +16,9 @@ def speedup_rows(cells: Sequence[CellResult], baseline: str) -> list[dict[str, A
     """One dict per cell: its fields plus ``speedup`` (output throughput over the baseline method's at
     the same workload and concurrency), ``tpot_speedup`` (baseline TPOT / TPOT) and ``run_speedups``
     (run i's throughput over the baseline's run i, for each timed run: offline the runs alternate
-    between methods, so each ratio compares neighbours in time and their spread is the cell's noise);
+    between methods, so each ratio compares neighbours in time and their spread is the cell's noise)
+    and their median ``median_run_speedup`` (where the machine's speed wanders between runs, the
+    sturdier figure: the best runs of two methods need not come from the same moment);
     None where the baseline's cell is missing (or, for ``run_speedups``, ran another number of runs)."""
     base = {(c.workload, c.concurrency): c for c in cells if c.method == baseline}
     rows = []
@@ -27,6 +30,7 @@ def speedup_rows(cells: Sequence[CellResult], baseline: str) -> list[dict[str, A
         paired = b is not None and b is not c and len(c.run_throughputs) == len(b.run_throughputs)
         pairs = list(zip(c.run_throughputs, b.run_throughputs)) if paired else []
         row["run_speedups"] = [x / y for x, y in pairs] if pairs and all(y > 0 for _, y in pairs) else None
+        row["median_run_speedup"] = statistics.median(row["run_speedups"]) if row["run_speedups"] else None
         rows.append(row)
     return rows
 
@@ -50,19 +54,24 @@ def format_table(rows: Sequence[dict[str, Any]], workloads: Sequence[str], concu
         )
     by = {(r["method"], r["workload"], r["concurrency"]): r for r in rows}
     for m in methods[1:]:
-        lines += ["", f"speedup of {m} over {methods[0]}: output throughput / TPOT", "",
+        lines += ["", f"speedup of {m} over {methods[0]}: output throughput (best runs; median of the paired runs) / TPOT", "",
                   "| workload | " + " | ".join(str(c) for c in concurrencies) + " |",
                   "|---|" + "---|" * len(concurrencies)]
         for w in workloads:
             cells = [by.get((m, w, c)) for c in concurrencies]
             lines.append(f"| {w} | " + " | ".join(
-                f"{_mark(r['speedup'])} / {_f(r['tpot_speedup'], '.2f')}×" if r else "-" for r in cells) + " |")
+                f"{_mark(r['speedup'])}{_median(r)} / {_f(r['tpot_speedup'], '.2f')}×" if r else "-" for r in cells) + " |")
     return "\n".join(lines)
 
 
 def _spread(row: dict[str, Any]) -> str:
     runs = row.get("run_speedups")
     return f" ({min(runs):.2f}–{max(runs):.2f})" if runs and len(runs) > 1 else ""
+
+
+def _median(row: dict[str, Any]) -> str:
+    runs = row.get("run_speedups")
+    return f" (median {_mark(row['median_run_speedup'])})" if runs and len(runs) > 2 else ""
 
 
 def _mark(s: float | None) -> str:

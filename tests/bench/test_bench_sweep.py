@@ -51,6 +51,8 @@ def test_rows_speedups_and_table():
     assert rows[0]["run_speedups"] is None and rows[1]["run_speedups"] == pytest.approx([1.3, 1.5, 150 / 90])
     table = format_table(rows, ["code"], [1], ["base", "ngram"])
     assert "| 150.0 | 1.500× (1.30–1.67) |" in table and "| 100.0 | 1.000× |" in table
+    assert rows[1]["median_run_speedup"] == pytest.approx(1.5) and rows[0]["median_run_speedup"] is None
+    assert "| code | 1.50× (median 1.50×) / 1.67× |" in table  # three runs or more: their median too
     uneven = speedup_rows([cells[0], _cell("ngram", "code", 1, 150, 6, (150,))], "base")
     assert uneven[1]["run_speedups"] is None
 
@@ -219,6 +221,35 @@ def test_each_timed_run_starts_with_fresh_speculation(model_dir):
     finally:
         sweep.drive = orig
     assert seen == [0, 0, 0] and cell.output_tokens == 16
+
+
+def test_each_timed_run_keeps_the_policys_step_costs_only(model_dir):
+    """A run starts with a fresh policy (acceptance, guard) but the step-cost model it measured
+    before: step costs are the machine's, not the run's."""
+    from tandem import LLM
+    from tandem.bench import sweep
+    from tandem.bench.sweep_spec import WORKLOADS
+
+    llm = LLM(str(model_dir), device="cpu", dtype="float32", kv_cache_memory_bytes=64 << 20,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3, "disable_by_acceptance": True})
+    eng = llm.engine
+    seen: list[tuple[object, object, object]] = []  # the objects themselves: ids of freed ones recur
+    drive = sweep.drive
+
+    def spy(engine, prompts, params, concurrency):
+        if len(prompts) == 2:
+            p = engine.policy
+            seen.append((p, p.cost, p.acceptance))
+        return drive(engine, prompts, params, concurrency)
+
+    prompts = [[5, 6, 7, 8] * 4, [9, 10, 11] * 5]
+    orig, sweep.drive = sweep.drive, spy
+    try:
+        sweep.run_cell(eng, WORKLOADS["code"], "ngram", prompts, 1, 8, runs=3, warmup=1)
+    finally:
+        sweep.drive = orig
+    assert len({id(s[0]) for s in seen}) == 3 and len({id(s[2]) for s in seen}) == 3  # fresh policies
+    assert len({id(s[1]) for s in seen}) == 1 and (seen[0][1].decode_seconds(1) or 0) > 0  # one, measured
 
 
 def test_timed_runs_alternate_between_methods(model_dir):
