@@ -38,6 +38,7 @@ from tandem.loader.arch import ModelArch
 from tandem.loader.checkpoint import open_checkpoint, resolve_quantization
 from tandem.loader.eagle import load_eagle_head, read_eagle_config
 from tandem.loader.memory import return_free_memory
+from tandem.models import cpu_skinny
 from tandem.models.decoder import CausalLM
 from tandem.models.onednn_linear import prepack_float_linears
 from tandem.scheduler import Scheduler
@@ -101,6 +102,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
               and not model_cfg.batch_invariant)
     if onednn:
         prepack_float_linears(model)
+    if device.type == "cpu" and dtype is torch.float32:
+        cpu_skinny.available()  # its 2-8-row kernel built (first run: ~1.5 s) or loaded now, not mid-serving
     # The checkpoint's reader (a GGUF's parsed metadata: ~55 MB for SmolLM2's) is not needed past here;
     # dropped before anything else is built, it no longer adds to the peak RSS (§28).
     del ckpt

@@ -1,0 +1,266 @@
+"""A float32 CPU matmul for 2–8 rows at the weight-read speed: ``y[M, N] = x[M, K] · W[N, K]ᵀ``.
+
+Why: on the 2-core CI-class CPU a decode's single row streams SmolLM2's 540 MB of float32 weights at
+~40 GB/s (``layers.linear``'s split GEMV), but the BLAS and oneDNN paths for the 4 rows of a k = 3
+verify run at 25–35 GB/s, so a verify's linears cost 1.45–2× a decode's where the weights read are
+the same (docs/performance.md §41, §45). A verify is memory-bound: each weight read once, multiplied
+with every row. That is this kernel:
+
+- each thread takes a contiguous range of weight rows (OpenMP, ``torch.get_num_threads()``
+  threads; it links against the ``libgomp`` torch has loaded, so one thread pool);
+- per block of NB weight rows and all M x rows, M·NB vector accumulators stay in registers (M and
+  NB compile-time constants: one function per M); each weight vector loaded once feeds M FMAs;
+- a software prefetch sweeps 16 KB ahead of the block into L2 (without it one thread read at
+  ~13 GB/s: DRAM latency, not bandwidth, bounded it);
+- AVX-512 (16 lanes) or AVX2 + FMA (8 lanes), whichever the compiler targets with ``-march=native``.
+
+Each output is one accumulator's lanes summed in a fixed order: a row's result does not depend on
+the other rows or on M (1-row and 4-row products are bitwise equal). It differs from torch's
+BLAS result by summation order only (relative ~1e-6).
+
+The C source below is compiled on first use with the system's C compiler (``$CC`` or ``cc``, gcc or
+clang with OpenMP) into ``<cache>/.kernels/`` (keyed by the source, flags, compiler and machine) and
+loaded with ctypes; ctypes releases the GIL during the call. A self-check against torch runs at load.
+Where there is no compiler, no OpenMP, no AVX2/AVX-512, or the check fails, ``available()`` is
+False (logged once) and callers keep their torch paths: nothing else changes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+MAX_ROWS = 8  # rows this kernel takes (one function per row count)
+
+_SOURCE = r"""
+#include <immintrin.h>
+#include <stdint.h>
+
+#if defined(__AVX512F__)
+#define ISA 512
+#define VL 16
+typedef __m512 vec;
+#define VZERO() _mm512_setzero_ps()
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VHSUM(v) _mm512_reduce_add_ps(v)
+#define REGS 24
+typedef __mmask16 tailmask;
+static inline tailmask make_mask(int n) { return (tailmask)((1u << n) - 1u); }
+#define VLOAD_TAIL(p, m) _mm512_maskz_loadu_ps(m, p)
+#elif defined(__AVX2__) && defined(__FMA__)
+#define ISA 256
+#define VL 8
+typedef __m256 vec;
+#define VZERO() _mm256_setzero_ps()
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+static inline float VHSUM(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#define REGS 12
+typedef __m256i tailmask;
+static inline tailmask make_mask(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#define VLOAD_TAIL(p, m) _mm256_maskload_ps(p, m)
+#else
+#define ISA 0
+#endif
+
+#define PREFETCH_BYTES 16384
+
+int skinny_isa(void) { return ISA; }
+
+#if ISA
+/* One block: NB weight rows (w[n0 .. n0 + NB)) times the M rows of x. */
+#define BLOCK(M, NB)                                                                          \
+static void block_##M##_##NB(const float *x, int K, const float *w, int n0, float *y, int ldy) { \
+    vec acc[M][NB];                                                                           \
+    const float *wr[NB];                                                                      \
+    for (int j = 0; j < NB; j++) wr[j] = w + (int64_t)(n0 + j) * K;                          \
+    for (int m = 0; m < M; m++) for (int j = 0; j < NB; j++) acc[m][j] = VZERO();           \
+    const char *pf = (const char *)wr[0] + PREFETCH_BYTES;                                    \
+    int k = 0;                                                                                \
+    for (; k + VL <= K; k += VL) {                                                            \
+        for (int j = 0; j < NB; j++) _mm_prefetch(pf + (int64_t)NB * k * 4 + 64 * j, _MM_HINT_T1); \
+        vec wv[NB];                                                                           \
+        for (int j = 0; j < NB; j++) wv[j] = VLOAD(wr[j] + k);                               \
+        for (int m = 0; m < M; m++) {                                                         \
+            vec xv = VLOAD(x + (int64_t)m * K + k);                                          \
+            for (int j = 0; j < NB; j++) acc[m][j] = VFMA(wv[j], xv, acc[m][j]);             \
+        }                                                                                     \
+    }                                                                                         \
+    if (k < K) {                                                                              \
+        tailmask t = make_mask(K - k);                                                        \
+        vec wv[NB];                                                                           \
+        for (int j = 0; j < NB; j++) wv[j] = VLOAD_TAIL(wr[j] + k, t);                       \
+        for (int m = 0; m < M; m++) {                                                         \
+            vec xv = VLOAD_TAIL(x + (int64_t)m * K + k, t);                                  \
+            for (int j = 0; j < NB; j++) acc[m][j] = VFMA(wv[j], xv, acc[m][j]);             \
+        }                                                                                     \
+    }                                                                                         \
+    for (int m = 0; m < M; m++) for (int j = 0; j < NB; j++) y[(int64_t)m * ldy + n0 + j] = VHSUM(acc[m][j]); \
+}
+
+/* All rows of x times blocks of NBV weight rows (threads split the blocks); the last N % NBV rows alone.
+   NBV: as many weight rows per block as the registers hold (M * NBV accumulators, at most 4 rows). */
+#define ROWS_(M, NBV)                                                                         \
+BLOCK(M, NBV)                                                                                 \
+static void rows_##M(const float *x, int K, const float *w, int N, float *y, int ldy, int nt) {  \
+    int blocks = N / NBV;                                                                     \
+    _Pragma("omp parallel for schedule(static) num_threads(nt)")                              \
+    for (int b = 0; b < blocks; b++) block_##M##_##NBV(x, K, w, b * NBV, y, ldy);             \
+    for (int n = blocks * NBV; n < N; n++) tail_##M(x, K, w, n, y, ldy);                      \
+}
+#define ROWS(M, NBV) ROWS_(M, NBV)
+
+#define TAIL(M)                                                                               \
+static void tail_##M(const float *x, int K, const float *w, int n, float *y, int ldy) {       \
+    for (int m = 0; m < M; m++) {                                                             \
+        const float *xr = x + (int64_t)m * K, *wr = w + (int64_t)n * K;                      \
+        vec acc = VZERO();                                                                    \
+        int k = 0;                                                                            \
+        for (; k + VL <= K; k += VL) acc = VFMA(VLOAD(wr + k), VLOAD(xr + k), acc);          \
+        if (k < K) { tailmask t = make_mask(K - k); acc = VFMA(VLOAD_TAIL(wr + k, t), VLOAD_TAIL(xr + k, t), acc); } \
+        y[(int64_t)m * ldy + n] = VHSUM(acc);                                                 \
+    }                                                                                         \
+}
+
+TAIL(1) TAIL(2) TAIL(3) TAIL(4) TAIL(5) TAIL(6) TAIL(7) TAIL(8)
+#if ISA == 512
+ROWS(1, 4) ROWS(2, 4) ROWS(3, 4) ROWS(4, 4) ROWS(5, 4) ROWS(6, 4) ROWS(7, 3) ROWS(8, 3)
+#else
+ROWS(1, 4) ROWS(2, 4) ROWS(3, 4) ROWS(4, 3) ROWS(5, 2) ROWS(6, 2) ROWS(7, 1) ROWS(8, 1)
+#endif
+#endif
+
+/* y[m * ldy + n] = sum_k x[m * K + k] * w[n * K + k], 1 <= M <= 8; 0 on success. */
+int skinny_mm(const float *x, int M, int K, const float *w, int N, float *y, int ldy, int nt) {
+#if ISA
+    switch (M) {
+    case 1: rows_1(x, K, w, N, y, ldy, nt); return 0;
+    case 2: rows_2(x, K, w, N, y, ldy, nt); return 0;
+    case 3: rows_3(x, K, w, N, y, ldy, nt); return 0;
+    case 4: rows_4(x, K, w, N, y, ldy, nt); return 0;
+    case 5: rows_5(x, K, w, N, y, ldy, nt); return 0;
+    case 6: rows_6(x, K, w, N, y, ldy, nt); return 0;
+    case 7: rows_7(x, K, w, N, y, ldy, nt); return 0;
+    case 8: rows_8(x, K, w, N, y, ldy, nt); return 0;
+    }
+#endif
+    return 1;
+}
+"""
+
+_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+_lib: ctypes.CDLL | None = None
+_checked = False
+
+
+def available() -> bool:
+    """Whether the kernel is built, loaded and checked (built on the first call; False for good
+    where it cannot be)."""
+    global _lib, _checked
+    if not _checked:
+        _checked = True
+        try:
+            _lib = _load()
+        except Exception as e:  # noqa: BLE001 - no compiler, no OpenMP, a failed check: torch's paths stay
+            logger.info("float32 skinny CPU kernel unavailable (%s); torch's matmuls are used", e)
+            _lib = None
+    return _lib is not None
+
+
+def mm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T`` for float32 CPU x [M, K] (1 <= M <= MAX_ROWS) and a contiguous weight
+    [N, K]; ``available()`` must be True."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if not (1 <= m <= MAX_ROWS and weight.shape[1] == k and weight.is_contiguous()
+            and x.dtype is torch.float32 and weight.dtype is torch.float32):
+        raise ValueError(f"skinny mm takes 1..{MAX_ROWS} float32 rows and a contiguous [N, {k}] float32 weight")
+    x = x.contiguous()
+    y = torch.empty(m, n, dtype=torch.float32) if out is None else out
+    assert _lib is not None
+    if _lib.skinny_mm(x.data_ptr(), m, k, weight.data_ptr(), n, y.data_ptr(), n, torch.get_num_threads()):
+        raise RuntimeError("skinny mm: unsupported row count")
+    return y
+
+
+def _load() -> ctypes.CDLL:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise RuntimeError(f"no x86-64 SIMD on {platform.machine()}")
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        raise RuntimeError("no C compiler ($CC or cc)")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = "|".join((_SOURCE, " ".join(_FLAGS), cc, version, platform.node(), _cpu_flags()))
+    path = _kernel_dir() / f"skinny-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+    if not path.is_file():
+        _compile(cc, path)
+    lib = ctypes.CDLL(str(path))
+    lib.skinny_isa.restype = ctypes.c_int
+    lib.skinny_mm.restype = ctypes.c_int
+    lib.skinny_mm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                              ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    if lib.skinny_isa() == 0:
+        raise RuntimeError("this CPU has neither AVX-512 nor AVX2 + FMA")
+    global _lib
+    _lib = lib
+    _self_check()
+    return lib
+
+
+def _compile(cc: str, path: Path) -> None:
+    """Compile into a temporary file and rename it into place (another process may race us)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        src, lib = Path(tmp) / "skinny.c", Path(tmp) / "skinny.so"
+        src.write_text(_SOURCE)
+        done = subprocess.run([cc, *_FLAGS, str(src), "-o", str(lib)], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-300:]}")
+        os.replace(lib, path)
+
+
+def _self_check() -> None:
+    """Every row count, tails in K and N, against torch (float64 reference)."""
+    g = torch.Generator().manual_seed(0)
+    for m in range(1, MAX_ROWS + 1):
+        x = torch.randn(m, 37, generator=g)
+        w = torch.randn(13, 37, generator=g)
+        ref = (x.double() @ w.double().T).float()
+        if not torch.allclose(mm(x, w), ref, rtol=1e-5, atol=1e-5):
+            raise RuntimeError(f"self-check failed at {m} rows")
+
+
+def _kernel_dir() -> Path:
+    from tandem.loader.registry import cache_dir
+
+    return cache_dir() / ".kernels"
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (a cached build from another CPU type must not be loaded)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
