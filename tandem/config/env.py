@@ -95,3 +95,8 @@ def api_key() -> str | None:
 def openai_api_key() -> str | None:
     """``$OPENAI_API_KEY`` (sent by ``tandem bench serve``) or None."""
     return os.environ.get("OPENAI_API_KEY") or None
+
+
+def c_compiler() -> str:
+    """``$CC`` (the C compiler models/cpu_skinny.py builds its kernel with), else ``cc``."""
+    return os.environ.get("CC") or "cc"

@@ -205,7 +205,9 @@ def mm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -
 def _load() -> ctypes.CDLL:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise RuntimeError(f"no x86-64 SIMD on {platform.machine()}")
-    cc = shutil.which(os.environ.get("CC", "cc"))
+    from tandem.config.env import c_compiler
+
+    cc = shutil.which(c_compiler())
     if cc is None:
         raise RuntimeError("no C compiler ($CC or cc)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
