@@ -133,8 +133,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if x.shape[0] == 1 and out_f % _GEMV_SPLIT == 0 and weight.is_contiguous():
             w = weight.view(_GEMV_SPLIT, out_f // _GEMV_SPLIT, in_f)
             out = torch.bmm(w, x.t().unsqueeze(0).expand(_GEMV_SPLIT, in_f, 1)).view(1, out_f)
-        elif skinny_applies(x, weight):
-            out = cpu_skinny.mm(x, weight)
         else:
             out = (weight @ x.t()).t()
         return out + bias if bias is not None else out
