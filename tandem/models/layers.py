@@ -125,9 +125,8 @@ _GEMV_SPLIT = 4
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` with the CPU small-row paths described above; float32 steps of 2 to
-    ``cpu_skinny.MAX_ROWS`` rows (verifies, small batches) on ``cpu_skinny``'s kernel where it is
-    built (a verify's 4 rows for about a decode row's time, against 1.5–2× on BLAS or oneDNN)."""
+    """``F.linear`` with the CPU small-row paths described above. (A speculating float32 target's
+    linears send 2-8 rows to ``cpu_skinny`` instead: ``onednn_linear._multiply``.)"""
     if x.device.type == "cpu" and x.dim() == 2 and x.shape[0] <= _SMALL_ROWS:
         out_f, in_f = weight.shape
         if x.shape[0] == 1 and out_f % _GEMV_SPLIT == 0 and weight.is_contiguous():
