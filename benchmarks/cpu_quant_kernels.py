@@ -11,6 +11,8 @@ layers x [qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576] + the tie
 - ``int8pack``: ``aten._weight_int8pack_mm`` (int8, one scale per output row; requantized);
 - ``int4pack gG``: ``aten._weight_int4pack_mm_for_cpu`` (uint4 with a scale and a zero per group of
   G along K; G = 32 is GGUF's Q4 block, mapped exactly, see below; G = 64/128 requantized);
+- ``cpu_q4``: tandem's own kernel (``tandem/models/quant/cpu_q4.py``, C with AVX-512 BF16), the
+  Q4 codes and float32 scales as served, bf16 activations;
 - ``dyn4``: ``aten._dyn_quant_matmul_4bit`` (symmetric int4 weights, int8 dynamic activations);
 - torchao's CPU weight-only configs, if ``import torchao`` works (``--torchao-path``).
 
@@ -319,6 +321,31 @@ def prep_dyn4(kinds: dict[str, list[tuple[QW, torch.Tensor]]], gs: int = 32) -> 
     return c
 
 
+def prep_cpu_q4(kinds: dict[str, list[tuple[QW, torch.Tensor]]]) -> Candidate:
+    """tandem's own kernel (``models/quant/cpu_q4.py``, AVX-512 BF16): the Q4 codes exactly, float32
+    scale and offset, bf16 activations, float32 out. 4-bit formats only (the Q8_0 head is skipped)."""
+    from tandem.models.quant import cpu_q4
+    from tandem.models.quant.weights import QuantizedWeight
+
+    c = Candidate("cpu_q4 g32 bf16 (tandem)")
+    if not cpu_q4.available():
+        c.note = "cpu_q4 unavailable here (needs AVX-512 BF16 and a C compiler)"
+        return c
+    for kind, pairs in kinds.items():
+        if pairs[0][0].fmt not in ("Q4_0", "Q4_1"):
+            c.note = "4-bit formats only"
+            continue
+        calls, total = [], 0
+        for src, _ in pairs:
+            off = src.m if src.fmt == "Q4_1" else -8 * src.d
+            packed = cpu_q4.pack(QuantizedWeight(codes=src.q.to(torch.uint8), scale=src.d, offset=off, group=32,
+                                                 bits=4, source=src.fmt))
+            total += nb(packed)
+            calls.append(partial(lambda x, p: cpu_q4.mm(x, p, 32), p=packed))
+        c.calls[kind], c.nbytes[kind], c.grid[kind] = calls, total, "exact (activations bf16)"
+    return c
+
+
 def prep_torchao(kind_ws: dict[str, list[torch.Tensor]], which: str) -> Candidate:
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
@@ -506,7 +533,7 @@ def main() -> None:
     i8b, i8f = prep_int8(deq)
     print(f"  prepared int8pack in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     i4b = prep("int4pack g32 bf16", lambda: prep_int4(pairs, 32, torch.bfloat16))
-    cands += [i8b, i8f, i4b]
+    cands += [i8b, i8f, i4b, prep("cpu_q4", lambda: prep_cpu_q4(pairs))]
     for gs, act in ((32, torch.float32), (64, torch.bfloat16), (128, torch.bfloat16)):
         cands.append(prep(f"int4pack g{gs}", lambda gs=gs, act=act: prep_int4(pairs, gs, act)))
     bf = prep("bf16", lambda: prep_bf16(deq))

@@ -18,9 +18,8 @@ Each output is one accumulator's lanes summed in a fixed order: a row's result d
 the other rows or on M (1-row and 4-row products are bitwise equal). It differs from torch's
 BLAS result by summation order only (relative ~1e-6).
 
-The C source below is compiled on first use with the system's C compiler (``$CC`` or ``cc``, gcc or
-clang with OpenMP) into ``<cache>/.kernels/`` (keyed by the source, flags, compiler and machine) and
-loaded with ctypes; ctypes releases the GIL during the call. A self-check against torch runs at load.
+The C source below is compiled on first use and loaded by ``models/c_build.py`` (cached in
+``<cache>/.kernels/``). A self-check against torch runs at load.
 Where there is no compiler, no OpenMP, no AVX2/AVX-512, or the check fails, ``available()`` is
 False (logged once) and callers keep their torch paths: nothing else changes.
 """
@@ -28,16 +27,11 @@ False (logged once) and callers keep their torch paths: nothing else changes.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
+
+from tandem.models import c_build
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +161,6 @@ int skinny_mm(const float *x, int M, int K, const float *w, int N, float *y, int
 }
 """
 
-_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 _lib: ctypes.CDLL | None = None
 _checked = False
 
@@ -203,19 +196,7 @@ def mm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -
 
 
 def _load() -> ctypes.CDLL:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        raise RuntimeError(f"no x86-64 SIMD on {platform.machine()}")
-    from tandem.config.env import c_compiler
-
-    cc = shutil.which(c_compiler())
-    if cc is None:
-        raise RuntimeError("no C compiler ($CC or cc)")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = "|".join((_SOURCE, " ".join(_FLAGS), cc, version, platform.node(), _cpu_flags()))
-    path = _kernel_dir() / f"skinny-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
-    if not path.is_file():
-        _compile(cc, path)
-    lib = ctypes.CDLL(str(path))
+    lib = c_build.load("skinny", _SOURCE)
     lib.skinny_isa.restype = ctypes.c_int
     lib.skinny_mm.restype = ctypes.c_int
     lib.skinny_mm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
@@ -228,18 +209,6 @@ def _load() -> ctypes.CDLL:
     return lib
 
 
-def _compile(cc: str, path: Path) -> None:
-    """Compile into a temporary file and rename it into place (another process may race us)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        src, lib = Path(tmp) / "skinny.c", Path(tmp) / "skinny.so"
-        src.write_text(_SOURCE)
-        done = subprocess.run([cc, *_FLAGS, str(src), "-o", str(lib)], capture_output=True, text=True, timeout=120)
-        if done.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-300:]}")
-        os.replace(lib, path)
-
-
 def _self_check() -> None:
     """Every row count, tails in K and N, against torch (float64 reference)."""
     g = torch.Generator().manual_seed(0)
@@ -249,20 +218,3 @@ def _self_check() -> None:
         ref = (x.double() @ w.double().T).float()
         if not torch.allclose(mm(x, w), ref, rtol=1e-5, atol=1e-5):
             raise RuntimeError(f"self-check failed at {m} rows")
-
-
-def _kernel_dir() -> Path:
-    from tandem.loader.registry import cache_dir
-
-    return cache_dir() / ".kernels"
-
-
-def _cpu_flags() -> str:
-    """The CPU's feature flags (a cached build from another CPU type must not be loaded)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor()

@@ -10,7 +10,8 @@ CPU fuser is off by default (``torch._C._jit_can_fuse_on_cpu()``): nothing is fu
 :class:`LoneDecoder` refuses to run if someone turned it on.
 
 :class:`LoneDecoder` takes a model only when every layer is the plain Llama shape on the packed int4
-kernel (int4pack, one plane, no act-order, no bias, no q/k norm, no sandwich norms or sliding window,
+kernel (``Q4Linear``, or int4pack with one plane; no act-order, no bias, no q/k norm, no sandwich norms
+or sliding window,
 silu, float32 activations and KV cache); ``TorchRunner`` uses it for a step of one request with 1–8
 new tokens whose logits are all wanted (a decode or a verify; EAGLE's aux hidden states included) and
 falls back to the eager forward for everything else (prefill, batches, batch-invariant mode).
@@ -26,7 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from tandem.models.decoder import CausalLM, KVCache
+from tandem.models.quant import cpu_q4  # noqa: F401 - registers torch.ops.tandem.q4_mm before scripting
 from tandem.models.quant.int4pack import Int4PackLinear
+from tandem.models.quant.q4_linear import Q4Linear
 
 logger = logging.getLogger("tandem")
 
@@ -46,24 +49,31 @@ def _attend_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_heads: int
     return torch.bmm(probs, v.transpose(0, 1)).view(1, h, d)
 
 
+def _mm(h: torch.Tensor, packed: torch.Tensor, group: int, scale_zeros: torch.Tensor, q4: bool) -> torch.Tensor:
+    """The packed linear: ``Q4Linear`` (cpu_q4, float32 out) or ``Int4PackLinear`` (bf16 out)."""
+    if q4:
+        return torch.ops.tandem.q4_mm(h, packed, group)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(h, packed, group, scale_zeros)
+
+
 def decode_layers(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, slot_start: int,
                   slots: Optional[torch.Tensor], ctx_slots: Optional[torch.Tensor], ctx_start: int, ctx_stop: int,
                   norms: list[torch.Tensor], packed: list[torch.Tensor], scale_zeros: list[torch.Tensor],
                   groups: list[int], k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                   eps: float, heads: int, kv_heads: int, head_dim: int, inter: int, scale: float,
-                  one_thread_attention: bool, aux_layers: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                  one_thread_attention: bool, aux_layers: list[int], q4: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """All layers for the ``t`` new tokens of one request (a decode, t = 1, or a verify / short chunk,
     t ≤ 8): x [t, H] float32 (the embeddings) → the stream before the final norm.
 
-    Per layer ``i``: ``norms[2i]`` / ``norms[2i + 1]`` (input / post-attention), and four int4pack
-    linears at ``4i + 0..3`` (qkv, o, gate_up, down). The new tokens' K/V go to cache rows
+    Per layer ``i``: ``norms[2i]`` / ``norms[2i + 1]`` (input / post-attention), and four packed
+    linears at ``4i + 0..3`` (qkv, o, gate_up, down): all ``Q4Linear`` (``q4``) or all
+    ``Int4PackLinear``. The new tokens' K/V go to cache rows
     ``slot_start ..`` (consecutive: a copy into a view, the bytes ``index_copy_`` writes) or, when
     ``slots`` is given, to those rows. The context (new tokens included) is the cache
     rows ``ctx_start:ctx_stop`` (consecutive slots) or, when ``ctx_slots`` is given, those rows
     gathered. Row r of a t-row step attends over the context a decode at its position sees, as the
     eager lone-verify path does (``attention.py::_Plan``). Also returns the stream entering each
     layer of ``aux_layers`` (ascending), as ``CausalLM.forward`` does (the EAGLE features)."""
-    aten = torch.ops.aten
     hidden = [x.shape[1]]
     t = x.shape[0]
     q_size = heads * head_dim
@@ -75,9 +85,9 @@ def decode_layers(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, 
             aux.append(x)
         j = 4 * i
         k_cache, v_cache = k_caches[i], v_caches[i]
-        # qkv = int4pack(rms_norm(x)), cast back to the activation dtype (Int4PackLinear.forward)
+        # qkv = packed(rms_norm(x)), cast back to the activation dtype (Int4PackLinear/Q4Linear.forward)
         h = torch.rms_norm(x, hidden, norms[2 * i], eps).to(torch.bfloat16)
-        qkv = aten._weight_int4pack_mm_for_cpu(h, packed[j], groups[j], scale_zeros[j]).to(x.dtype)
+        qkv = _mm(h, packed[j], groups[j], scale_zeros[j], q4).to(x.dtype)
         # rope on q and k as one tensor (attention.py::_rope_qk, Rotary.rotate)
         qk = qkv[:, :qk_size].reshape(t, heads + kv_heads, head_dim)
         qk = qk * cos + torch.roll(qk, head_dim // 2, dims=-1) * sin_signed
@@ -105,11 +115,11 @@ def decode_layers(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, 
             _set_threads(threads)
         # the residual adds take the kernel's bf16 output by type promotion (torch_kernels.py)
         o = o.reshape(t, q_size).to(torch.bfloat16)
-        x = x + aten._weight_int4pack_mm_for_cpu(o, packed[j + 1], groups[j + 1], scale_zeros[j + 1])
+        x = x + _mm(o, packed[j + 1], groups[j + 1], scale_zeros[j + 1], q4)
         h = torch.rms_norm(x, hidden, norms[2 * i + 1], eps).to(torch.bfloat16)
-        gu = aten._weight_int4pack_mm_for_cpu(h, packed[j + 2], groups[j + 2], scale_zeros[j + 2])
+        gu = _mm(h, packed[j + 2], groups[j + 2], scale_zeros[j + 2], q4)
         a = (F.silu(gu[:, :inter].float()) * gu[:, inter:]).to(torch.bfloat16)
-        x = x + aten._weight_int4pack_mm_for_cpu(a, packed[j + 3], groups[j + 3], scale_zeros[j + 3])
+        x = x + _mm(a, packed[j + 3], groups[j + 3], scale_zeros[j + 3], q4)
     return x, aux
 
 
@@ -125,8 +135,10 @@ def _script():  # type: ignore[no-untyped-def]
     return _scripted
 
 
-def _plain_int4(m: object) -> bool:
-    return (isinstance(m, Int4PackLinear) and m.planes == 1 and m.perm is None and m.bias is None)
+def _plain_int4(m: object, q4: bool) -> bool:
+    if q4:
+        return isinstance(m, Q4Linear) and m.perm is None and m.bias is None
+    return isinstance(m, Int4PackLinear) and m.planes == 1 and m.perm is None and m.bias is None
 
 
 class LoneDecoder:
@@ -151,7 +163,9 @@ class LoneDecoder:
         mods = [mod for layer in layers for mod in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
                                                     layer.mlp.gate_up_proj, layer.mlp.down_proj)]
         self.packed = [mod.packed for mod in mods]
-        self.scale_zeros = [mod.scale_zeros for mod in mods]
+        self.q4 = isinstance(mods[0], Q4Linear)
+        none = torch.empty(0)
+        self.scale_zeros = [none if self.q4 else mod.scale_zeros for mod in mods]
         self.groups = [mod.group for mod in mods]
         self.k_caches = [kv[0] for kv in kv_caches]
         self.v_caches = [kv[1] for kv in kv_caches]
@@ -174,12 +188,13 @@ class LoneDecoder:
         if any(k.dtype != torch.float32 or v.dtype != torch.float32 for k, v in kv_caches):
             return None
         rotary = m.layers[0].self_attn.rotary
+        q4 = isinstance(m.layers[0].self_attn.qkv_proj, Q4Linear)
         for layer in m.layers:
             a, mlp = layer.self_attn, layer.mlp
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
             if (layer.sandwich or a.q_norm is not None or a.sliding_window is not None or a.rotary is not rotary
                     or mlp.act is not F.silu or any(n.offset or n.eps != arch.rms_norm_eps for n in norms)
-                    or not all(_plain_int4(x) for x in (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj))
+                    or not all(_plain_int4(x, q4) for x in (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj))
                     or (a.num_heads, a.num_kv_heads, a.head_dim) != (arch.num_heads, arch.num_kv_heads,
                                                                    arch.head_dim)):
                 return None
@@ -227,7 +242,7 @@ class LoneDecoder:
             x, aux = self.fn(x, cos[:, None, :], sin_signed[:, None, :], slot_start, slots, ctx_slots, b0 * bs,
                              b0 * bs + n, self.norms, self.packed, self.scale_zeros, self.groups, self.k_caches,
                              self.v_caches, self.eps, self.heads, self.kv_heads, self.head_dim, self.inter, self.scale,
-                             one_thread, sorted(a for a in aux_layers if a < len(self.k_caches)))
+                             one_thread, sorted(a for a in aux_layers if a < len(self.k_caches)), self.q4)
         finally:
             torch.set_num_threads(threads)
         hidden = self.final_norm.forward(x)

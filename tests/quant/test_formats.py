@@ -11,10 +11,12 @@ from gguf.quants import dequantize, quantize
 
 from quant_checkpoints import awq_tensors, ct_tensors, gptq_tensors, k_quant_blocks, reference, rtn
 from tandem.models.quant.gguf_blocks import parse_blocks
+from tandem.models.quant import cpu_q4
 from tandem.models.quant.hf_formats import HFQuantScheme, awq_weight, compressed_tensors_weight, gptq_weight
 from tandem.models.quant.int4pack import Int4PackLinear
 from tandem.models.quant.int8pack import Int8PackLinear
 from tandem.models.quant.kernels import make_quant_linear
+from tandem.models.quant.q4_linear import Q4Linear
 from tandem.models.quant.weights import concat_rows, quantize_float
 
 # Product tolerance of the packed kernels: bf16 scales/zeros (8 mantissa bits) and bf16 activations.
@@ -26,13 +28,25 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
+def four_bit(qw, module_type):
+    """What serves ``qw`` where ``module_type`` is expected: ``Q4Linear`` replaces ``Int4PackLinear`` for
+    ≤ 4-bit weights on machines with its kernel (AVX-512 BF16)."""
+    if module_type is Int4PackLinear and cpu_q4.fits(qw) and cpu_q4.available():
+        return Q4Linear
+    return module_type
+
+
 def check_kernel(qw, module_type) -> None:
+    """The chosen module is ``module_type`` (see ``four_bit``) and multiplies like the dequantized
+    matrix; a weight served by ``Q4Linear`` is checked on ``Int4PackLinear`` too (still the kernel of
+    machines without AVX-512 BF16)."""
     w = qw.dequantize()
     module = make_quant_linear(qw, None)
-    assert isinstance(module, module_type)
+    assert isinstance(module, four_bit(qw, module_type))
     x = torch.randn(5, w.shape[1], generator=torch.Generator().manual_seed(1))
-    for rows in (1, 5):  # decode and a k+1 verify
-        assert rel_err(module(x[:rows]), x[:rows] @ w.t()) < KERNEL_RTOL
+    for m in [module] + ([Int4PackLinear(qw, None)] if isinstance(module, Q4Linear) else []):
+        for rows in (1, 5):  # decode and a k+1 verify
+            assert rel_err(m(x[:rows]), x[:rows] @ w.t()) < KERNEL_RTOL
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K"])
@@ -48,7 +62,8 @@ def test_gguf_blocks_unpack_exactly_and_run_packed(qtype):
     ref = dequantize(raw, t).reshape(rows, cols)  # gguf's reference dequantizer
     np.testing.assert_array_equal(qw.dequantize().numpy(), ref)
     check_kernel(qw, Int4PackLinear)
-    assert make_quant_linear(qw, None).planes == (1 if qw.bits <= 4 else 2)
+    module = make_quant_linear(qw, None)
+    assert isinstance(module, Q4Linear) or module.planes == (1 if qw.bits <= 4 else 2)
 
 
 def test_q6_k_has_no_packed_kernel():
@@ -146,7 +161,8 @@ def test_on_the_fly_quantization_error(method, kernel, tol):
 
     bits, group, sym = ON_THE_FLY[method]
     w = torch.randn(64, 256)
-    module = make_quant_linear(quantize_float(w, bits, group, sym, method), None)
-    assert isinstance(module, kernel)
+    qw = quantize_float(w, bits, group, sym, method)
+    module = make_quant_linear(qw, None)
+    assert isinstance(module, four_bit(qw, kernel))
     x = torch.randn(3, 256)
     assert rel_err(module(x), x @ w.t()) < tol

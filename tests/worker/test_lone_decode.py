@@ -23,13 +23,21 @@ def _llm(tmp_path, family="llama", quantization="int4", **over):
 
 @pytest.mark.parametrize("threads,one_thread_attention", [(1, False), (2, False), (2, True)])
 @pytest.mark.parametrize("scattered", [False, True])
-def test_scripted_decode_equals_eager_bitwise(tmp_path, monkeypatch, threads, one_thread_attention, scattered):
+@pytest.mark.parametrize("kernel", ["cpu_q4", "int4pack"])
+def test_scripted_decode_equals_eager_bitwise(tmp_path, monkeypatch, threads, one_thread_attention, scattered, kernel):
+    from tandem.models.quant import cpu_q4
     from tandem.worker.batch import SeqChunk
     from tandem.worker.lone_decode import LoneDecoder
 
     monkeypatch.setattr(LoneDecoder, "ONE_THREAD_ATTENTION", one_thread_attention)
+    if kernel == "int4pack":  # the kernel of machines without AVX-512 BF16
+        monkeypatch.setattr(cpu_q4, "available", lambda: False)
+    elif not cpu_q4.available():
+        pytest.skip("cpu_q4 needs AVX-512 BF16 and a C compiler")
 
     llm = _llm(tmp_path)
+    layer = llm.engine.runner.model.model.layers[0]
+    assert layer.mlp.down_proj.kernel == kernel
     runner = llm.engine.runner
     blocks = [90 - b for b in range(90)] if scattered else list(range(3, 93))  # 90, 89, ... : a gather
     prompt = [(7 * j) % 90 + 6 for j in range(300)]  # long enough for 2-thread softmax / bmm splits

@@ -2,7 +2,8 @@
 cuda_w4.py).
 
 CPU order: ``int8pack`` for symmetric per-channel 8-bit weights (exact: one scale per row), else
-``int4pack`` when the format's groups are multiples of 32 and N % 16 == 0 (4-bit directly, 5–8-bit as
+``cpu_q4`` (tandem's kernel, ``q4_linear.py``) for ≤ 4-bit weights where it is available (AVX-512
+BF16) and fits (N % 16 == 0, groups of a multiple of 4), else ``int4pack`` when the format's groups are multiples of 32 and N % 16 == 0 (4-bit directly, 5–8-bit as
 two planes). CUDA: ``W4Linear`` for ≤ 4-bit weights without act-order. Else None: the caller
 dequantizes that weight to float (and says so in the log).
 """
@@ -12,12 +13,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tandem.models.quant import cpu_q4
 from tandem.models.quant.cuda_w4 import W4Linear, fits_w4
 from tandem.models.quant.int4pack import Int4PackLinear, kernel_group
 from tandem.models.quant.int8pack import Int8PackLinear, fits_int8pack
+from tandem.models.quant.q4_linear import Q4Linear
 from tandem.models.quant.weights import QuantizedWeight
 
-QUANT_LINEARS = (Int4PackLinear, Int8PackLinear, W4Linear)
+QUANT_LINEARS = (Q4Linear, Int4PackLinear, Int8PackLinear, W4Linear)
 
 
 def make_quant_linear(qw: QuantizedWeight, bias: torch.Tensor | None, like: torch.Tensor | None = None
@@ -28,6 +31,8 @@ def make_quant_linear(qw: QuantizedWeight, bias: torch.Tensor | None, like: torc
         return W4Linear(qw, bias, like.dtype, like.device) if fits_w4(qw) else None
     if fits_int8pack(qw):
         return Int8PackLinear(qw, bias)
+    if cpu_q4.fits(qw) and cpu_q4.available():
+        return Q4Linear(qw, bias)
     if kernel_group(qw) is not None:
         return Int4PackLinear(qw, bias)
     return None

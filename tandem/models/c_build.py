@@ -1,0 +1,70 @@
+"""Build and load a CPU kernel written in C: compiled on first use, cached, loaded with ctypes.
+
+The kernels (``models/cpu_skinny.py``, ``models/quant/cpu_q4.py``) carry their C source as a string.
+:func:`load` compiles it with the system's C compiler (``$CC`` or ``cc``: gcc or clang with OpenMP)
+into ``<cache>/.kernels/<name>-<hash>.so``, the hash covering the source, the flags, the compiler and
+its version, the host and the CPU's feature flags (a build for another CPU type is never loaded), and
+returns the ``ctypes.CDLL``. ctypes releases the GIL during a call. OpenMP links against the
+``libgomp`` torch has loaded, so the kernels share torch's thread pool. Any failure (no x86-64, no
+compiler, a failed compile) raises; callers turn that into ``available() == False`` and keep their
+torch paths.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+
+
+def load(name: str, source: str, flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL:
+    """The compiled ``source`` (built into the cache on first use), loaded."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise RuntimeError(f"no x86-64 SIMD on {platform.machine()}")
+    from tandem.config.env import c_compiler
+
+    cc = shutil.which(c_compiler())
+    if cc is None:
+        raise RuntimeError("no C compiler ($CC or cc)")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = "|".join((source, " ".join(flags), cc, version, platform.node(), _cpu_flags()))
+    path = _kernel_dir() / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+    if not path.is_file():
+        _compile(cc, name, source, flags, path)
+    return ctypes.CDLL(str(path))
+
+
+def _compile(cc: str, name: str, source: str, flags: tuple[str, ...], path: Path) -> None:
+    """Compile into a temporary file and rename it into place (another process may race us)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        src, lib = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
+        src.write_text(source)
+        done = subprocess.run([cc, *flags, str(src), "-o", str(lib)], capture_output=True, text=True, timeout=180)
+        if done.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-300:]}")
+        os.replace(lib, path)
+
+
+def _kernel_dir() -> Path:
+    from tandem.loader.registry import cache_dir
+
+    return cache_dir() / ".kernels"
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (a cached build from another CPU type must not be loaded)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()

@@ -1,0 +1,283 @@
+"""A 4-bit CPU matmul from packed codes for the decode / verify case: ``y[M, N] = bf16(x)[M, K] · Wᵀ``.
+
+Why: torch's ``_weight_int4pack_mm_for_cpu`` (the ``int4pack`` kernel) costs 5.9 / 7.0 / 9.3 /
+15.2 ms over SmolLM2's 120 packed linears for 1 / 2 / 4 / 5 rows on the 2-core CPU (docs/
+performance.md §40), so a verify of k = 4 drafts costs ~2.3 decodes where the weights read are the
+same. Here each weight is unpacked once and multiplied with every row:
+
+- the weight ``W[n, k] = scale[n, g] · q[n, k] + offset[n, g]`` (``g = k // G``, 4-bit codes ``q``,
+  the :class:`QuantizedWeight` map, scale and offset kept in float32: exact for every format);
+- lanes are 16 output rows (a *tile*); a *unit* of 32 bytes holds the tile's 64 codes of 4
+  consecutive ``k``: byte ``2b + j`` has ``q[b, 4u + j]`` in its low nibble and ``q[b, 4u + 2 + j]`` in
+  its high one. One ``vpmovzxbw`` + two ``vpermw`` table lookups make 2 × 32 bf16 weights (the codes
+  0..15 are exact in bf16) in the pair order of ``vdpbf16ps``, which multiplies them with a broadcast
+  pair of bf16 activations: 32 multiply-adds per instruction per row;
+- per group, a tile's float32 sums ``Σ q·x`` (two accumulators per row) are scaled, and the offset
+  term is ``offset[n, g] · Σ_{k∈g} x[k]`` (the group sums of the bf16 activations, computed once per
+  call); every row is computed by the same instructions in the same order whatever M is, so a row's
+  result does not depend on the other rows (a verify row is bitwise the decode at its position);
+- threads (OpenMP, torch's pool) take contiguous ranges of tiles; rows beyond 8 run in chunks of 8
+  inside a tile (a prefill reads each tile once per 8 rows from L1).
+
+Memory layout (``pack``): uint8 ``[N / 16, K / G, 8·G + 128]``: a tile's group is ``G / 4`` units,
+then 16 float32 scales, then 16 float32 offsets. Needs AVX-512 BW + BF16 (Zen 4, Sapphire Rapids and
+later); elsewhere ``available()`` is False and ``int4pack`` stays. The C source is built by
+``models/c_build.py``.
+
+The kernel is also the op ``torch.ops.tandem.q4_mm(x_bf16, packed, group)`` (float32 out), so the
+scripted CPU decode (``worker/lone_decode.py``) calls the same code as the eager module.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import torch
+
+from tandem.models import c_build
+from tandem.models.quant.weights import QuantizedWeight
+
+logger = logging.getLogger(__name__)
+
+TILE = 16  # output rows per tile (one vector's lanes)
+ROW_CHUNK = 8  # rows computed together (each tile read once per chunk)
+
+_SOURCE = r"""
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#define ISA 1
+#else
+#define ISA 0
+#endif
+
+int q4_isa(void) { return ISA; }
+
+#if ISA
+#define MAXM 8
+#define PREFETCH_BYTES 8192
+/* bf16 bit patterns of 0..15, twice: vpermw reads the low 5 bits of each index word */
+static const uint16_t BF16_CODES[32] = {
+    0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
+    0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170,
+    0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
+    0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
+
+static inline int32_t pair(const uint16_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
+
+/* NT tiles (consecutive, tile_bytes apart) times M rows of x (bf16, row stride ldx); xs: the rows'
+   group sums [M][groups]; y: float32, row stride ldy, already offset to the tiles' first column. */
+static inline __attribute__((always_inline)) void block(
+        const uint8_t *restrict w, int64_t tile_bytes, const int NT, const int M, int groups, int G,
+        const uint16_t *restrict x, int64_t ldx, const float *restrict xs, float *restrict y, int64_t ldy) {
+    const __m512i table = _mm512_loadu_si512((const void *)BF16_CODES);
+    const int units = G / 4;
+    const int64_t gbytes = (int64_t)units * 32 + 128;
+    __m512 acc[2][MAXM];
+    for (int t = 0; t < NT; t++)
+        for (int m = 0; m < M; m++) acc[t][m] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        __m512 ga[2][MAXM], gb[2][MAXM];
+        for (int t = 0; t < NT; t++)
+            for (int m = 0; m < M; m++) { ga[t][m] = _mm512_setzero_ps(); gb[t][m] = _mm512_setzero_ps(); }
+        const uint16_t *xg = x + (int64_t)g * G;
+        for (int u = 0; u < units; u++) {
+            __m512i lo[2], hi[2];
+            for (int t = 0; t < NT; t++) {
+                const uint8_t *p = w + t * tile_bytes + g * gbytes + u * 32;
+                if ((u & 1) == 0) _mm_prefetch((const char *)p + PREFETCH_BYTES, _MM_HINT_T0);
+                __m512i wv = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
+                lo[t] = _mm512_permutexvar_epi16(wv, table);
+                hi[t] = _mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 4), table);
+            }
+            for (int m = 0; m < M; m++) {
+                const __m512i x0 = _mm512_set1_epi32(pair(xg + m * ldx + 4 * u));
+                const __m512i x1 = _mm512_set1_epi32(pair(xg + m * ldx + 4 * u + 2));
+                for (int t = 0; t < NT; t++) {
+                    ga[t][m] = _mm512_dpbf16_ps(ga[t][m], (__m512bh)lo[t], (__m512bh)x0);
+                    gb[t][m] = _mm512_dpbf16_ps(gb[t][m], (__m512bh)hi[t], (__m512bh)x1);
+                }
+            }
+        }
+        for (int t = 0; t < NT; t++) {
+            const float *aff = (const float *)(w + t * tile_bytes + g * gbytes + units * 32);
+            const __m512 s = _mm512_loadu_ps(aff), o = _mm512_loadu_ps(aff + 16);
+            for (int m = 0; m < M; m++) {
+                acc[t][m] = _mm512_fmadd_ps(_mm512_add_ps(ga[t][m], gb[t][m]), s, acc[t][m]);
+                acc[t][m] = _mm512_fmadd_ps(o, _mm512_set1_ps(xs[m * groups + g]), acc[t][m]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        for (int m = 0; m < M; m++) _mm512_storeu_ps(y + m * ldy + t * 16, acc[t][m]);
+}
+
+#define ROWS(M, NT)                                                                                   \
+static void rows_##M(const uint8_t *w, int64_t tile_bytes, int t0, int t1, int groups, int G,          \
+                     const uint16_t *x, int64_t ldx, const float *xs, float *y, int64_t ldy) {          \
+    int t = t0;                                                                                       \
+    for (; t + NT <= t1; t += NT)                                                                     \
+        block(w + t * tile_bytes, tile_bytes, NT, M, groups, G, x, ldx, xs, y + t * 16, ldy);         \
+    for (; t < t1; t++) block(w + t * tile_bytes, tile_bytes, 1, M, groups, G, x, ldx, xs, y + t * 16, ldy); \
+}
+ROWS(1, 2) ROWS(2, 2) ROWS(3, 2) ROWS(4, 1) ROWS(5, 1) ROWS(6, 1) ROWS(7, 1) ROWS(8, 1)
+
+typedef void (*rows_fn)(const uint8_t *, int64_t, int, int, int, int, const uint16_t *, int64_t, const float *,
+                        float *, int64_t);
+static const rows_fn ROWS_FN[MAXM + 1] = {0, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6, rows_7, rows_8};
+
+/* sum of x[k] (bf16 as float32) over k in [0, G), in a fixed order */
+static float group_sum(const uint16_t *x, int G) {
+    __m512 s = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= G; k += 16)
+        s = _mm512_add_ps(s, _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + k))), 16)));
+    float r = _mm512_reduce_add_ps(s);
+    for (; k < G; k++) { uint32_t b = (uint32_t)x[k] << 16; float f; memcpy(&f, &b, 4); r += f; }
+    return r;
+}
+#endif
+
+/* y[m * N + n] = sum_k bf16 x[m * K + k] * W[n, k] for the packed W (N / 16 tiles, K / G groups);
+   0 on success. */
+int q4_mm(const uint16_t *x, int M, int K, const uint8_t *w, int N, int G, float *y, int nt) {
+#if ISA
+    if (M < 1 || N % 16 || G % 4 || K % G) return 1;
+    const int groups = K / G, tiles = N / 16;
+    float small[1024];  /* the rows' group sums */
+    float *xs = M * groups <= 1024 ? small : (float *)malloc(sizeof(float) * (size_t)M * groups);
+    if (!xs) return 2;
+    const int64_t tile_bytes = (int64_t)groups * (G / 4 * 32 + 128);
+    _Pragma("omp parallel num_threads(nt)")
+    {
+        _Pragma("omp for schedule(static)")
+        for (int i = 0; i < M * groups; i++) xs[i] = group_sum(x + (int64_t)(i / groups) * K + (int64_t)(i % groups) * G, G);
+        const int nthr = omp_get_num_threads(), tid = omp_get_thread_num();
+        const int t0 = (int)((int64_t)tiles * tid / nthr), t1 = (int)((int64_t)tiles * (tid + 1) / nthr);
+        for (int m0 = 0; m0 < M; m0 += MAXM) {
+            const int mc = M - m0 < MAXM ? M - m0 : MAXM;
+            ROWS_FN[mc](w, tile_bytes, t0, t1, groups, G, x + (int64_t)m0 * K, K, xs + (int64_t)m0 * groups,
+                        y + (int64_t)m0 * N, N);
+        }
+    }
+    if (xs != small) free(xs);
+    return 0;
+#else
+    return 1;
+#endif
+}
+"""
+
+_lib: ctypes.CDLL | None = None
+_checked = False
+
+
+def available() -> bool:
+    """Whether the kernel is built, loaded and checked (built on the first call; False for good
+    where it cannot be: no compiler, no AVX-512 BF16, a failed self-check)."""
+    global _lib, _checked
+    if not _checked:
+        _checked = True
+        try:
+            _lib = _load()
+        except Exception as e:  # noqa: BLE001 - int4pack stays
+            logger.info("4-bit CPU kernel (cpu_q4) unavailable (%s); int4pack is used", e)
+            _lib = None
+    return _lib is not None
+
+
+def fits(qw: QuantizedWeight) -> bool:
+    """Whether :func:`pack` holds ``qw`` exactly: ≤ 4-bit codes, N % 16 == 0, groups of a multiple of 4."""
+    n, k = qw.shape
+    return qw.bits <= 4 and n % TILE == 0 and qw.group % 4 == 0 and k % qw.group == 0
+
+
+def pack(qw: QuantizedWeight) -> torch.Tensor:
+    """The kernel's layout of ``qw`` (see the module docstring): uint8 ``[N / 16, K / G, 8·G + 128]``.
+    The act-order permutation (``qw.perm``) is not applied: the caller gathers x's columns."""
+    if not fits(qw):
+        raise ValueError(f"{qw.source} {qw.shape} ({qw.bits}-bit, group {qw.group}) does not fit cpu_q4")
+    n, k = qw.shape
+    g = qw.group
+    tiles, groups, units = n // TILE, k // g, g // 4
+    out = torch.empty((tiles, groups, 8 * g + 128), dtype=torch.uint8)
+    step = 64  # tiles at a time: the int16 temporaries of a 49152-row matrix would be large
+    for t0 in range(0, tiles, step):
+        t1 = min(tiles, t0 + step)
+        rows = slice(t0 * TILE, t1 * TILE)
+        c = qw.codes[rows].view(t1 - t0, TILE, groups, units, 2, 2)  # [t, b, g, u, plane, j]
+        byte = c[..., 0, :] | (c[..., 1, :] << 4)  # [t, b, g, u, j]
+        out[t0:t1, :, :units * 32] = byte.permute(0, 2, 3, 1, 4).reshape(t1 - t0, groups, units * 32)
+        for i, a in enumerate((qw.scale, qw.offset)):
+            aff = a[rows].float().reshape(t1 - t0, TILE, groups).transpose(1, 2).contiguous()
+            out[t0:t1, :, units * 32 + 64 * i:units * 32 + 64 * (i + 1)] = aff.view(torch.uint8).view(
+                t1 - t0, groups, 64)
+    return out
+
+
+def mm(x: torch.Tensor, packed: torch.Tensor, group: int) -> torch.Tensor:
+    """``bf16(x) @ Wᵀ`` in float32 [M, N] for x [M, K] (bf16, or float cast to bf16) and ``pack(qw)``;
+    ``available()`` must be True."""
+    tiles, groups, _ = packed.shape
+    m, k = x.shape
+    if k != groups * group or packed.shape[2] != 8 * group + 128 or packed.dtype != torch.uint8:
+        raise ValueError(f"cpu_q4: x [{m}, {k}] does not match a packed [{tiles}·16, {groups}·{group}] weight")
+    if x.dtype != torch.bfloat16:
+        x = x.to(torch.bfloat16)
+    x = x.contiguous()
+    n = tiles * TILE
+    y = torch.empty((m, n), dtype=torch.float32)
+    if m == 0:
+        return y
+    assert _lib is not None
+    if _lib.q4_mm(x.data_ptr(), m, k, packed.data_ptr(), n, group, y.data_ptr(), torch.get_num_threads()):
+        raise RuntimeError("cpu_q4: the kernel refused its arguments")
+    return y
+
+
+def _load() -> ctypes.CDLL:
+    lib = c_build.load("q4", _SOURCE)
+    lib.q4_isa.restype = ctypes.c_int
+    lib.q4_mm.restype = ctypes.c_int
+    lib.q4_mm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_void_p, ctypes.c_int]
+    if lib.q4_isa() == 0:
+        raise RuntimeError("this CPU has no AVX-512 BF16")
+    global _lib
+    _lib = lib
+    _self_check()
+    return lib
+
+
+def _self_check() -> None:
+    """Row counts 1..9 (a chunk of 8 and a tail), two tiles, groups of 32 and 8, against float64."""
+    gen = torch.Generator().manual_seed(0)
+    for n, k, group in ((48, 96, 32), (32, 40, 8)):
+        codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+        scale = torch.rand(n, k // group, generator=gen) * 0.1
+        offset = torch.randn(n, k // group, generator=gen) * 0.1
+        qw = QuantizedWeight(codes=codes, scale=scale, offset=offset, group=group, bits=4, source="self-check")
+        w = qw.dequantize().double()
+        packed = pack(qw)
+        for m in range(1, ROW_CHUNK + 2):
+            x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+            ref = (x.double() @ w.T).float()
+            if not torch.allclose(mm(x, packed, group), ref, rtol=1e-4, atol=1e-4):
+                raise RuntimeError(f"self-check failed at {m} rows ({n}x{k}, group {group})")
+
+
+def _q4_mm(x: torch.Tensor, packed: torch.Tensor, group: int) -> torch.Tensor:
+    if not available():
+        raise RuntimeError("cpu_q4 kernel unavailable on this machine")
+    return mm(x, packed, group)
+
+
+_ops = torch.library.Library("tandem", "FRAGMENT")
+_ops.define("q4_mm(Tensor x, Tensor packed, int group) -> Tensor")
+_ops.impl("q4_mm", _q4_mm, "CPU")

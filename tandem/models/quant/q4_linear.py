@@ -1,0 +1,64 @@
+"""CPU module for ≤ 4-bit weights on tandem's own kernel (``cpu_q4.py``): ``x @ W^T + b``.
+
+Chosen over ``int4pack`` (``kernels.py``) wherever ``cpu_q4.available()`` (AVX-512 BF16): the same
+bf16 activations, but scale and offset in float32 (exact for every format) and float32 output, and a
+verify's rows cost little more than a decode's row (docs/performance.md §46). Act-order weights
+gather x's columns first (``perm``), as ``int4pack`` does.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tandem.models.quant import cpu_q4
+from tandem.models.quant.weights import QuantizedWeight
+
+
+class Q4Linear(nn.Module):
+    kernel = "cpu_q4"
+
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = qw.shape
+        self.group = qw.group
+        self.source = qw.source
+        self.register_buffer("packed", cpu_q4.pack(qw))  # uint8 [N / 16, K / G, 8·G + 128]
+        self.register_buffer("perm", qw.perm)
+        self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
+        self.lowp = bias is None  # forward_lowp is the whole product (torch_kernels.py)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        out = self.forward_lowp(x.reshape(-1, shape[-1])).to(x.dtype)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def forward_lowp(self, x: torch.Tensor) -> torch.Tensor:
+        """``bf16(x) @ W^T`` in float32 for 2-D ``x`` (no bias): the same interface as
+        ``Int4PackLinear.forward_lowp`` (whose output is bf16), what the layer kernels add to the residual."""
+        packed, perm = self._args or self._cache_args()
+        h = x.to(torch.bfloat16)
+        if perm is not None:
+            h = h.index_select(1, perm)
+        return cpu_q4.mm(h, packed, self.group)  # the op torch.ops.tandem.q4_mm, without the dispatcher
+
+    # The buffers as a plain tuple (a buffer lookup through nn.Module.__getattr__ costs ~1 µs);
+    # dropped whenever the module's tensors are replaced (``_apply``).
+    _args: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def _cache_args(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self._args = (self.packed, self.perm)
+        return self._args
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        self._args = None
+        return super()._apply(fn, recurse)
+
+    def nbytes(self) -> int:
+        return self.packed.numel()
+
+    def extra_repr(self) -> str:
+        return (f"in={self.in_features}, out={self.out_features}, group={self.group}, "
+                f"act_order={self.perm is not None}, source={self.source}")

@@ -1,0 +1,106 @@
+"""tandem's 4-bit CPU kernel (``models/quant/cpu_q4.py``): the packed layout as documented, products
+against float64, a row's bits independent of the row count and the thread count, and the fallback
+to int4pack where it cannot be built."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tandem.models.quant import cpu_q4
+from tandem.models.quant.weights import QuantizedWeight, quantize_float
+
+needs_kernel = pytest.mark.skipif(not cpu_q4.available(), reason="cpu_q4 needs AVX-512 BF16 and a C compiler")
+
+
+def _qw(n: int, k: int, group: int, seed: int = 0, perm: bool = False) -> QuantizedWeight:
+    g = torch.Generator().manual_seed(seed)
+    return QuantizedWeight(codes=torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8),
+                           scale=torch.rand(n, k // group, generator=g) * 0.02,
+                           offset=torch.randn(n, k // group, generator=g) * 0.02, group=group, bits=4,
+                           source="test", perm=torch.randperm(k, generator=g) if perm else None)
+
+
+def _unpack(packed: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """codes [N, K], scale and offset [N, K / G] read back from the documented layout."""
+    tiles, groups, _ = packed.shape
+    units = group // 4
+    b = packed[:, :, :units * 32].reshape(tiles, groups, units, 16, 2).long()  # [t, g, u, row, j]
+    codes = torch.stack([b & 15, b >> 4], dim=4)  # [t, g, u, row, plane, j]: k = 4u + 2·plane + j
+    codes = codes.permute(0, 3, 1, 2, 4, 5).reshape(tiles * 16, groups * group)
+    aff = packed[:, :, units * 32:].contiguous().view(torch.float32).reshape(tiles, groups, 2, 16)
+    return codes, aff[:, :, 0].permute(0, 2, 1).reshape(-1, groups), aff[:, :, 1].permute(0, 2, 1).reshape(-1, groups)
+
+
+def test_pack_writes_the_documented_layout():
+    qw = _qw(48, 96, 32)
+    codes, scale, offset = _unpack(cpu_q4.pack(qw), 32)
+    assert torch.equal(codes, qw.codes.long())
+    assert torch.equal(scale, qw.scale) and torch.equal(offset, qw.offset)
+
+
+def test_pack_refuses_what_it_cannot_hold():
+    for qw in (_qw(40, 64, 32),  # N not a multiple of 16
+               quantize_float(torch.randn(32, 64), 8, 32, True, "8-bit"),  # 8-bit codes
+               _qw(32, 60, 30)):  # a group not a multiple of 4
+        assert not cpu_q4.fits(qw)
+        with pytest.raises(ValueError, match="does not fit cpu_q4"):
+            cpu_q4.pack(qw)
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,k,group", [(16, 32, 32), (48, 576, 32), (64, 256, 128), (32, 40, 8), (80, 64, 64)])
+def test_product_equals_float64(n, k, group):
+    qw = _qw(n, k, group, seed=n + k)
+    w = qw.dequantize().double()
+    packed = cpu_q4.pack(qw)
+    x = torch.randn(20, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    for m in (1, 2, 3, 5, 8, 9, 20):  # the row functions, a chunk of 8 and tails
+        ref = x[:m].double() @ w.T
+        got = cpu_q4.mm(x[:m], packed, group)
+        assert got.dtype is torch.float32 and got.shape == (m, n)
+        assert torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-5), m
+
+
+@needs_kernel
+def test_a_rows_bits_do_not_depend_on_the_other_rows_or_threads():
+    qw = _qw(96, 576, 32, seed=3)
+    packed = cpu_q4.pack(qw)
+    x = torch.randn(17, 576, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = torch.cat([cpu_q4.mm(x[i:i + 1], packed, 32) for i in range(17)])
+        torch.set_num_threads(2)
+        for m in range(1, 18):
+            assert torch.equal(cpu_q4.mm(x[:m], packed, 32), one[:m]), m
+    finally:
+        torch.set_num_threads(old)
+
+
+@needs_kernel
+def test_module_op_and_act_order():
+    from tandem.models.quant.q4_linear import Q4Linear
+
+    qw = _qw(32, 128, 32, seed=5, perm=True)
+    bias = torch.randn(32)
+    module = Q4Linear(qw, bias)
+    x = torch.randn(2, 3, 128)
+    ref = x.to(torch.bfloat16).double() @ qw.dequantize().double().T + bias.double()
+    assert torch.allclose(module(x).double(), ref, rtol=1e-5, atol=1e-5)
+    h = x[0].to(torch.bfloat16).index_select(1, qw.perm)
+    assert torch.equal(torch.ops.tandem.q4_mm(h, module.packed, 32), cpu_q4.mm(h, module.packed, 32))
+    with pytest.raises(ValueError, match="does not match"):
+        cpu_q4.mm(torch.randn(1, 64), module.packed, 32)
+
+
+def test_without_a_compiler_int4pack_serves_four_bit_weights(monkeypatch, tmp_path):
+    from tandem.models.quant.int4pack import Int4PackLinear
+    from tandem.models.quant.kernels import make_quant_linear
+
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu_q4, "_lib", None)
+    monkeypatch.setattr(cpu_q4, "_checked", False)
+    assert not cpu_q4.available()
+    assert isinstance(make_quant_linear(_qw(32, 64, 32), None), Int4PackLinear)
