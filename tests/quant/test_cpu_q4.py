@@ -8,40 +8,43 @@ import pytest
 import torch
 
 from tandem.models.quant import cpu_q4
-from tandem.models.quant.weights import QuantizedWeight, quantize_float
+from tandem.models.quant.weights import QuantizedWeight
 
 needs_kernel = pytest.mark.skipif(not cpu_q4.available(), reason="cpu_q4 needs AVX-512 BF16 and a C compiler")
 
 
-def _qw(n: int, k: int, group: int, seed: int = 0, perm: bool = False) -> QuantizedWeight:
+def _qw(n: int, k: int, group: int, seed: int = 0, perm: bool = False, bits: int = 4) -> QuantizedWeight:
     g = torch.Generator().manual_seed(seed)
-    return QuantizedWeight(codes=torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8),
+    return QuantizedWeight(codes=torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8),
                            scale=torch.rand(n, k // group, generator=g) * 0.02,
-                           offset=torch.randn(n, k // group, generator=g) * 0.02, group=group, bits=4,
+                           offset=torch.randn(n, k // group, generator=g) * 0.02, group=group, bits=bits,
                            source="test", perm=torch.randperm(k, generator=g) if perm else None)
 
 
-def _unpack(packed: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _unpack(packed: torch.Tensor, group: int, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """codes [N, K], scale and offset [N, K / G] read back from the documented layout."""
     tiles, groups, _ = packed.shape
-    units = group // 4
-    b = packed[:, :, :units * 32].reshape(tiles, groups, units, 16, 2).long()  # [t, g, u, row, j]
-    codes = torch.stack([b & 15, b >> 4], dim=4)  # [t, g, u, row, plane, j]: k = 4u + 2·plane + j
+    units, ub = group // 4, 8 * bits
+    if bits == 4:  # 32 bytes per 4 k: byte 2b + j holds k = 4u + j (low nibble) and 4u + 2 + j (high)
+        b = packed[:, :, :units * ub].reshape(tiles, groups, units, 16, 2).long()  # [t, g, u, row, j]
+        codes = torch.stack([b & 15, b >> 4], dim=4)  # [t, g, u, row, plane, j]: k = 4u + 2·plane + j
+    else:  # 64 bytes per 4 k: the pair (4u, 4u + 1) as bytes 2b + j, then the pair (4u + 2, 4u + 3)
+        codes = packed[:, :, :units * ub].reshape(tiles, groups, units, 2, 16, 2).long().transpose(3, 4)
     codes = codes.permute(0, 3, 1, 2, 4, 5).reshape(tiles * 16, groups * group)
-    aff = packed[:, :, units * 32:].contiguous().view(torch.float32).reshape(tiles, groups, 2, 16)
+    aff = packed[:, :, units * ub:].contiguous().view(torch.float32).reshape(tiles, groups, 2, 16)
     return codes, aff[:, :, 0].permute(0, 2, 1).reshape(-1, groups), aff[:, :, 1].permute(0, 2, 1).reshape(-1, groups)
 
 
-def test_pack_writes_the_documented_layout():
-    qw = _qw(48, 96, 32)
-    codes, scale, offset = _unpack(cpu_q4.pack(qw), 32)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_pack_writes_the_documented_layout(bits):
+    qw = _qw(48, 96, 32, bits=bits)
+    codes, scale, offset = _unpack(cpu_q4.pack(qw), 32, bits)
     assert torch.equal(codes, qw.codes.long())
     assert torch.equal(scale, qw.scale) and torch.equal(offset, qw.offset)
 
 
 def test_pack_refuses_what_it_cannot_hold():
     for qw in (_qw(40, 64, 32),  # N not a multiple of 16
-               quantize_float(torch.randn(32, 64), 8, 32, True, "8-bit"),  # 8-bit codes
                _qw(32, 60, 30)):  # a group not a multiple of 4
         assert not cpu_q4.fits(qw)
         with pytest.raises(ValueError, match="does not fit cpu_q4"):
@@ -50,8 +53,9 @@ def test_pack_refuses_what_it_cannot_hold():
 
 @needs_kernel
 @pytest.mark.parametrize("n,k,group", [(16, 32, 32), (48, 576, 32), (64, 256, 128), (32, 40, 8), (80, 64, 64)])
-def test_product_equals_float64(n, k, group):
-    qw = _qw(n, k, group, seed=n + k)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_product_equals_float64(n, k, group, bits):
+    qw = _qw(n, k, group, seed=n + k, bits=bits)
     w = qw.dequantize().double()
     packed = cpu_q4.pack(qw)
     x = torch.randn(20, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
@@ -63,8 +67,9 @@ def test_product_equals_float64(n, k, group):
 
 
 @needs_kernel
-def test_a_rows_bits_do_not_depend_on_the_other_rows_or_threads():
-    qw = _qw(96, 576, 32, seed=3)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_rows_bits_do_not_depend_on_the_other_rows_or_threads(bits):
+    qw = _qw(96, 576, 32, seed=3, bits=bits)
     packed = cpu_q4.pack(qw)
     x = torch.randn(17, 576, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     old = torch.get_num_threads()

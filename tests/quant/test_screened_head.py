@@ -47,12 +47,24 @@ def hidden_rows(k: int, seed: int) -> torch.Tensor:
     return torch.cat(rows)
 
 
+@pytest.fixture(params=["cpu_q8", "int4pack"])
+def kernel(request, monkeypatch):
+    """The screen's packed kernel: tandem's cpu_q4 byte layout (where it builds) or int4pack."""
+    from tandem.models.quant import cpu_q4
+
+    if request.param == "int4pack":
+        monkeypatch.setattr(cpu_q4, "available", lambda: False)
+    elif not cpu_q4.available():
+        pytest.skip("cpu_q4 needs AVX-512 BF16 and a C compiler")
+    return request.param
+
+
 @pytest.mark.parametrize("make", [q8_0, q4_1])
-def test_bound_holds_and_argmax_is_exact(make):
+def test_bound_holds_and_argmax_is_exact(make, kernel):
     qw = make(1024, 256, 0)
     w = qw.dequantize()
     head = ScreenedHead.build(w)
-    assert head is not None
+    assert head is not None and head.packed.kernel == kernel
     x = hidden_rows(256, 1)
     approx, eps = head.approximate(x)
     exact = x.double() @ w.double().t()
@@ -65,7 +77,7 @@ def test_bound_holds_and_argmax_is_exact(make):
     assert torch.equal(out[kept], exact.float()[kept])  # candidates hold their correctly rounded logit
 
 
-def test_near_ties_below_bf16_resolution_are_resolved_exactly():
+def test_near_ties_below_bf16_resolution_are_resolved_exactly(kernel):
     """Two vocabulary rows whose logits differ by ~1e-5 (far below the packed head's bf16 output):
     the screen keeps both and the exact recompute picks the larger, whichever order they come in."""
     qw = q8_0(512, 128, 3)
@@ -87,7 +99,7 @@ def test_near_ties_below_bf16_resolution_are_resolved_exactly():
         assert torch.isfinite(out[0, 40]) and torch.isfinite(out[0, 100])
 
 
-def test_rows_do_not_depend_on_the_batch():
+def test_rows_do_not_depend_on_the_batch(kernel):
     qw = q8_0(768, 256, 5)
     head = ScreenedHead.build(qw.dequantize())
     x = hidden_rows(256, 6)
@@ -112,7 +124,7 @@ def test_build_declines_what_the_kernel_cannot_hold():
     assert ScreenedHead.build(q8_0(256, 128, 8).dequantize().double()) is None  # not a float32 head
 
 
-def test_a_q8_0_head_is_reproduced_exactly_and_a_float_head_is_bounded():
+def test_a_q8_0_head_is_reproduced_exactly_and_a_float_head_is_bounded(kernel):
     """The 8-bit requantization gives back a Q8_0 head's own codes (no rounding left to bound); a
     plain float head gets its rounding into the bound, and its argmax is still exact."""
     qw = q8_0(512, 256, 9)

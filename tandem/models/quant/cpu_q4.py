@@ -71,13 +71,14 @@ static const uint16_t BF16_CODES[32] = {
 static inline int32_t pair(const uint16_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
 
 /* NT tiles (consecutive, tile_bytes apart) times M rows of x (bf16, row stride ldx); xs: the rows'
-   group sums [M][groups]; y: float32, row stride ldy, already offset to the tiles' first column. */
+   group sums [M][groups]; y: float32, row stride ldy, already offset to the tiles' first column.
+   BITS 4: a unit of 4 k is 32 bytes of nibbles; BITS 8: 64 bytes, the pair (4u, 4u + 1) then (4u + 2, 4u + 3). */
 static inline __attribute__((always_inline)) void block(
-        const uint8_t *restrict w, int64_t tile_bytes, const int NT, const int M, int groups, int G,
+        const uint8_t *restrict w, int64_t tile_bytes, const int NT, const int M, const int BITS, int groups, int G,
         const uint16_t *restrict x, int64_t ldx, const float *restrict xs, float *restrict y, int64_t ldy) {
     const __m512i table = _mm512_loadu_si512((const void *)BF16_CODES);
-    const int units = G / 4;
-    const int64_t gbytes = (int64_t)units * 32 + 128;
+    const int units = G / 4, ub = BITS == 4 ? 32 : 64;
+    const int64_t gbytes = (int64_t)units * ub + 128;
     __m512 acc[2][MAXM];
     for (int t = 0; t < NT; t++)
         for (int m = 0; m < M; m++) acc[t][m] = _mm512_setzero_ps();
@@ -89,11 +90,20 @@ static inline __attribute__((always_inline)) void block(
         for (int u = 0; u < units; u++) {
             __m512i lo[2], hi[2];
             for (int t = 0; t < NT; t++) {
-                const uint8_t *p = w + t * tile_bytes + g * gbytes + u * 32;
-                if ((u & 1) == 0) _mm_prefetch((const char *)p + PREFETCH_BYTES, _MM_HINT_T0);
-                __m512i wv = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
-                lo[t] = _mm512_permutexvar_epi16(wv, table);
-                hi[t] = _mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 4), table);
+                const uint8_t *p = w + t * tile_bytes + g * gbytes + u * ub;
+                if (BITS == 4) {
+                    if ((u & 1) == 0) _mm_prefetch((const char *)p + PREFETCH_BYTES, _MM_HINT_T0);
+                    __m512i wv = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
+                    lo[t] = _mm512_permutexvar_epi16(wv, table);
+                    hi[t] = _mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 4), table);
+                } else {
+                    _mm_prefetch((const char *)p + PREFETCH_BYTES, _MM_HINT_T0);
+                    __m512 c[4];
+                    for (int q = 0; q < 4; q++)
+                        c[q] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * q))));
+                    lo[t] = (__m512i)_mm512_cvtne2ps_pbh(c[1], c[0]);
+                    hi[t] = (__m512i)_mm512_cvtne2ps_pbh(c[3], c[2]);
+                }
             }
             for (int m = 0; m < M; m++) {
                 const __m512i x0 = _mm512_set1_epi32(pair(xg + m * ldx + 4 * u));
@@ -105,7 +115,7 @@ static inline __attribute__((always_inline)) void block(
             }
         }
         for (int t = 0; t < NT; t++) {
-            const float *aff = (const float *)(w + t * tile_bytes + g * gbytes + units * 32);
+            const float *aff = (const float *)(w + t * tile_bytes + g * gbytes + units * ub);
             const __m512 s = _mm512_loadu_ps(aff), o = _mm512_loadu_ps(aff + 16);
             for (int m = 0; m < M; m++) {
                 acc[t][m] = _mm512_fmadd_ps(_mm512_add_ps(ga[t][m], gb[t][m]), s, acc[t][m]);
@@ -117,19 +127,22 @@ static inline __attribute__((always_inline)) void block(
         for (int m = 0; m < M; m++) _mm512_storeu_ps(y + m * ldy + t * 16, acc[t][m]);
 }
 
-#define ROWS(M, NT)                                                                                   \
-static void rows_##M(const uint8_t *w, int64_t tile_bytes, int t0, int t1, int groups, int G,          \
-                     const uint16_t *x, int64_t ldx, const float *xs, float *y, int64_t ldy) {          \
+#define ROWS(B, M, NT)                                                                                \
+static void rows_##B##_##M(const uint8_t *w, int64_t tile_bytes, int t0, int t1, int groups, int G,    \
+                           const uint16_t *x, int64_t ldx, const float *xs, float *y, int64_t ldy) {    \
     int t = t0;                                                                                       \
     for (; t + NT <= t1; t += NT)                                                                     \
-        block(w + t * tile_bytes, tile_bytes, NT, M, groups, G, x, ldx, xs, y + t * 16, ldy);         \
-    for (; t < t1; t++) block(w + t * tile_bytes, tile_bytes, 1, M, groups, G, x, ldx, xs, y + t * 16, ldy); \
+        block(w + t * tile_bytes, tile_bytes, NT, M, B, groups, G, x, ldx, xs, y + t * 16, ldy);      \
+    for (; t < t1; t++) block(w + t * tile_bytes, tile_bytes, 1, M, B, groups, G, x, ldx, xs, y + t * 16, ldy); \
 }
-ROWS(1, 2) ROWS(2, 2) ROWS(3, 2) ROWS(4, 1) ROWS(5, 1) ROWS(6, 1) ROWS(7, 1) ROWS(8, 1)
+ROWS(4, 1, 2) ROWS(4, 2, 2) ROWS(4, 3, 2) ROWS(4, 4, 1) ROWS(4, 5, 1) ROWS(4, 6, 1) ROWS(4, 7, 1) ROWS(4, 8, 1)
+ROWS(8, 1, 2) ROWS(8, 2, 2) ROWS(8, 3, 2) ROWS(8, 4, 1) ROWS(8, 5, 1) ROWS(8, 6, 1) ROWS(8, 7, 1) ROWS(8, 8, 1)
 
 typedef void (*rows_fn)(const uint8_t *, int64_t, int, int, int, int, const uint16_t *, int64_t, const float *,
                         float *, int64_t);
-static const rows_fn ROWS_FN[MAXM + 1] = {0, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6, rows_7, rows_8};
+static const rows_fn ROWS_FN[2][MAXM + 1] = {
+    {0, rows_4_1, rows_4_2, rows_4_3, rows_4_4, rows_4_5, rows_4_6, rows_4_7, rows_4_8},
+    {0, rows_8_1, rows_8_2, rows_8_3, rows_8_4, rows_8_5, rows_8_6, rows_8_7, rows_8_8}};
 
 /* sum of x[k] (bf16 as float32) over k in [0, G), in a fixed order */
 static float group_sum(const uint16_t *x, int G) {
@@ -144,16 +157,16 @@ static float group_sum(const uint16_t *x, int G) {
 }
 #endif
 
-/* y[m * N + n] = sum_k bf16 x[m * K + k] * W[n, k] for the packed W (N / 16 tiles, K / G groups);
-   0 on success. */
-int q4_mm(const uint16_t *x, int M, int K, const uint8_t *w, int N, int G, float *y, int nt) {
+/* y[m * N + n] = sum_k bf16 x[m * K + k] * W[n, k] for the packed W (N / 16 tiles, K / G groups,
+   bits 4 or 8); 0 on success. */
+int q4_mm(const uint16_t *x, int M, int K, const uint8_t *w, int N, int G, int bits, float *y, int nt) {
 #if ISA
-    if (M < 1 || N % 16 || G % 4 || K % G) return 1;
-    const int groups = K / G, tiles = N / 16;
+    if (M < 1 || N % 16 || G % 4 || K % G || (bits != 4 && bits != 8)) return 1;
+    const int groups = K / G, tiles = N / 16, b8 = bits == 8;
     float small[1024];  /* the rows' group sums */
     float *xs = M * groups <= 1024 ? small : (float *)malloc(sizeof(float) * (size_t)M * groups);
     if (!xs) return 2;
-    const int64_t tile_bytes = (int64_t)groups * (G / 4 * 32 + 128);
+    const int64_t tile_bytes = (int64_t)groups * (G / 4 * (b8 ? 64 : 32) + 128);
     _Pragma("omp parallel num_threads(nt)")
     {
         _Pragma("omp for schedule(static)")
@@ -162,7 +175,7 @@ int q4_mm(const uint16_t *x, int M, int K, const uint8_t *w, int N, int G, float
         const int t0 = (int)((int64_t)tiles * tid / nthr), t1 = (int)((int64_t)tiles * (tid + 1) / nthr);
         for (int m0 = 0; m0 < M; m0 += MAXM) {
             const int mc = M - m0 < MAXM ? M - m0 : MAXM;
-            ROWS_FN[mc](w, tile_bytes, t0, t1, groups, G, x + (int64_t)m0 * K, K, xs + (int64_t)m0 * groups,
+            ROWS_FN[b8][mc](w, tile_bytes, t0, t1, groups, G, x + (int64_t)m0 * K, K, xs + (int64_t)m0 * groups,
                         y + (int64_t)m0 * N, N);
         }
     }
@@ -193,30 +206,41 @@ def available() -> bool:
 
 
 def fits(qw: QuantizedWeight) -> bool:
-    """Whether :func:`pack` holds ``qw`` exactly: ≤ 4-bit codes, N % 16 == 0, groups of a multiple of 4."""
+    """Whether :func:`pack` holds ``qw`` exactly: N % 16 == 0 and groups of a multiple of 4 (codes of
+    up to 4 bits in the nibble layout, 5–8 bits in the byte layout)."""
     n, k = qw.shape
-    return qw.bits <= 4 and n % TILE == 0 and qw.group % 4 == 0 and k % qw.group == 0
+    return n % TILE == 0 and qw.group % 4 == 0 and k % qw.group == 0
+
+
+def code_bits(qw: QuantizedWeight) -> int:
+    """The layout's code width for ``qw``: 4 (nibbles) or 8 (bytes)."""
+    return 4 if qw.bits <= 4 else 8
 
 
 def pack(qw: QuantizedWeight) -> torch.Tensor:
-    """The kernel's layout of ``qw`` (see the module docstring): uint8 ``[N / 16, K / G, 8·G + 128]``.
-    The act-order permutation (``qw.perm``) is not applied: the caller gathers x's columns."""
+    """The kernel's layout of ``qw`` (see the module docstring): uint8 ``[N / 16, K / G, U·G / 4 + 128]``
+    with ``U`` = 32 bytes per unit of 4 k for nibbles, 64 for bytes. The act-order permutation
+    (``qw.perm``) is not applied: the caller gathers x's columns."""
     if not fits(qw):
         raise ValueError(f"{qw.source} {qw.shape} ({qw.bits}-bit, group {qw.group}) does not fit cpu_q4")
     n, k = qw.shape
     g = qw.group
     tiles, groups, units = n // TILE, k // g, g // 4
-    out = torch.empty((tiles, groups, 8 * g + 128), dtype=torch.uint8)
-    step = 64  # tiles at a time: the int16 temporaries of a 49152-row matrix would be large
+    ub = 32 if code_bits(qw) == 4 else 64
+    out = torch.empty((tiles, groups, units * ub + 128), dtype=torch.uint8)
+    step = 64  # tiles at a time: the temporaries of a 49152-row matrix would be large
     for t0 in range(0, tiles, step):
         t1 = min(tiles, t0 + step)
         rows = slice(t0 * TILE, t1 * TILE)
-        c = qw.codes[rows].view(t1 - t0, TILE, groups, units, 2, 2)  # [t, b, g, u, plane, j]
-        byte = c[..., 0, :] | (c[..., 1, :] << 4)  # [t, b, g, u, j]
-        out[t0:t1, :, :units * 32] = byte.permute(0, 2, 3, 1, 4).reshape(t1 - t0, groups, units * 32)
+        c = qw.codes[rows].view(t1 - t0, TILE, groups, units, 2, 2)  # [t, b, g, u, plane, j]: k = 4u + 2·plane + j
+        if ub == 32:  # byte 2b + j: plane 0 in the low nibble, plane 1 in the high one
+            c = (c[..., 0, :] | (c[..., 1, :] << 4)).permute(0, 2, 3, 1, 4)  # [t, g, u, b, j]
+        else:  # plane 0's 32 bytes (2b + j), then plane 1's
+            c = c.permute(0, 2, 3, 4, 1, 5)  # [t, g, u, plane, b, j]
+        out[t0:t1, :, :units * ub] = c.reshape(t1 - t0, groups, units * ub)
         for i, a in enumerate((qw.scale, qw.offset)):
             aff = a[rows].float().reshape(t1 - t0, TILE, groups).transpose(1, 2).contiguous()
-            out[t0:t1, :, units * 32 + 64 * i:units * 32 + 64 * (i + 1)] = aff.view(torch.uint8).view(
+            out[t0:t1, :, units * ub + 64 * i:units * ub + 64 * (i + 1)] = aff.view(torch.uint8).view(
                 t1 - t0, groups, 64)
     return out
 
@@ -224,9 +248,10 @@ def pack(qw: QuantizedWeight) -> torch.Tensor:
 def mm(x: torch.Tensor, packed: torch.Tensor, group: int) -> torch.Tensor:
     """``bf16(x) @ Wᵀ`` in float32 [M, N] for x [M, K] (bf16, or float cast to bf16) and ``pack(qw)``;
     ``available()`` must be True."""
-    tiles, groups, _ = packed.shape
+    tiles, groups, width = packed.shape
     m, k = x.shape
-    if k != groups * group or packed.shape[2] != 8 * group + 128 or packed.dtype != torch.uint8:
+    bits = 4 if width == 8 * group + 128 else 8
+    if k != groups * group or width != 2 * bits * group + 128 or packed.dtype != torch.uint8:
         raise ValueError(f"cpu_q4: x [{m}, {k}] does not match a packed [{tiles}·16, {groups}·{group}] weight")
     if x.dtype != torch.bfloat16:
         x = x.to(torch.bfloat16)
@@ -236,7 +261,7 @@ def mm(x: torch.Tensor, packed: torch.Tensor, group: int) -> torch.Tensor:
     if m == 0:
         return y
     assert _lib is not None
-    if _lib.q4_mm(x.data_ptr(), m, k, packed.data_ptr(), n, group, y.data_ptr(), torch.get_num_threads()):
+    if _lib.q4_mm(x.data_ptr(), m, k, packed.data_ptr(), n, group, bits, y.data_ptr(), torch.get_num_threads()):
         raise RuntimeError("cpu_q4: the kernel refused its arguments")
     return y
 
@@ -246,7 +271,7 @@ def _load() -> ctypes.CDLL:
     lib.q4_isa.restype = ctypes.c_int
     lib.q4_mm.restype = ctypes.c_int
     lib.q4_mm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_void_p, ctypes.c_int]
+                          ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     if lib.q4_isa() == 0:
         raise RuntimeError("this CPU has no AVX-512 BF16")
     global _lib
@@ -256,20 +281,21 @@ def _load() -> ctypes.CDLL:
 
 
 def _self_check() -> None:
-    """Row counts 1..9 (a chunk of 8 and a tail), two tiles, groups of 32 and 8, against float64."""
+    """Row counts 1..9 (a chunk of 8 and a tail), two tiles, groups of 32 and 8, 4- and 8-bit codes,
+    against float64."""
     gen = torch.Generator().manual_seed(0)
-    for n, k, group in ((48, 96, 32), (32, 40, 8)):
-        codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    for n, k, group, bits in ((48, 96, 32, 4), (32, 40, 8, 4), (48, 96, 32, 8), (32, 40, 8, 8)):
+        codes = torch.randint(0, 1 << bits, (n, k), generator=gen, dtype=torch.uint8)
         scale = torch.rand(n, k // group, generator=gen) * 0.1
         offset = torch.randn(n, k // group, generator=gen) * 0.1
-        qw = QuantizedWeight(codes=codes, scale=scale, offset=offset, group=group, bits=4, source="self-check")
+        qw = QuantizedWeight(codes=codes, scale=scale, offset=offset, group=group, bits=bits, source="self-check")
         w = qw.dequantize().double()
         packed = pack(qw)
         for m in range(1, ROW_CHUNK + 2):
             x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
             ref = (x.double() @ w.T).float()
             if not torch.allclose(mm(x, packed, group), ref, rtol=1e-4, atol=1e-4):
-                raise RuntimeError(f"self-check failed at {m} rows ({n}x{k}, group {group})")
+                raise RuntimeError(f"self-check failed at {m} rows ({n}x{k}, group {group}, {bits}-bit)")
 
 
 def _q4_mm(x: torch.Tensor, packed: torch.Tensor, group: int) -> torch.Tensor:

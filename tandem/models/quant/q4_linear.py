@@ -1,4 +1,4 @@
-"""CPU module for ≤ 4-bit weights on tandem's own kernel (``cpu_q4.py``): ``x @ W^T + b``.
+"""CPU module for ≤ 8-bit weights on tandem's own kernel (``cpu_q4.py``): ``x @ W^T + b``.
 
 Chosen over ``int4pack`` (``kernels.py``) wherever ``cpu_q4.available()`` (AVX-512 BF16): the same
 bf16 activations, but scale and offset in float32 (exact for every format) and float32 output, and a
@@ -11,19 +11,34 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from collections.abc import Callable
+
 from tandem.models.quant import cpu_q4
 from tandem.models.quant.weights import QuantizedWeight
 
+PACK_ROWS = 256  # rows packed at a time when they are made on demand (``blocks``)
+
 
 class Q4Linear(nn.Module):
-    kernel = "cpu_q4"
-
-    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None) -> None:
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None,
+                 blocks: Callable[[int, int], QuantizedWeight] | None = None) -> None:
+        """``blocks(r0, r1)``: the rows ``r0:r1`` of ``qw``, made on demand (``qw`` then gives only the
+        shape, group and bits), so a caller can pack a large matrix without holding all of its codes."""
         super().__init__()
+        self.kernel = f"cpu_q{cpu_q4.code_bits(qw)}"  # the log's name: nibble (q4) or byte (q8) layout
         self.out_features, self.in_features = qw.shape
         self.group = qw.group
         self.source = qw.source
-        self.register_buffer("packed", cpu_q4.pack(qw))  # uint8 [N / 16, K / G, 8·G + 128]
+        if blocks is None:
+            packed = cpu_q4.pack(qw)  # uint8 [N / 16, K / G, 8·G + 128] (4-bit codes)
+        else:  # filled block by block (never the codes of the whole matrix at once)
+            n, k = qw.shape
+            packed = torch.empty((n // cpu_q4.TILE, k // qw.group, 2 * cpu_q4.code_bits(qw) * qw.group + 128),
+                                 dtype=torch.uint8)
+            for r0 in range(0, n, PACK_ROWS):
+                r1 = min(n, r0 + PACK_ROWS)
+                packed[r0 // cpu_q4.TILE:r1 // cpu_q4.TILE] = cpu_q4.pack(blocks(r0, r1))
+        self.register_buffer("packed", packed)
         self.register_buffer("perm", qw.perm)
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
         self.lowp = bias is None  # forward_lowp is the whole product (torch_kernels.py)

@@ -43,7 +43,9 @@ import logging
 import torch
 
 from tandem.loader.memory import return_free_memory
+from tandem.models.quant import cpu_q4
 from tandem.models.quant.int4pack import Int4PackLinear, plane_affine
+from tandem.models.quant.q4_linear import Q4Linear
 from tandem.models.quant.weights import QuantizedWeight, quantize_float
 
 logger = logging.getLogger("tandem")
@@ -52,6 +54,7 @@ GROUP = 32  # 8-bit codes per scale: Q8_0's block, so a GGUF's Q8_0 head is repr
 U32 = 2.0 ** -24  # float32 unit roundoff
 OUT_ROUND = 2.0 ** -7  # |ỹ − acc| / |ỹ|: bf16 rounding (2^-9) with room for a truncating conversion
 SLACK = 1.0 + 2.0 ** -16  # covers the float32 arithmetic of the bound itself
+TINY = 2.0 ** -90  # absolute: what flushing subnormal inputs and results to zero can lose (cpu_q4)
 TRIM_BLOCKS = 16  # packed row blocks between two returns of freed heap memory
 CHECK_ROWS = 4  # random hidden rows the build checks the bound on ...
 CHECK_VOCAB = 1024  # ... over this many vocabulary rows (a float64 product of the whole head is 226 MB)
@@ -60,10 +63,13 @@ CHECK_VOCAB = 1024  # ... over this many vocabulary rows (a float64 product of t
 class ScreenedHead:
     """The argmax of ``x @ weight^T`` per row, screened through a packed copy of the head."""
 
-    def __init__(self, packed: Int4PackLinear, weight: torch.Tensor, bound: torch.Tensor) -> None:
+    def __init__(self, packed: Int4PackLinear | Q4Linear, weight: torch.Tensor, bound: torch.Tensor) -> None:
         self.packed = packed
         self.weight = weight  # float32 [V, H]: the exact head (the model's own parameter, not a copy)
         self.bound = bound  # float32 [3, V]: E, B, γ·A (see the module docstring)
+        # int4pack rounds its output to bf16; cpu_q4 returns float32 (no output rounding, but
+        # subnormals flushed: TINY)
+        self.out_round, self.tiny = (OUT_ROUND, 0.0) if isinstance(packed, Int4PackLinear) else (0.0, TINY)
 
     @staticmethod
     def build(weight: torch.Tensor) -> ScreenedHead | None:
@@ -74,13 +80,14 @@ class ScreenedHead:
         if weight.device.type != "cpu" or weight.dtype != torch.float32 or n % 16 or k % GROUP:
             return None
         bound = torch.empty(3, n, dtype=torch.float64)
+        own = cpu_q4.available()  # tandem's kernel (exact float32 scales, float32 out), else int4pack
 
         def block(r0: int, r1: int) -> QuantizedWeight:
             qw = quantize_float(weight[r0:r1], 8, GROUP, True, "lm_head")
             exact = qw.codes.view(r1 - r0, -1, GROUP).double() * qw.scale.double()[..., None] + \
                 qw.offset.double()[..., None]  # code·s + o, as the bound's planes are derived
             residual = (weight[r0:r1].double().view(r1 - r0, -1, GROUP) - exact).abs().amax(-1)
-            bound[:, r0:r1] = _bound_rows(qw, weight[r0:r1], residual)
+            bound[:, r0:r1] = (_bound_rows_q8 if own else _bound_rows)(qw, weight[r0:r1], residual)
             if r0 // (r1 - r0) % TRIM_BLOCKS == TRIM_BLOCKS - 1:
                 return_free_memory()  # the blocks' temporaries would otherwise raise the peak RSS
             return qw
@@ -88,12 +95,19 @@ class ScreenedHead:
         meta = QuantizedWeight(torch.zeros((), dtype=torch.uint8).expand(n, k),
                                torch.zeros(()).expand(n, k // GROUP), torch.zeros(()).expand(n, k // GROUP),
                                GROUP, 8, "lm_head")  # shapes only: the blocks are made as they are packed
-        packed = Int4PackLinear(meta, None, blocks=block)
-        terms = k * packed.planes
-        bound[2] *= terms * U32 / (1 - terms * U32)  # γ_{K·P}
+        packed: Int4PackLinear | Q4Linear
+        if own:
+            packed = Q4Linear(meta, None, blocks=block)
+            # roundings any product meets: a group's two dot-product chains (≤ 2 per vdpbf16ps), their
+            # sum, the scale and offset FMAs into the row's sum over groups, the group sum of x
+            terms = k + GROUP + 2 * (k // GROUP) + 8
+        else:
+            packed = Int4PackLinear(meta, None, blocks=block)
+            terms = k * packed.planes
+        bound[2] *= terms * U32 / (1 - terms * U32)  # γ_terms
         head = ScreenedHead(packed, weight, (bound * SLACK).float())
         if not head.check(torch.Generator().manual_seed(0)):
-            logger.warning("LM head screening disabled: the int4pack kernel broke its error bound here")
+            logger.warning("LM head screening disabled: the %s kernel broke its error bound here", packed.kernel)
             return None
         return head
 
@@ -104,7 +118,9 @@ class ScreenedHead:
         xt = hidden.to(torch.bfloat16).double()
         norms = torch.stack([x.norm(dim=1), (x - xt).norm(dim=1), xt.norm(dim=1)], dim=1)  # [N, 3]
         eps = (norms.float() * SLACK) @ self.bound  # E·‖x‖ + B·‖x − x̃‖ + γA·‖x̃‖
-        eps.add_(approx.abs(), alpha=OUT_ROUND).mul_(SLACK)
+        if self.out_round:
+            eps.add_(approx.abs(), alpha=self.out_round)
+        eps.add_(self.tiny).mul_(SLACK)
         return approx, eps
 
     def argmax_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -163,4 +179,19 @@ def _bound_rows(qw: QuantizedWeight, weight: torch.Tensor, residual: torch.Tenso
     out[1] = weight.norm(dim=1).to(d) * (1 + 2.0 ** -10) + out[0]  # float32 norm: relative error ≤ K·u
     mag = 8 * big_s.abs() + big_z.abs() + rounding
     out[2] = (g * mag.square().view(n, planes, ngroups).sum(2)).sqrt().sum(1)
+    return out
+
+
+def _bound_rows_q8(qw: QuantizedWeight, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """(E, B, A) [3, rows] float64 for ``cpu_q4``'s byte layout, before γ and rounding up. It multiplies
+    with the float32 ``s``, ``o`` of ``qw`` themselves (``code·s + o`` is the quantized weight, exact),
+    so a group's element error is only the 8-bit rounding (``residual``); a product's terms are
+    ``s·code·x̃`` and ``o·x̃`` with ``|s·code| + |o| ≤ 255·|s| + |o|`` per group."""
+    g = qw.group
+    d = torch.float64
+    out = torch.empty(3, qw.shape[0], dtype=d)
+    out[0] = (g * residual.square().sum(1)).sqrt()
+    out[1] = weight.norm(dim=1).to(d) * (1 + 2.0 ** -10) + out[0]
+    mag = ((1 << qw.bits) - 1) * qw.scale.to(d).abs() + qw.offset.to(d).abs()
+    out[2] = (g * mag.square().sum(1)).sqrt()
     return out
