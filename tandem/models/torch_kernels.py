@@ -12,6 +12,7 @@ import torch
 
 from tandem.models.forward_context import ResidualStream
 from tandem.models.layers import GatedMLP, Linear, PackedLinear, RMSNorm
+from tandem.models.quant.q4_linear import Q4Linear
 
 
 class TorchKernels:
@@ -23,18 +24,29 @@ class TorchKernels:
     def linear(self, x: torch.Tensor, layer: Linear | PackedLinear) -> torch.Tensor:
         return layer.forward(x)
 
+    # ``Q4Linear`` (tandem's CPU kernel) also takes the norm before it and the residual add after it
+    # inside its kernel call (``_fused``): the scripted CPU step calls the same op, so both compute the
+    # same bits (the add is the same float32 sum either way; the norm is the kernel's own).
     def norm_linear(self, stream: ResidualStream, norm: RMSNorm, layer: Linear | PackedLinear) -> torch.Tensor:
+        if _fused(layer, norm, stream.x):
+            return layer.forward_norm(stream.x, norm)
         return layer.forward(norm.forward(stream.x))
 
     def linear_add(self, x: torch.Tensor, layer: Linear | PackedLinear, stream: ResidualStream) -> ResidualStream:
         if getattr(layer, "lowp", False) and x.dim() == 2 and stream.x.dtype is torch.float32:
-            stream.x = stream.x + layer.forward_lowp(x)
+            if isinstance(layer, Q4Linear) and stream.x.dim() == 2:
+                stream.x = layer.forward_lowp(x, residual=stream.x)
+            else:
+                stream.x = stream.x + layer.forward_lowp(x)
         else:
             stream.x = stream.x + layer.forward(x)
         return stream
 
     def norm_gated_mlp_in(self, stream: ResidualStream, norm: RMSNorm, mlp: GatedMLP) -> torch.Tensor:
         layer = mlp.gate_up_proj
+        if _fused(layer, norm, stream.x):
+            gu = layer.forward_norm(stream.x, norm)  # float32 [T, 2I]
+            return mlp.act(gu[:, : mlp.intermediate]) * gu[:, mlp.intermediate:]
         h = norm.forward(stream.x)
         if getattr(layer, "lowp", False) and h.dtype is torch.float32 and h.dim() == 2:
             gu = layer.forward_lowp(h)  # bf16 [T, 2I]
@@ -46,6 +58,10 @@ class TorchKernels:
 
     def hidden(self, stream: ResidualStream) -> torch.Tensor:
         return stream.x  # never modified in place by these kernels
+
+
+def _fused(layer: object, norm: RMSNorm, x: torch.Tensor) -> bool:
+    return isinstance(layer, Q4Linear) and layer.fuses_norm(norm, x)
 
 
 def _rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -86,6 +102,8 @@ class RowwiseKernels(TorchKernels):
         return _rows(layer.forward, x) if self.split(layer) else layer.forward(x)
 
     def norm_linear(self, stream: ResidualStream, norm: RMSNorm, layer: Linear | PackedLinear) -> torch.Tensor:
+        if not (self.norms or self.split(layer)):
+            return super().norm_linear(stream, norm, layer)
         return self.linear(self._norm(norm, stream.x), layer)
 
     def linear_add(self, x: torch.Tensor, layer: Linear | PackedLinear, stream: ResidualStream) -> ResidualStream:

@@ -49,11 +49,23 @@ def _attend_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_heads: int
     return torch.bmm(probs, v.transpose(0, 1)).view(1, h, d)
 
 
-def _mm(h: torch.Tensor, packed: torch.Tensor, group: int, scale_zeros: torch.Tensor, q4: bool) -> torch.Tensor:
-    """The packed linear: ``Q4Linear`` (cpu_q4, float32 out) or ``Int4PackLinear`` (bf16 out)."""
+def _norm_mm(x: torch.Tensor, norm: torch.Tensor, eps: float, packed: torch.Tensor, group: int,
+             scale_zeros: torch.Tensor, q4: bool) -> torch.Tensor:
+    """packed(rms_norm(x)): ``Q4Linear.forward_norm`` (the norm in the kernel, float32 out) or
+    ``Int4PackLinear(RMSNorm(x))`` (bf16 out)."""
     if q4:
-        return torch.ops.tandem.q4_mm(h, packed, group)
+        return torch.ops.tandem.q4_mm(x, packed, group, norm, eps)
+    h = torch.rms_norm(x, [x.shape[1]], norm, eps).to(torch.bfloat16)
     return torch.ops.aten._weight_int4pack_mm_for_cpu(h, packed, group, scale_zeros)
+
+
+def _mm_add(x: torch.Tensor, h: torch.Tensor, packed: torch.Tensor, group: int, scale_zeros: torch.Tensor,
+            q4: bool) -> torch.Tensor:
+    """x + packed(h) (bf16 h): the add inside ``Q4Linear``'s kernel, or the residual add taking
+    int4pack's bf16 output by type promotion (torch_kernels.py)."""
+    if q4:
+        return torch.ops.tandem.q4_mm(h, packed, group, None, 0.0, x)
+    return x + torch.ops.aten._weight_int4pack_mm_for_cpu(h, packed, group, scale_zeros)
 
 
 def decode_layers(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, slot_start: int,
@@ -74,7 +86,6 @@ def decode_layers(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, 
     gathered. Row r of a t-row step attends over the context a decode at its position sees, as the
     eager lone-verify path does (``attention.py::_Plan``). Also returns the stream entering each
     layer of ``aux_layers`` (ascending), as ``CausalLM.forward`` does (the EAGLE features)."""
-    hidden = [x.shape[1]]
     t = x.shape[0]
     q_size = heads * head_dim
     qk_size = (heads + kv_heads) * head_dim
@@ -86,8 +97,7 @@ def decode_layers(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, 
         j = 4 * i
         k_cache, v_cache = k_caches[i], v_caches[i]
         # qkv = packed(rms_norm(x)), cast back to the activation dtype (Int4PackLinear/Q4Linear.forward)
-        h = torch.rms_norm(x, hidden, norms[2 * i], eps).to(torch.bfloat16)
-        qkv = _mm(h, packed[j], groups[j], scale_zeros[j], q4).to(x.dtype)
+        qkv = _norm_mm(x, norms[2 * i], eps, packed[j], groups[j], scale_zeros[j], q4).to(x.dtype)
         # rope on q and k as one tensor (attention.py::_rope_qk, Rotary.rotate)
         qk = qkv[:, :qk_size].reshape(t, heads + kv_heads, head_dim)
         qk = qk * cos + torch.roll(qk, head_dim // 2, dims=-1) * sin_signed
@@ -113,13 +123,11 @@ def decode_layers(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, 
                 o[r:r + 1] = _attend_row(q[r:r + 1], kc[:c], vc[:c], kv_heads, scale)
         if one_thread_attention:
             _set_threads(threads)
-        # the residual adds take the kernel's bf16 output by type promotion (torch_kernels.py)
         o = o.reshape(t, q_size).to(torch.bfloat16)
-        x = x + _mm(o, packed[j + 1], groups[j + 1], scale_zeros[j + 1], q4)
-        h = torch.rms_norm(x, hidden, norms[2 * i + 1], eps).to(torch.bfloat16)
-        gu = _mm(h, packed[j + 2], groups[j + 2], scale_zeros[j + 2], q4)
+        x = _mm_add(x, o, packed[j + 1], groups[j + 1], scale_zeros[j + 1], q4)
+        gu = _norm_mm(x, norms[2 * i + 1], eps, packed[j + 2], groups[j + 2], scale_zeros[j + 2], q4)
         a = (F.silu(gu[:, :inter].float()) * gu[:, inter:]).to(torch.bfloat16)
-        x = x + _mm(a, packed[j + 3], groups[j + 3], scale_zeros[j + 3], q4)
+        x = _mm_add(x, a, packed[j + 3], groups[j + 3], scale_zeros[j + 3], q4)
     return x, aux
 
 

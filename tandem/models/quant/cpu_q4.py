@@ -46,6 +46,7 @@ ROW_CHUNK = 8  # rows computed together (each tile read once per chunk)
 _SOURCE = r"""
 #include <immintrin.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
@@ -75,7 +76,8 @@ static inline int32_t pair(const uint16_t *p) { int32_t v; memcpy(&v, p, 4); ret
    BITS 4: a unit of 4 k is 32 bytes of nibbles; BITS 8: 64 bytes, the pair (4u, 4u + 1) then (4u + 2, 4u + 3). */
 static inline __attribute__((always_inline)) void block(
         const uint8_t *restrict w, int64_t tile_bytes, const int NT, const int M, const int BITS, int groups, int G,
-        const uint16_t *restrict x, int64_t ldx, const float *restrict xs, float *restrict y, int64_t ldy) {
+        const uint16_t *restrict x, int64_t ldx, const float *restrict xs, const float *restrict res,
+        float *restrict y, int64_t ldy) {
     const __m512i table = _mm512_loadu_si512((const void *)BF16_CODES);
     const int units = G / 4, ub = BITS == 4 ? 32 : 64;
     const int64_t gbytes = (int64_t)units * ub + 128;
@@ -124,22 +126,30 @@ static inline __attribute__((always_inline)) void block(
         }
     }
     for (int t = 0; t < NT; t++)
-        for (int m = 0; m < M; m++) _mm512_storeu_ps(y + m * ldy + t * 16, acc[t][m]);
+        for (int m = 0; m < M; m++) {
+            __m512 v = acc[t][m];
+            if (res) v = _mm512_add_ps(_mm512_loadu_ps(res + m * ldy + t * 16), v);  /* residual + product */
+            _mm512_storeu_ps(y + m * ldy + t * 16, v);
+        }
 }
 
 #define ROWS(B, M, NT)                                                                                \
 static void rows_##B##_##M(const uint8_t *w, int64_t tile_bytes, int t0, int t1, int groups, int G,    \
-                           const uint16_t *x, int64_t ldx, const float *xs, float *y, int64_t ldy) {    \
+                           const uint16_t *x, int64_t ldx, const float *xs, const float *res, float *y,       \
+                           int64_t ldy) {                                                             \
     int t = t0;                                                                                       \
     for (; t + NT <= t1; t += NT)                                                                     \
-        block(w + t * tile_bytes, tile_bytes, NT, M, B, groups, G, x, ldx, xs, y + t * 16, ldy);      \
-    for (; t < t1; t++) block(w + t * tile_bytes, tile_bytes, 1, M, B, groups, G, x, ldx, xs, y + t * 16, ldy); \
+        block(w + t * tile_bytes, tile_bytes, NT, M, B, groups, G, x, ldx, xs, res ? res + t * 16 : 0,  \
+              y + t * 16, ldy);                                                                       \
+    for (; t < t1; t++)                                                                               \
+        block(w + t * tile_bytes, tile_bytes, 1, M, B, groups, G, x, ldx, xs, res ? res + t * 16 : 0,   \
+              y + t * 16, ldy);                                                                       \
 }
 ROWS(4, 1, 2) ROWS(4, 2, 2) ROWS(4, 3, 2) ROWS(4, 4, 1) ROWS(4, 5, 1) ROWS(4, 6, 1) ROWS(4, 7, 1) ROWS(4, 8, 1)
 ROWS(8, 1, 2) ROWS(8, 2, 2) ROWS(8, 3, 2) ROWS(8, 4, 1) ROWS(8, 5, 1) ROWS(8, 6, 1) ROWS(8, 7, 1) ROWS(8, 8, 1)
 
 typedef void (*rows_fn)(const uint8_t *, int64_t, int, int, int, int, const uint16_t *, int64_t, const float *,
-                        float *, int64_t);
+                        const float *, float *, int64_t);
 static const rows_fn ROWS_FN[2][MAXM + 1] = {
     {0, rows_4_1, rows_4_2, rows_4_3, rows_4_4, rows_4_5, rows_4_6, rows_4_7, rows_4_8},
     {0, rows_8_1, rows_8_2, rows_8_3, rows_8_4, rows_8_5, rows_8_6, rows_8_7, rows_8_8}};
@@ -155,20 +165,46 @@ static float group_sum(const uint16_t *x, int G) {
     for (; k < G; k++) { uint32_t b = (uint32_t)x[k] << 16; float f; memcpy(&f, &b, 4); r += f; }
     return r;
 }
+
+/* out = bf16(x · r · nw), r = 1 / sqrt(mean(x²) + eps): one row of an RMS norm, in a fixed order */
+static void norm_row(const float *x, const float *nw, float eps, int K, uint16_t *out) {
+    __m512 s = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += 16) {
+        const __mmask16 mk = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
+        const __m512 v = _mm512_maskz_loadu_ps(mk, x + k);
+        s = _mm512_fmadd_ps(v, v, s);
+    }
+    const __m512 r = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(s) / (float)K + eps));
+    for (int k = 0; k < K; k += 16) {
+        const __mmask16 mk = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
+        const __m512 h = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + k), r), _mm512_maskz_loadu_ps(mk, nw + k));
+        _mm256_mask_storeu_epi16(out + k, mk, (__m256i)_mm512_cvtneps_pbh(h));
+    }
+}
 #endif
 
-/* y[m * N + n] = sum_k bf16 x[m * K + k] * W[n, k] for the packed W (N / 16 tiles, K / G groups,
-   bits 4 or 8); 0 on success. */
-int q4_mm(const uint16_t *x, int M, int K, const uint8_t *w, int N, int G, int bits, float *y, int nt) {
+/* y[m * N + n] = res[m * N + n] + sum_k bf16 x[m * K + k] * W[n, k] for the packed W (N / 16 tiles,
+   K / G groups, bits 4 or 8); res may be NULL (no residual). With nw given, x is not read: the rows
+   are norm_row(xf[m], nw, eps) instead (float32 xf). 0 on success. */
+int q4_mm(const uint16_t *x, const float *xf, const float *nw, float eps, int M, int K, const uint8_t *w, int N,
+          int G, int bits, const float *res, float *y, int nt) {
 #if ISA
     if (M < 1 || N % 16 || G % 4 || K % G || (bits != 4 && bits != 8)) return 1;
     const int groups = K / G, tiles = N / 16, b8 = bits == 8;
     float small[1024];  /* the rows' group sums */
+    uint16_t small_x[8 * 1024];  /* the normed rows */
     float *xs = M * groups <= 1024 ? small : (float *)malloc(sizeof(float) * (size_t)M * groups);
-    if (!xs) return 2;
+    uint16_t *xn = 0;
+    if (nw) xn = (int64_t)M * K <= 8 * 1024 ? small_x : (uint16_t *)malloc(sizeof(uint16_t) * (size_t)M * K);
+    if (!xs || (nw && !xn)) { if (xs && xs != small) free(xs); return 2; }
+    if (nw) x = xn;
     const int64_t tile_bytes = (int64_t)groups * (G / 4 * (b8 ? 64 : 32) + 128);
     _Pragma("omp parallel num_threads(nt)")
     {
+        if (nw) {
+            _Pragma("omp for schedule(static)")
+            for (int m = 0; m < M; m++) norm_row(xf + (int64_t)m * K, nw, eps, K, xn + (int64_t)m * K);
+        }
         _Pragma("omp for schedule(static)")
         for (int i = 0; i < M * groups; i++) xs[i] = group_sum(x + (int64_t)(i / groups) * K + (int64_t)(i % groups) * G, G);
         const int nthr = omp_get_num_threads(), tid = omp_get_thread_num();
@@ -176,10 +212,11 @@ int q4_mm(const uint16_t *x, int M, int K, const uint8_t *w, int N, int G, int b
         for (int m0 = 0; m0 < M; m0 += MAXM) {
             const int mc = M - m0 < MAXM ? M - m0 : MAXM;
             ROWS_FN[b8][mc](w, tile_bytes, t0, t1, groups, G, x + (int64_t)m0 * K, K, xs + (int64_t)m0 * groups,
-                        y + (int64_t)m0 * N, N);
+                            res ? res + (int64_t)m0 * N : 0, y + (int64_t)m0 * N, N);
         }
     }
     if (xs != small) free(xs);
+    if (xn && xn != small_x) free(xn);
     return 0;
 #else
     return 1;
@@ -245,23 +282,39 @@ def pack(qw: QuantizedWeight) -> torch.Tensor:
     return out
 
 
-def mm(x: torch.Tensor, packed: torch.Tensor, group: int) -> torch.Tensor:
-    """``bf16(x) @ Wᵀ`` in float32 [M, N] for x [M, K] (bf16, or float cast to bf16) and ``pack(qw)``;
-    ``available()`` must be True."""
+def mm(x: torch.Tensor, packed: torch.Tensor, group: int, norm_weight: torch.Tensor | None = None,
+       eps: float = 0.0, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``residual + bf16(x) @ Wᵀ`` in float32 [M, N] for x [M, K] (bf16, or float cast to bf16) and
+    ``pack(qw)``; ``residual`` (float32 [M, N]) optional, added as torch's ``residual + y`` would be.
+    With ``norm_weight`` (float32 [K]), x (float32) goes through an RMS norm first, in the kernel:
+    ``bf16(x · rsqrt(mean(x²) + eps) · norm_weight)`` (``norm_row``). ``available()`` must be True."""
     tiles, groups, width = packed.shape
     m, k = x.shape
     bits = 4 if width == 8 * group + 128 else 8
+    n = tiles * TILE
     if k != groups * group or width != 2 * bits * group + 128 or packed.dtype != torch.uint8:
         raise ValueError(f"cpu_q4: x [{m}, {k}] does not match a packed [{tiles}·16, {groups}·{group}] weight")
-    if x.dtype != torch.bfloat16:
-        x = x.to(torch.bfloat16)
-    x = x.contiguous()
-    n = tiles * TILE
+    if residual is not None and (residual.shape != (m, n) or residual.dtype != torch.float32):
+        raise ValueError(f"cpu_q4: residual must be float32 [{m}, {n}]")
+    xb = xf = nw = res = 0
+    if norm_weight is not None:
+        if x.dtype != torch.float32 or norm_weight.shape != (k,) or norm_weight.dtype != torch.float32:
+            raise ValueError("cpu_q4: a fused norm takes float32 x and a float32 [K] weight")
+        x = x.contiguous()
+        xf, nw = x.data_ptr(), norm_weight.contiguous().data_ptr()
+    else:
+        if x.dtype != torch.bfloat16:
+            x = x.to(torch.bfloat16)
+        x = x.contiguous()
+        xb = x.data_ptr()
     y = torch.empty((m, n), dtype=torch.float32)
     if m == 0:
         return y
+    if residual is not None:
+        residual = residual.contiguous()
+        res = residual.data_ptr()
     assert _lib is not None
-    if _lib.q4_mm(x.data_ptr(), m, k, packed.data_ptr(), n, group, bits, y.data_ptr(), torch.get_num_threads()):
+    if _lib.q4_mm(xb, xf, nw, eps, m, k, packed.data_ptr(), n, group, bits, res, y.data_ptr(), torch.get_num_threads()):
         raise RuntimeError("cpu_q4: the kernel refused its arguments")
     return y
 
@@ -270,8 +323,8 @@ def _load() -> ctypes.CDLL:
     lib = c_build.load("q4", _SOURCE)
     lib.q4_isa.restype = ctypes.c_int
     lib.q4_mm.restype = ctypes.c_int
-    lib.q4_mm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.q4_mm.argtypes = [p, p, p, ctypes.c_float, i, i, p, i, i, i, p, p, i]
     if lib.q4_isa() == 0:
         raise RuntimeError("this CPU has no AVX-512 BF16")
     global _lib
@@ -298,12 +351,14 @@ def _self_check() -> None:
                 raise RuntimeError(f"self-check failed at {m} rows ({n}x{k}, group {group}, {bits}-bit)")
 
 
-def _q4_mm(x: torch.Tensor, packed: torch.Tensor, group: int) -> torch.Tensor:
+def _q4_mm(x: torch.Tensor, packed: torch.Tensor, group: int, norm_weight: torch.Tensor | None = None,
+           eps: float = 0.0, residual: torch.Tensor | None = None) -> torch.Tensor:
     if not available():
         raise RuntimeError("cpu_q4 kernel unavailable on this machine")
-    return mm(x, packed, group)
+    return mm(x, packed, group, norm_weight, eps, residual)
 
 
 _ops = torch.library.Library("tandem", "FRAGMENT")
-_ops.define("q4_mm(Tensor x, Tensor packed, int group) -> Tensor")
+_ops.define("q4_mm(Tensor x, Tensor packed, int group, Tensor? norm_weight=None, float eps=0.0, "
+            "Tensor? residual=None) -> Tensor")
 _ops.impl("q4_mm", _q4_mm, "CPU")

@@ -50,14 +50,25 @@ class Q4Linear(nn.Module):
             out = out + self.bias
         return out.reshape(*shape[:-1], self.out_features)
 
-    def forward_lowp(self, x: torch.Tensor) -> torch.Tensor:
-        """``bf16(x) @ W^T`` in float32 for 2-D ``x`` (no bias): the same interface as
-        ``Int4PackLinear.forward_lowp`` (whose output is bf16), what the layer kernels add to the residual."""
+    def forward_lowp(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``[residual +] bf16(x) @ W^T`` in float32 for 2-D ``x`` (no bias): the same interface as
+        ``Int4PackLinear.forward_lowp`` (whose output is bf16), what the layer kernels add to the
+        residual (here inside the kernel: the same float32 sum)."""
         packed, perm = self._args or self._cache_args()
         h = x.to(torch.bfloat16)
         if perm is not None:
             h = h.index_select(1, perm)
-        return cpu_q4.mm(h, packed, self.group)  # the op torch.ops.tandem.q4_mm, without the dispatcher
+        return cpu_q4.mm(h, packed, self.group, residual=residual)  # torch.ops.tandem.q4_mm, without the dispatcher
+
+    def fuses_norm(self, norm: nn.Module, x: torch.Tensor) -> bool:
+        """Whether :meth:`forward_norm` takes ``norm`` (a Llama RMS norm, float32 weight) before this
+        linear for ``x`` (2-D float32): no bias, no act-order."""
+        return (self.bias is None and self.perm is None and x.dim() == 2 and x.dtype is torch.float32
+                and not getattr(norm, "offset", True) and norm.weight.dtype is torch.float32)
+
+    def forward_norm(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """``bf16(rms_norm(x)) @ W^T`` in float32, the norm computed in the kernel (``fuses_norm``)."""
+        return cpu_q4.mm(x, self.packed, self.group, norm.weight, float(norm.eps))
 
     # The buffers as a plain tuple (a buffer lookup through nn.Module.__getattr__ costs ~1 µs);
     # dropped whenever the module's tensors are replaced (``_apply``).
