@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from tandem.models.forward_context import KVCache
+from tandem.worker import cpu_attention
 from tandem.worker.attn_metadata import AttentionMetadata
 
 if TYPE_CHECKING:
@@ -66,31 +67,37 @@ def paged_attention(
     sliding_window: int | None = None,
     rowwise: bool = False,
     exact_verify: bool = True,
+    cpu_kernel: bool = False,
 ) -> torch.Tensor:  # [num_tokens, heads, head_dim]
     """``exact_verify``: a lone verify's rows each as a decode at its position computes them (see
     ``_Plan``); False where the caller's linears give a verify's rows other bits than a decode's
-    anyway (then the verify is one masked call per layer)."""
+    anyway (then the verify is one masked call per layer). ``cpu_kernel``: the one short query
+    request of a step (``_Plan.single``) goes to ``cpu_attention.attend`` (every row as a decode
+    computes it, in one call), as the scripted CPU step does."""
     if rowwise:
         return _rowwise_attention(q, k_cache, v_cache, _host(meta), scale, sliding_window)
     plan = meta.plans.get(sliding_window)
     if plan is None:
         plan = meta.plans[sliding_window] = _Plan(_host(meta), sliding_window, q.device, exact_verify)
+    use_c = cpu_kernel and sliding_window is None and cpu_attention.fits(q, k_cache)
     threads = torch.get_num_threads()
     if plan.long or threads == 1 or q.device.type != "cpu":
-        return _paged_attention(q, k_cache, v_cache, plan, scale)
+        return _paged_attention(q, k_cache, v_cache, plan, scale, use_c)
     # Short queries only (decodes, verifies): tiny ops, which some kernels (softmax) still split over
     # the intra-op threads. On a loaded 2-core machine waiting for a descheduled second thread cost up
     # to 2.6 ms per softmax of [3, 3, 200] (2.2 µs on one thread); one thread is as fast when idle.
     torch.set_num_threads(1)
     try:
-        return _paged_attention(q, k_cache, v_cache, plan, scale)
+        return _paged_attention(q, k_cache, v_cache, plan, scale, use_c)
     finally:
         torch.set_num_threads(threads)
 
 
 def _paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Plan,
-                     scale: float) -> torch.Tensor:
+                     scale: float, use_c: bool = False) -> torch.Tensor:
     host = plan.host
+    if use_c and plan.alone:  # one request, one short query: the C kernel, all rows in one call
+        return _c_single(q, k_cache, v_cache, host, plan.single[0], plan.single_range, scale)
     if plan.alone and plan.row_masks is None:  # one request, one short query (a batch-1 decode)
         i, neg_mask = plan.single
         k, v = _context(k_cache, v_cache, host, i, plan.single_range, q.dtype)
@@ -110,6 +117,9 @@ def _paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if plan.single is not None:
         i, neg_mask = plan.single
         s, e = host.query_start[i], host.query_start[i + 1]
+        if use_c:
+            out[s:e] = _c_single(q[s:e], k_cache, v_cache, host, i, plan.single_range, scale)
+            return out
         k, v = _context(k_cache, v_cache, host, i, plan.single_range, q.dtype)
         if plan.row_masks is None:
             out[s:e] = _grouped_attention(q[s:e], k, v, neg_mask, scale)
@@ -121,6 +131,15 @@ def _paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     elif plan.short:
         _batched_short(q, k_cache, v_cache, plan, scale, out)
     return out
+
+
+def _c_single(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, host: _HostMeta, i: int,
+              slot_range: range | None, scale: float) -> torch.Tensor:
+    """Request ``i``'s rows ``q`` through ``cpu_attention.attend`` (its context a slot range or a gather)."""
+    n = host.seq_lens[i]
+    if slot_range is not None:
+        return cpu_attention.attend(q, k_cache, v_cache, slot_range.start, None, n, scale)
+    return cpu_attention.attend(q, k_cache, v_cache, 0, host.context_slots[i], n, scale)
 
 
 def _rowwise_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, host: _HostMeta,
@@ -312,16 +331,17 @@ class TorchAttention:
     """The torch attention backend: q/k norm and rope in torch, ``index_copy_`` KV write, paged
     attention above. Reference numerics (HF's order of operations)."""
 
-    def __init__(self, rowwise: bool = False, exact_verify: bool = True) -> None:
+    def __init__(self, rowwise: bool = False, exact_verify: bool = True, cpu_kernel: bool = False) -> None:
         self.rowwise = rowwise  # batch-invariant mode: every query row alone (``_rowwise_attention``)
         self.exact_verify = exact_verify  # a lone verify's rows as decodes compute them (``_Plan``)
+        self.cpu_kernel = cpu_kernel  # a step's one short-query request through cpu_attention.py
 
     def forward(self, attn: Attention, qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_cache: KVCache) -> torch.Tensor:  # [T, H * D]
         q, k, v = split_qkv(attn, qkv, positions) if attn.q_norm is not None else _rope_qk(attn, qkv, positions)
         write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
         o = paged_attention(q, kv_cache[0], kv_cache[1], meta, attn.scale, attn.sliding_window, self.rowwise,
-                            self.exact_verify)
+                            self.exact_verify, self.cpu_kernel)
         return o.reshape(qkv.shape[0], attn.q_size)
 
 

@@ -30,6 +30,7 @@ from tandem.models.decoder import CausalLM, KVCache
 from tandem.models.quant import cpu_q4  # noqa: F401 - registers torch.ops.tandem.q4_mm before scripting
 from tandem.models.quant.int4pack import Int4PackLinear
 from tandem.models.quant.q4_linear import Q4Linear
+from tandem.worker import cpu_attention  # noqa: F401 - registers torch.ops.tandem.lone_attention before scripting
 
 logger = logging.getLogger("tandem")
 
@@ -73,7 +74,8 @@ def decode_layers(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, 
                   norms: list[torch.Tensor], packed: list[torch.Tensor], scale_zeros: list[torch.Tensor],
                   groups: list[int], k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                   eps: float, heads: int, kv_heads: int, head_dim: int, inter: int, scale: float,
-                  one_thread_attention: bool, aux_layers: list[int], q4: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                  one_thread_attention: bool, aux_layers: list[int], q4: bool,
+                  c_attn: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """All layers for the ``t`` new tokens of one request (a decode, t = 1, or a verify / short chunk,
     t ≤ 8): x [t, H] float32 (the embeddings) → the stream before the final norm.
 
@@ -109,20 +111,23 @@ def decode_layers(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, 
         else:
             k_cache.index_copy_(0, slots, k)
             v_cache.index_copy_(0, slots, v)
-        threads = _set_threads(1) if one_thread_attention else 1
-        if ctx_slots is None:
-            kc, vc = k_cache[ctx_start:ctx_stop], v_cache[ctx_start:ctx_stop]
+        if c_attn:  # cpu_attention.py: every row in one call, each as a decode computes it
+            o = torch.ops.tandem.lone_attention(q, k_cache, v_cache, ctx_start, ctx_slots, n, scale)
         else:
-            kc, vc = k_cache.index_select(0, ctx_slots), v_cache.index_select(0, ctx_slots)
-        if t == 1:
-            o = _attend_row(q, kc, vc, kv_heads, scale)
-        else:
-            o = torch.empty_like(q)
-            for r in range(t):
-                c = n - t + 1 + r
-                o[r:r + 1] = _attend_row(q[r:r + 1], kc[:c], vc[:c], kv_heads, scale)
-        if one_thread_attention:
-            _set_threads(threads)
+            threads = _set_threads(1) if one_thread_attention else 1
+            if ctx_slots is None:
+                kc, vc = k_cache[ctx_start:ctx_stop], v_cache[ctx_start:ctx_stop]
+            else:
+                kc, vc = k_cache.index_select(0, ctx_slots), v_cache.index_select(0, ctx_slots)
+            if t == 1:
+                o = _attend_row(q, kc, vc, kv_heads, scale)
+            else:
+                o = torch.empty_like(q)
+                for r in range(t):
+                    c = n - t + 1 + r
+                    o[r:r + 1] = _attend_row(q[r:r + 1], kc[:c], vc[:c], kv_heads, scale)
+            if one_thread_attention:
+                _set_threads(threads)
         o = o.reshape(t, q_size).to(torch.bfloat16)
         x = _mm_add(x, o, packed[j + 1], groups[j + 1], scale_zeros[j + 1], q4)
         gu = _norm_mm(x, norms[2 * i + 1], eps, packed[j + 2], groups[j + 2], scale_zeros[j + 2], q4)
@@ -159,7 +164,8 @@ class LoneDecoder:
     # (docs/performance.md §19). The bits do not depend on it (tests/worker/test_lone_decode.py).
     ONE_THREAD_ATTENTION = True
 
-    def __init__(self, model: CausalLM, kv_caches: Sequence[KVCache], block_size: int, fn) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, model: CausalLM, kv_caches: Sequence[KVCache], block_size: int, fn,  # type: ignore[no-untyped-def]
+                 c_attn: bool = False) -> None:
         m, arch = model.model, model.arch
         self.model = model
         self.block_size = block_size
@@ -184,9 +190,11 @@ class LoneDecoder:
         self.inter = layers[0].mlp.intermediate
         self.cos, self.sin = attn.rotary.cos, attn.rotary.sin
         self.fn = fn
+        self.c_attn = c_attn
 
     @staticmethod
-    def build(model: CausalLM, kv_caches: Sequence[KVCache], block_size: int) -> "LoneDecoder | None":
+    def build(model: CausalLM, kv_caches: Sequence[KVCache], block_size: int,
+              cpu_attention: bool = False) -> "LoneDecoder | None":
         """A LoneDecoder if ``model`` (on the CPU) has the one layer shape it runs, else None."""
         m, arch = model.model, model.arch
         if m.embed_tokens.weight.device.type != "cpu" or m.embed_tokens.weight.dtype != torch.float32:
@@ -213,7 +221,10 @@ class LoneDecoder:
         except Exception as e:  # noqa: BLE001 - TorchScript missing or broken in this torch: eager steps
             logger.warning("CPU scripted decode unavailable (%s: %s); batch-1 steps run eager", type(e).__name__, e)
             return None
-        return LoneDecoder(model, kv_caches, block_size, fn)
+        # the runner's attention takes cpu_attention.py for such steps (``TorchAttention.cpu_kernel``,
+        # under the same conditions as ``cpu_attention.fits``): so does this step
+        c_attn = cpu_attention and arch.head_dim % 16 == 0 and arch.head_dim <= 128
+        return LoneDecoder(model, kv_caches, block_size, fn, c_attn)
 
     def logits(self, tokens: Sequence[int], start: int, block_ids: Sequence[int],
                argmax_only: bool = False, aux_layers: Sequence[int] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -250,7 +261,8 @@ class LoneDecoder:
             x, aux = self.fn(x, cos[:, None, :], sin_signed[:, None, :], slot_start, slots, ctx_slots, b0 * bs,
                              b0 * bs + n, self.norms, self.packed, self.scale_zeros, self.groups, self.k_caches,
                              self.v_caches, self.eps, self.heads, self.kv_heads, self.head_dim, self.inter, self.scale,
-                             one_thread, sorted(a for a in aux_layers if a < len(self.k_caches)), self.q4)
+                             one_thread, sorted(a for a in aux_layers if a < len(self.k_caches)), self.q4,
+                             self.c_attn)
         finally:
             torch.set_num_threads(threads)
         hidden = self.final_norm.forward(x)

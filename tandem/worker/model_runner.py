@@ -19,8 +19,10 @@ import torch
 from tandem.kv.feature_cache import FeatureCache
 from tandem.models.decoder import CausalLM, KVCache
 from tandem.models.forward_context import ForwardContext
+from tandem.models.quant.q4_linear import Q4Linear
 from tandem.models.torch_kernels import LONE_VERIFY_KERNELS, ROWWISE_KERNELS, TORCH_KERNELS
 from tandem.sample.rejection import accept_matching
+from tandem.worker import cpu_attention
 from tandem.worker.attention import TorchAttention
 from tandem.worker.batch import ChainedFrom, FedTokens, SeqChunk
 from tandem.worker.input_packer import layout, locate, pack, step_tensors
@@ -51,7 +53,12 @@ class TorchRunner:
         # matmul per linear (4 GEMVs would read its weights 4 times; its fp32 rows differ by ~1e-7),
         # so its verify's attention is one masked call per layer too, not a decode's row by row.
         packed = any(hasattr(m, "forward_lowp") for m in model.modules())
-        self.attention = TorchAttention(rowwise=batch_invariant, exact_verify=packed or device.type != "cpu")
+        # Linears on tandem's CPU kernel (cpu_q4): a step's one short-query request also takes tandem's
+        # CPU attention (cpu_attention.py), here and in the scripted step (lone_decode.py) alike
+        own = (device.type == "cpu" and not batch_invariant and any(isinstance(m, Q4Linear) for m in model.modules())
+               and cpu_attention.available())
+        self.attention = TorchAttention(rowwise=batch_invariant, exact_verify=packed or device.type != "cpu",
+                                        cpu_kernel=own)
         self._verify_kernels = (LONE_VERIFY_KERNELS if packed and device.type == "cpu" and not batch_invariant
                                 else None)
         # batch-1 decode / verify steps of a packed int4 model run as one TorchScript function
@@ -97,7 +104,8 @@ class TorchRunner:
         if (len(chunks) == 1 and 0 < len(chunks[0].token_ids) <= LoneDecoder.MAX_ROWS
                 and list(rows) == list(range(len(chunks[0].token_ids)))):  # a batch-1 decode or verify
             if self._lone is None:
-                self._lone = LoneDecoder.build(self.model, self.kv_caches, self.block_size) or False
+                self._lone = LoneDecoder.build(self.model, self.kv_caches, self.block_size,
+                                               self.attention.cpu_kernel) or False
             if self._lone:
                 c = chunks[0]
                 logits, aux = self._lone.logits(c.token_ids, c.start, c.block_ids, argmax_only, aux_layers)

@@ -60,6 +60,9 @@ def test_scripted_decode_equals_eager_bitwise(tmp_path, monkeypatch, threads, on
             got = runner.forward_logits(step, rows)
             pos += t
             assert isinstance(runner._lone, LoneDecoder)
+            # with cpu_q4, both paths also take cpu_attention.py (where it builds: the same AVX-512 machines)
+            own = kernel == "cpu_q4"
+            assert runner.attention.cpu_kernel == runner._lone.c_attn == own
             assert torch.equal(got, ref), r
             assert all(torch.equal(a, b) for a, b in zip(k_caches, ref_k)), r
             assert torch.get_num_threads() == threads

@@ -1,0 +1,229 @@
+"""Attention for one request's short query on the CPU (a batch-1 decode or verify), in C.
+
+Why: with the linears on ``cpu_q4``, SmolLM2's batch-1 step on the 2-core CPU spent 1.6 ms (decode)
+and 4.4 ms (a 5-row verify) in attention's small ``bmm`` calls, plus the softmax, slicing and thread
+switches around them: a verify computes each row separately over exactly the context a decode at its
+position sees (``attention.py::_Plan``), so that its bits are the decode's.
+
+:func:`attend` computes query row ``r`` of ``t`` (position ``n − t + r``) over the first
+``c = n − t + 1 + r`` context positions, every (row, head) alone by the same instructions: scores
+``q·k_j · scale`` (one FMA chain per position and a fixed reduction), ``p_j = exp(s_j − max)`` in
+chunks of 16 from position 0 (the last chunk masked), their sum, then ``Σ p_j v_j / Σ p_j``. A row's
+result depends only on its own ``c`` and data, so a verify row is bitwise the decode at its position,
+in one call for all rows. ``exp`` is a Cephes-style polynomial (relative error ~1e-7). The (row, head)
+pairs are split over torch's OpenMP threads. float32 q and caches ([slots, kv_heads, head_dim],
+head_dim a multiple of 16), grouped-query heads, causal, no sliding window.
+
+Used by a model whose linears are on ``cpu_q4`` (``models/quant/q4_linear.py``): the eager lone
+path (``attention.py``, ``TorchAttention(cpu_kernel=True)``) and the scripted step
+(``lone_decode.py``, as the op ``torch.ops.tandem.lone_attention``) call the same kernel. Built by
+``models/c_build.py``; needs AVX-512F; ``available()`` is False elsewhere (torch's attention stays).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import torch
+
+from tandem.models import c_build
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = r"""
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <omp.h>
+
+#if defined(__AVX512F__)
+#define ISA 1
+#else
+#define ISA 0
+#endif
+
+int attn_isa(void) { return ISA; }
+
+#if ISA
+/* exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-5 polynomial, 2^n by scalef) */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+    y = _mm512_fmadd_ps(_mm512_mul_ps(y, x), x, _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(y, n);
+}
+
+/* one (row, head): q [d] over the first c context positions; out [d]; s: scratch of c floats */
+static void attend_one(const float *q, const float *kc, const float *vc, int64_t ld, const int64_t *slots,
+                       int64_t start, int c, int d, float scale, float *s, float *out) {
+    float mx = -INFINITY;
+    for (int j = 0; j < c; j++) {
+        const int64_t slot = slots ? slots[j] : start + j;
+        const float *kr = kc + slot * ld;
+        __m512 acc = _mm512_setzero_ps();
+        for (int e = 0; e < d; e += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), _mm512_loadu_ps(kr + e), acc);
+        const float v = _mm512_reduce_add_ps(acc) * scale;
+        s[j] = v;
+        mx = v > mx ? v : mx;
+    }
+    __m512 sum = _mm512_setzero_ps();
+    const __m512 vmx = _mm512_set1_ps(mx);
+    for (int j = 0; j < c; j += 16) {
+        const __mmask16 mk = c - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (c - j)) - 1u);
+        const __m512 p = _mm512_maskz_mov_ps(mk, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), vmx)));
+        _mm512_mask_storeu_ps(s + j, mk, p);
+        sum = _mm512_add_ps(sum, p);
+    }
+    const float inv = 1.0f / _mm512_reduce_add_ps(sum);
+    __m512 o[8];  /* d <= 128 */
+    for (int e = 0; e < d / 16; e++) o[e] = _mm512_setzero_ps();
+    for (int j = 0; j < c; j++) {
+        const int64_t slot = slots ? slots[j] : start + j;
+        const float *vr = vc + slot * ld;
+        const __m512 p = _mm512_set1_ps(s[j]);
+        for (int e = 0; e < d / 16; e++) o[e] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * e), o[e]);
+    }
+    const __m512 vinv = _mm512_set1_ps(inv);
+    for (int e = 0; e < d / 16; e++) _mm512_storeu_ps(out + 16 * e, _mm512_mul_ps(o[e], vinv));
+}
+#endif
+
+/* q, out: [t, h, d]; k/v caches [slots, kvh, d]; the request's context: slots[0 .. n) or start + 0 .. n.
+   Row r attends over its first n - t + 1 + r positions. 0 on success. */
+int lone_attention(const float *q, const float *kc, const float *vc, int h, int kvh, int d, const int64_t *slots,
+                   int64_t start, int n, int t, float scale, float *out, int nt) {
+#if ISA
+    if (d % 16 || d > 128 || h % kvh || t < 1 || n < t) return 1;
+    const int g = h / kvh;
+    const int64_t ld = (int64_t)kvh * d;
+    int fail = 0;
+    _Pragma("omp parallel num_threads(nt)")
+    {
+        float small[4096];
+        float *s = n <= 4096 ? small : (float *)malloc(sizeof(float) * (size_t)n);
+        if (!s) {
+            _Pragma("omp atomic write")
+            fail = 1;
+        }
+        _Pragma("omp for schedule(static)")
+        for (int i = 0; i < t * h; i++) {
+            if (!s) continue;
+            const int r = i / h, hh = i % h;
+            attend_one(q + (int64_t)i * d, kc + (int64_t)(hh / g) * d, vc + (int64_t)(hh / g) * d, ld, slots, start,
+                       n - t + 1 + r, d, scale, s, out + (int64_t)i * d);
+        }
+        if (s && s != small) free(s);
+    }
+    return fail ? 2 : 0;
+#else
+    return 1;
+#endif
+}
+"""
+
+_lib: ctypes.CDLL | None = None
+_checked = False
+
+
+def available() -> bool:
+    """Whether the kernel is built, loaded and checked (False for good where it cannot be)."""
+    global _lib, _checked
+    if not _checked:
+        _checked = True
+        try:
+            _lib = _load()
+        except Exception as e:  # noqa: BLE001 - torch's attention stays
+            logger.info("CPU attention kernel unavailable (%s); torch's attention is used", e)
+            _lib = None
+    return _lib is not None
+
+
+def fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """float32 CPU q [t, h, d] and cache [slots, kvh, d] with d a multiple of 16 up to 128."""
+    d = q.shape[-1]
+    return (q.dtype is torch.float32 and k_cache.dtype is torch.float32 and q.device.type == "cpu"
+            and d % 16 == 0 and d <= 128 and q.shape[1] % k_cache.shape[1] == 0)
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
+           slots: torch.Tensor | None, n: int, scale: float) -> torch.Tensor:
+    """out [t, h, d] for q [t, h, d]: row r over context positions ``0 .. n − t + r`` (slots
+    ``start + j``, or ``slots[j]`` int64 when given); see the module docstring."""
+    t, h, d = q.shape
+    if not fits(q, k_cache) or v_cache.shape != k_cache.shape or n < t or (slots is not None and len(slots) < n):
+        raise ValueError("lone attention: float32 q [t, h, d] (d % 16 == 0, ≤ 128) and caches, n ≥ t")
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    if slots is not None:
+        slots = slots.to(torch.int64).contiguous()
+    assert _lib is not None
+    if _lib.lone_attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), h, k_cache.shape[1], d,
+                           slots.data_ptr() if slots is not None else None, start, n, t, scale, out.data_ptr(),
+                           torch.get_num_threads()):
+        raise RuntimeError("lone attention: the kernel refused its arguments")
+    return out
+
+
+def _load() -> ctypes.CDLL:
+    lib = c_build.load("attn", _SOURCE)
+    lib.attn_isa.restype = ctypes.c_int
+    lib.lone_attention.restype = ctypes.c_int
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.lone_attention.argtypes = [p, p, p, i, i, i, p, ctypes.c_int64, i, i, ctypes.c_float, p, i]
+    if lib.attn_isa() == 0:
+        raise RuntimeError("this CPU has no AVX-512")
+    global _lib
+    _lib = lib
+    _self_check()
+    return lib
+
+
+def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
+              slots: torch.Tensor | None, n: int, scale: float) -> torch.Tensor:
+    """What :func:`attend` computes, in float64 torch ops (the tests' and the self-check's reference)."""
+    t, h, d = q.shape
+    idx = slots[:n] if slots is not None else torch.arange(start, start + n)
+    k, v = k_cache[idx].double(), v_cache[idx].double()  # [n, kvh, d]
+    g = h // k.shape[1]
+    out = torch.empty(t, h, d, dtype=torch.float64)
+    for r in range(t):
+        c = n - t + 1 + r
+        for hh in range(h):
+            p = torch.softmax(k[:c, hh // g] @ q[r, hh].double() * scale, 0)
+            out[r, hh] = p @ v[:c, hh // g]
+    return out
+
+
+def _self_check() -> None:
+    gen = torch.Generator().manual_seed(0)
+    kc, vc = torch.randn(50, 2, 32, generator=gen), torch.randn(50, 2, 32, generator=gen)
+    q = torch.randn(3, 6, 32, generator=gen)
+    slots = torch.randperm(50, generator=gen)
+    for s in (None, slots):
+        got = attend(q, kc, vc, 7, s, 37, 0.2)
+        if not torch.allclose(got.double(), reference(q, kc, vc, 7, s, 37, 0.2), rtol=1e-4, atol=1e-5):
+            raise RuntimeError("self-check failed")
+
+
+def _lone_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
+                    slots: torch.Tensor | None, n: int, scale: float) -> torch.Tensor:
+    if not available():
+        raise RuntimeError("CPU attention kernel unavailable on this machine")
+    return attend(q, k_cache, v_cache, start, slots, n, scale)
+
+
+_ops = torch.library.Library("tandem", "FRAGMENT")
+_ops.define("lone_attention(Tensor q, Tensor k_cache, Tensor v_cache, int start, Tensor? slots, int n, "
+            "float scale) -> Tensor")
+_ops.impl("lone_attention", _lone_attention, "CPU")

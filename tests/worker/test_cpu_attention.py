@@ -1,0 +1,69 @@
+"""tandem's CPU attention for one request's short query (``worker/cpu_attention.py``): every row over
+exactly its causal context, against float64; a row's bits do not depend on the other rows, on the
+thread count or on whether the context is a slot range or a gather; bad shapes are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tandem.worker import cpu_attention
+
+needs_kernel = pytest.mark.skipif(not cpu_attention.available(), reason="needs AVX-512 and a C compiler")
+
+
+def _case(h: int, kvh: int, d: int, slots_n: int = 400, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    kc = torch.randn(slots_n, kvh, d, generator=g)
+    vc = torch.randn(slots_n, kvh, d, generator=g)
+    return kc, vc, torch.randn(8, h, d, generator=g) * 2, torch.randperm(slots_n, generator=g)
+
+
+@needs_kernel
+@pytest.mark.parametrize("h,kvh,d", [(9, 3, 64), (4, 4, 32), (8, 1, 128), (2, 2, 16)])
+@pytest.mark.parametrize("gather", [False, True])
+def test_rows_equal_float64_causal_attention(h, kvh, d, gather):
+    kc, vc, q, perm = _case(h, kvh, d)
+    slots = perm if gather else None
+    for t, n in ((1, 1), (1, 17), (5, 200), (8, 333)):
+        got = cpu_attention.attend(q[:t], kc, vc, 11, slots, n, d ** -0.5)
+        ref = cpu_attention.reference(q[:t], kc, vc, 11, slots, n, d ** -0.5)
+        assert torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-6), (t, n)
+
+
+@needs_kernel
+def test_a_rows_bits_are_the_decodes_at_its_position():
+    kc, vc, q, perm = _case(9, 3, 64, seed=1)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        decodes = torch.cat([cpu_attention.attend(q[r:r + 1], kc, vc, 0, perm, 150 + r, 0.125) for r in range(8)])
+        torch.set_num_threads(2)
+        for t in (2, 5, 8):  # a verify of t rows ending at position 149 + t
+            got = cpu_attention.attend(q[:t], kc, vc, 0, perm, 150 + t - 1, 0.125)
+            assert torch.equal(got, decodes[:t]), t
+        # a consecutive context as a range or as the same slots gathered: the same bits
+        assert torch.equal(cpu_attention.attend(q[:3], kc, vc, 40, None, 90, 0.125),
+                           cpu_attention.attend(q[:3], kc, vc, 0, torch.arange(40, 400), 90, 0.125))
+    finally:
+        torch.set_num_threads(old)
+
+
+@needs_kernel
+def test_bad_shapes_are_refused():
+    kc, vc, q, _ = _case(4, 2, 24)  # head_dim not a multiple of 16
+    with pytest.raises(ValueError):
+        cpu_attention.attend(q[:1], kc, vc, 0, None, 5, 0.2)
+    kc, vc, q, _ = _case(4, 2, 32)
+    with pytest.raises(ValueError):
+        cpu_attention.attend(q[:4], kc, vc, 0, None, 3, 0.2)  # fewer context positions than rows
+    with pytest.raises(ValueError):
+        cpu_attention.attend(q[:1].double(), kc, vc, 0, None, 3, 0.2)
+
+
+def test_without_a_compiler_torchs_attention_stays(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu_attention, "_lib", None)
+    monkeypatch.setattr(cpu_attention, "_checked", False)
+    assert not cpu_attention.available()
