@@ -1,4 +1,4 @@
-"""A 4-bit CPU matmul from packed codes for the decode / verify case: ``y[M, N] = bf16(x)[M, K] · Wᵀ``.
+"""A 4-bit (and 8-bit) CPU matmul from packed codes for the decode / verify case: ``y = bf16(x) · Wᵀ``.
 
 Why: torch's ``_weight_int4pack_mm_for_cpu`` (the ``int4pack`` kernel) costs 5.9 / 7.0 / 9.3 /
 15.2 ms over SmolLM2's 120 packed linears for 1 / 2 / 4 / 5 rows on the 2-core CPU (docs/
@@ -20,12 +20,18 @@ same. Here each weight is unpacked once and multiplied with every row:
   inside a tile (a prefill reads each tile once per 8 rows from L1).
 
 Memory layout (``pack``): uint8 ``[N / 16, K / G, 8·G + 128]``: a tile's group is ``G / 4`` units,
-then 16 float32 scales, then 16 float32 offsets. Needs AVX-512 BW + BF16 (Zen 4, Sapphire Rapids and
+then 16 float32 scales, then 16 float32 offsets. Codes of 5–8 bits (Q5_x, Q8_0, the screened LM
+head's 8-bit copy) use a byte layout instead: 64 bytes per unit (the pair ``(4u, 4u + 1)`` as bytes
+``2b + j``, then the pair ``(4u + 2, 4u + 3)``), turned into bf16 by ``vpmovzxbd`` / ``vcvtdq2ps`` /
+``vcvtne2ps2bf16``; the rest is the same. Needs AVX-512 BW + BF16 (Zen 4, Sapphire Rapids and
 later); elsewhere ``available()`` is False and ``int4pack`` stays. The C source is built by
 ``models/c_build.py``.
 
-The kernel is also the op ``torch.ops.tandem.q4_mm(x_bf16, packed, group)`` (float32 out), so the
-scripted CPU decode (``worker/lone_decode.py``) calls the same code as the eager module.
+Two fusions, both per row: an RMS norm of float32 input rows before the product (``norm_weight``:
+``bf16(x · rsqrt(mean(x²) + eps) · w)``, the layer's input norm) and a float32 residual added to the
+result (the same IEEE sum as torch's ``residual + y``). The kernel is also the op
+``torch.ops.tandem.q4_mm(x, packed, group, norm_weight=None, eps=0.0, residual=None)`` (float32
+out), so the scripted CPU decode (``worker/lone_decode.py``) calls the same code as the eager module.
 """
 
 from __future__ import annotations
