@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 
@@ -39,6 +43,39 @@ def load(name: str, source: str, flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL:
     if not path.is_file():
         _compile(cc, name, source, flags, path)
     return ctypes.CDLL(str(path))
+
+
+class Kernel:
+    """One C kernel, built and checked on the first ``available()`` call. Its source defines
+    ``int <isa>(void)`` (0 where the machine lacks the instructions it needs: ``needs`` says which)
+    and the functions of ``functions`` (name → argument ctypes, each returning an int status);
+    ``check()`` is the module's self-check through ``self.lib``. Any failure leaves ``lib`` None for
+    good (logged once, with ``fallback`` saying what is used instead)."""
+
+    def __init__(self, name: str, source: str, isa: str, needs: str, functions: dict[str, list[type]],
+                 check: Callable[[], None], fallback: str, flags: tuple[str, ...] = FLAGS) -> None:
+        self.name, self.source, self.isa, self.needs, self.flags = name, source, isa, needs, flags
+        self.functions, self.check, self.fallback = functions, check, fallback
+        self.lib: ctypes.CDLL | None = None
+        self.checked = False
+
+    def available(self) -> bool:
+        if not self.checked:
+            self.checked = True
+            try:
+                lib = load(self.name, self.source, self.flags)
+                getattr(lib, self.isa).restype = ctypes.c_int
+                for fn, args in self.functions.items():
+                    getattr(lib, fn).restype = ctypes.c_int
+                    getattr(lib, fn).argtypes = args
+                if getattr(lib, self.isa)() == 0:
+                    raise RuntimeError(f"this CPU lacks {self.needs}")
+                self.lib = lib
+                self.check()
+            except Exception as e:  # noqa: BLE001 - no compiler, no ISA, a failed check: the fallback stays
+                logger.info("CPU kernel %s unavailable (%s); %s", self.name, e, self.fallback)
+                self.lib = None
+        return self.lib is not None
 
 
 def _compile(cc: str, name: str, source: str, flags: tuple[str, ...], path: Path) -> None:

@@ -27,13 +27,11 @@ False (logged once) and callers keep their torch paths: nothing else changes.
 from __future__ import annotations
 
 import ctypes
-import logging
 
 import torch
 
 from tandem.models import c_build
 
-logger = logging.getLogger(__name__)
 
 MAX_ROWS = 8  # rows this kernel takes (one function per row count)
 
@@ -161,22 +159,10 @@ int skinny_mm(const float *x, int M, int K, const float *w, int N, float *y, int
 }
 """
 
-_lib: ctypes.CDLL | None = None
-_checked = False
-
-
 def available() -> bool:
     """Whether the kernel is built, loaded and checked (built on the first call; False for good
     where it cannot be)."""
-    global _lib, _checked
-    if not _checked:
-        _checked = True
-        try:
-            _lib = _load()
-        except Exception as e:  # noqa: BLE001 - no compiler, no OpenMP, a failed check: torch's paths stay
-            logger.info("float32 skinny CPU kernel unavailable (%s); torch's matmuls are used", e)
-            _lib = None
-    return _lib is not None
+    return KERNEL.available()
 
 
 def mm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -189,24 +175,11 @@ def mm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -
         raise ValueError(f"skinny mm takes 1..{MAX_ROWS} float32 rows and a contiguous [N, {k}] float32 weight")
     x = x.contiguous()
     y = torch.empty(m, n, dtype=torch.float32) if out is None else out
-    assert _lib is not None
-    if _lib.skinny_mm(x.data_ptr(), m, k, weight.data_ptr(), n, y.data_ptr(), n, torch.get_num_threads()):
+    lib = KERNEL.lib
+    assert lib is not None
+    if lib.skinny_mm(x.data_ptr(), m, k, weight.data_ptr(), n, y.data_ptr(), n, torch.get_num_threads()):
         raise RuntimeError("skinny mm: unsupported row count")
     return y
-
-
-def _load() -> ctypes.CDLL:
-    lib = c_build.load("skinny", _SOURCE)
-    lib.skinny_isa.restype = ctypes.c_int
-    lib.skinny_mm.restype = ctypes.c_int
-    lib.skinny_mm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-                              ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-    if lib.skinny_isa() == 0:
-        raise RuntimeError("this CPU has neither AVX-512 nor AVX2 + FMA")
-    global _lib
-    _lib = lib
-    _self_check()
-    return lib
 
 
 def _self_check() -> None:
@@ -218,3 +191,8 @@ def _self_check() -> None:
         ref = (x.double() @ w.double().T).float()
         if not torch.allclose(mm(x, w), ref, rtol=1e-5, atol=1e-5):
             raise RuntimeError(f"self-check failed at {m} rows")
+
+
+_P, _I = ctypes.c_void_p, ctypes.c_int
+KERNEL = c_build.Kernel("skinny", _SOURCE, "skinny_isa", "both AVX-512 and AVX2 + FMA",
+                        {"skinny_mm": [_P, _I, _I, _P, _I, _P, _I, _I]}, _self_check, "torch's matmuls are used")

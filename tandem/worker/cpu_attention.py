@@ -23,13 +23,11 @@ path (``attention.py``, ``TorchAttention(cpu_kernel=True)``) and the scripted st
 from __future__ import annotations
 
 import ctypes
-import logging
 
 import torch
 
 from tandem.models import c_build
 
-logger = logging.getLogger(__name__)
 
 _SOURCE = r"""
 #include <immintrin.h>
@@ -99,6 +97,33 @@ static void attend_one(const float *q, const float *kc, const float *vc, int64_t
 }
 #endif
 
+/* Rope on the q and k heads of qkv [t, (h + 2 kvh) d] as torch computes it (qk·cos + roll(qk, d/2)·sin,
+   three roundings: this file is compiled with -ffp-contract=off), q into qr [t, h, d], k and v into
+   the caches at row r's slot (wslots[r], or wstart + r). */
+int rope_write(const float *qkv, const float *cosv, const float *sinv, float *kc, float *vc, int h, int kvh, int d,
+               const int64_t *wslots, int64_t wstart, int t, float *qr) {
+    if (d % 2) return 1;
+    const int width = (h + 2 * kvh) * d, half = d / 2;
+    const int64_t ld = (int64_t)kvh * d;
+    for (int r = 0; r < t; r++) {
+        const float *row = qkv + (int64_t)r * width, *c = cosv + (int64_t)r * d, *sn = sinv + (int64_t)r * d;
+        const int64_t slot = wslots ? wslots[r] : wstart + r;
+        for (int hh = 0; hh < h + kvh; hh++) {
+            const float *src = row + (int64_t)hh * d;
+            float *dst = hh < h ? qr + ((int64_t)r * h + hh) * d : kc + slot * ld + (int64_t)(hh - h) * d;
+            for (int e = 0; e < d; e++) {
+                const float a = src[e] * c[e];
+                const float b = src[e < half ? e + half : e - half] * sn[e];
+                dst[e] = a + b;
+            }
+        }
+        const float *v = row + (int64_t)(h + kvh) * d;
+        float *vd = vc + slot * ld;
+        for (int e = 0; e < kvh * d; e++) vd[e] = v[e];
+    }
+    return 0;
+}
+
 /* q, out: [t, h, d]; k/v caches [slots, kvh, d]; the request's context: slots[0 .. n) or start + 0 .. n.
    Row r attends over its first n - t + 1 + r positions. 0 on success. */
 int lone_attention(const float *q, const float *kc, const float *vc, int h, int kvh, int d, const int64_t *slots,
@@ -132,21 +157,9 @@ int lone_attention(const float *q, const float *kc, const float *vc, int h, int 
 }
 """
 
-_lib: ctypes.CDLL | None = None
-_checked = False
-
-
 def available() -> bool:
     """Whether the kernel is built, loaded and checked (False for good where it cannot be)."""
-    global _lib, _checked
-    if not _checked:
-        _checked = True
-        try:
-            _lib = _load()
-        except Exception as e:  # noqa: BLE001 - torch's attention stays
-            logger.info("CPU attention kernel unavailable (%s); torch's attention is used", e)
-            _lib = None
-    return _lib is not None
+    return KERNEL.available()
 
 
 def fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -167,26 +180,13 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start:
     out = torch.empty_like(q)
     if slots is not None:
         slots = slots.to(torch.int64).contiguous()
-    assert _lib is not None
-    if _lib.lone_attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), h, k_cache.shape[1], d,
+    lib = KERNEL.lib
+    assert lib is not None
+    if lib.lone_attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), h, k_cache.shape[1], d,
                            slots.data_ptr() if slots is not None else None, start, n, t, scale, out.data_ptr(),
                            torch.get_num_threads()):
         raise RuntimeError("lone attention: the kernel refused its arguments")
     return out
-
-
-def _load() -> ctypes.CDLL:
-    lib = c_build.load("attn", _SOURCE)
-    lib.attn_isa.restype = ctypes.c_int
-    lib.lone_attention.restype = ctypes.c_int
-    p, i = ctypes.c_void_p, ctypes.c_int
-    lib.lone_attention.argtypes = [p, p, p, i, i, i, p, ctypes.c_int64, i, i, ctypes.c_float, p, i]
-    if lib.attn_isa() == 0:
-        raise RuntimeError("this CPU has no AVX-512")
-    global _lib
-    _lib = lib
-    _self_check()
-    return lib
 
 
 def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
@@ -216,6 +216,39 @@ def _self_check() -> None:
             raise RuntimeError("self-check failed")
 
 
+def rope_attend(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, heads: int, write_start: int, write_slots: torch.Tensor | None, start: int,
+                slots: torch.Tensor | None, n: int, scale: float) -> torch.Tensor:
+    """The scripted step's attention block in two C calls: rope on qkv's q and k heads (bitwise
+    torch's ``qk·cos + roll(qk, d/2)·sin_signed``, ``cos`` / ``sin_signed`` [t, d] for the rows'
+    positions), k and v written to the caches at the rows' slots (``write_slots``, or ``write_start``
+    + r: what ``write_kv`` writes), then :func:`attend`. Returns [t, heads, d]."""
+    t = qkv.shape[0]
+    kvh, d = k_cache.shape[1], k_cache.shape[2]
+    if (qkv.dtype is not torch.float32 or qkv.shape[1] != (heads + 2 * kvh) * d or not k_cache.is_contiguous()
+            or not v_cache.is_contiguous()):
+        raise ValueError("rope attention: float32 qkv [t, (h + 2·kvh)·d] and contiguous caches")
+    qkv, cos, sin_signed = qkv.contiguous(), cos.reshape(t, d).contiguous(), sin_signed.reshape(t, d).contiguous()
+    if write_slots is not None:
+        write_slots = write_slots.to(torch.int64).contiguous()
+    q = torch.empty(t, heads, d)
+    lib = KERNEL.lib
+    assert lib is not None
+    if lib.rope_write(qkv.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                      heads, kvh, d, write_slots.data_ptr() if write_slots is not None else None, write_start, t,
+                      q.data_ptr()):
+        raise RuntimeError("rope attention: the kernel refused its arguments")
+    return attend(q, k_cache, v_cache, start, slots, n, scale)
+
+
+def _rope_attention(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, heads: int, write_start: int, write_slots: torch.Tensor | None, start: int,
+                    slots: torch.Tensor | None, n: int, scale: float) -> torch.Tensor:
+    if not available():
+        raise RuntimeError("CPU attention kernel unavailable on this machine")
+    return rope_attend(qkv, cos, sin_signed, k_cache, v_cache, heads, write_start, write_slots, start, slots, n, scale)
+
+
 def _lone_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
                     slots: torch.Tensor | None, n: int, scale: float) -> torch.Tensor:
     if not available():
@@ -223,7 +256,17 @@ def _lone_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return attend(q, k_cache, v_cache, start, slots, n, scale)
 
 
+_P, _I = ctypes.c_void_p, ctypes.c_int
+KERNEL = c_build.Kernel("attn", _SOURCE, "attn_isa", "AVX-512",
+                        {"lone_attention": [_P, _P, _P, _I, _I, _I, _P, ctypes.c_int64, _I, _I, ctypes.c_float,
+                                            _P, _I],
+                         "rope_write": [_P, _P, _P, _P, _P, _I, _I, _I, _P, ctypes.c_int64, _I, _P]},
+                        lambda: _self_check(), "torch's attention is used", (*c_build.FLAGS, "-ffp-contract=off"))
+
 _ops = torch.library.Library("tandem", "FRAGMENT")
 _ops.define("lone_attention(Tensor q, Tensor k_cache, Tensor v_cache, int start, Tensor? slots, int n, "
             "float scale) -> Tensor")
 _ops.impl("lone_attention", _lone_attention, "CPU")
+_ops.define("rope_attention(Tensor qkv, Tensor cos, Tensor sin_signed, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+            "int heads, int write_start, Tensor? write_slots, int start, Tensor? slots, int n, float scale) -> Tensor")
+_ops.impl("rope_attention", _rope_attention, "CPU")

@@ -100,20 +100,21 @@ def decode_layers(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, 
         k_cache, v_cache = k_caches[i], v_caches[i]
         # qkv = packed(rms_norm(x)), cast back to the activation dtype (Int4PackLinear/Q4Linear.forward)
         qkv = _norm_mm(x, norms[2 * i], eps, packed[j], groups[j], scale_zeros[j], q4).to(x.dtype)
-        # rope on q and k as one tensor (attention.py::_rope_qk, Rotary.rotate)
-        qk = qkv[:, :qk_size].reshape(t, heads + kv_heads, head_dim)
-        qk = qk * cos + torch.roll(qk, head_dim // 2, dims=-1) * sin_signed
-        v = qkv[:, qk_size:].reshape(t, kv_heads, head_dim)
-        q, k = qk[:, :heads], qk[:, heads:]
-        if slots is None:
-            k_cache[slot_start:slot_start + t].copy_(k)
-            v_cache[slot_start:slot_start + t].copy_(v)
+        if c_attn:  # cpu_attention.py: rope, KV write (torch's bits) and every row's attention in C
+            o = torch.ops.tandem.rope_attention(qkv, cos, sin_signed, k_cache, v_cache, heads, slot_start, slots,
+                                                ctx_start, ctx_slots, n, scale)
         else:
-            k_cache.index_copy_(0, slots, k)
-            v_cache.index_copy_(0, slots, v)
-        if c_attn:  # cpu_attention.py: every row in one call, each as a decode computes it
-            o = torch.ops.tandem.lone_attention(q, k_cache, v_cache, ctx_start, ctx_slots, n, scale)
-        else:
+            # rope on q and k as one tensor (attention.py::_rope_qk, Rotary.rotate)
+            qk = qkv[:, :qk_size].reshape(t, heads + kv_heads, head_dim)
+            qk = qk * cos + torch.roll(qk, head_dim // 2, dims=-1) * sin_signed
+            v = qkv[:, qk_size:].reshape(t, kv_heads, head_dim)
+            q, k = qk[:, :heads], qk[:, heads:]
+            if slots is None:
+                k_cache[slot_start:slot_start + t].copy_(k)
+                v_cache[slot_start:slot_start + t].copy_(v)
+            else:
+                k_cache.index_copy_(0, slots, k)
+                v_cache.index_copy_(0, slots, v)
             threads = _set_threads(1) if one_thread_attention else 1
             if ctx_slots is None:
                 kc, vc = k_cache[ctx_start:ctx_stop], v_cache[ctx_start:ctx_stop]

@@ -11,6 +11,7 @@ import shutil
 import pytest
 import torch
 
+from kernel_utils import without_a_compiler
 from tandem.models import cpu_skinny, layers
 
 
@@ -85,10 +86,7 @@ def test_a_speculating_targets_linears_take_it_for_two_to_eight_rows(monkeypatch
 
 
 def test_without_a_compiler_torchs_paths_stay(monkeypatch, tmp_path):
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cpu_skinny, "_lib", None)
-    monkeypatch.setattr(cpu_skinny, "_checked", False)
+    without_a_compiler(monkeypatch, tmp_path, cpu_skinny.KERNEL)
     assert not cpu_skinny.available()
     x, w = torch.randn(4, 32), torch.randn(64, 32)
     with torch.inference_mode():

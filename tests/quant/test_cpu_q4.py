@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernel_utils import without_a_compiler
 from tandem.models.quant import cpu_q4
 from tandem.models.quant.weights import QuantizedWeight
 
@@ -103,9 +104,6 @@ def test_without_a_compiler_int4pack_serves_four_bit_weights(monkeypatch, tmp_pa
     from tandem.models.quant.int4pack import Int4PackLinear
     from tandem.models.quant.kernels import make_quant_linear
 
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cpu_q4, "_lib", None)
-    monkeypatch.setattr(cpu_q4, "_checked", False)
+    without_a_compiler(monkeypatch, tmp_path, cpu_q4.KERNEL)
     assert not cpu_q4.available()
     assert isinstance(make_quant_linear(_qw(32, 64, 32), None), Int4PackLinear)

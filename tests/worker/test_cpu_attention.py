@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernel_utils import without_a_compiler
 from tandem.worker import cpu_attention
 
 needs_kernel = pytest.mark.skipif(not cpu_attention.available(), reason="needs AVX-512 and a C compiler")
@@ -62,8 +63,33 @@ def test_bad_shapes_are_refused():
 
 
 def test_without_a_compiler_torchs_attention_stays(monkeypatch, tmp_path):
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cpu_attention, "_lib", None)
-    monkeypatch.setattr(cpu_attention, "_checked", False)
+    without_a_compiler(monkeypatch, tmp_path, cpu_attention.KERNEL)
     assert not cpu_attention.available()
+
+
+@needs_kernel
+@pytest.mark.parametrize("gather", [False, True])
+def test_rope_attend_is_torchs_rope_and_kv_write_then_attend(gather):
+    """The scripted step's block: rope bitwise as torch computes it, k / v written where ``write_kv``
+    writes them, then ``attend`` on the rotated q."""
+    h, kvh, d, t, n = 9, 3, 64, 3, 40
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(t, (h + 2 * kvh) * d, generator=g)
+    ang = torch.rand(t, d, generator=g) * 6
+    cos, sin = ang.cos(), ang.sin()
+    sin_signed = torch.cat((-sin[:, :d // 2], sin[:, d // 2:]), dim=-1)
+    kc, vc = torch.randn(64, kvh, d, generator=g), torch.randn(64, kvh, d, generator=g)
+    write = torch.tensor([50, 7, 33]) if gather else None
+    slots = torch.randperm(64, generator=g)[:n] if gather else None
+    if gather:
+        slots[n - t:] = write
+    ref_k, ref_v = kc.clone(), vc.clone()
+    qk = qkv[:, :(h + kvh) * d].reshape(t, h + kvh, d)
+    qk = qk * cos[:, None] + torch.roll(qk, d // 2, dims=-1) * sin_signed[:, None]
+    rows = write if gather else torch.arange(20 + n - t, 20 + n)
+    ref_k[rows] = qk[:, h:]
+    ref_v[rows] = qkv[:, (h + kvh) * d:].reshape(t, kvh, d)
+    ref = cpu_attention.attend(qk[:, :h], ref_k, ref_v, 20, slots, n, 0.125)
+    got = cpu_attention.rope_attend(qkv, cos, sin_signed, kc, vc, h, 20 + n - t, write, 20, slots, n, 0.125)
+    assert torch.equal(kc, ref_k) and torch.equal(vc, ref_v)
+    assert torch.equal(got, ref)

@@ -16,8 +16,8 @@ same. Here each weight is unpacked once and multiplied with every row:
   term is ``offset[n, g] · Σ_{k∈g} x[k]`` (the group sums of the bf16 activations, computed once per
   call); every row is computed by the same instructions in the same order whatever M is, so a row's
   result does not depend on the other rows (a verify row is bitwise the decode at its position);
-- threads (OpenMP, torch's pool) take contiguous ranges of tiles; rows beyond 8 run in chunks of 8
-  inside a tile (a prefill reads each tile once per 8 rows from L1).
+- threads (OpenMP, torch's pool) take contiguous ranges of tiles; rows beyond 8 run in chunks of 8,
+  every chunk on two tiles before the next two (a prefill reads each tile from memory once).
 
 Memory layout (``pack``): uint8 ``[N / 16, K / G, 8·G + 128]``: a tile's group is ``G / 4`` units,
 then 16 float32 scales, then 16 float32 offsets. Codes of 5–8 bits (Q5_x, Q8_0, the screened LM
@@ -37,14 +37,12 @@ out), so the scripted CPU decode (``worker/lone_decode.py``) calls the same code
 from __future__ import annotations
 
 import ctypes
-import logging
 
 import torch
 
 from tandem.models import c_build
 from tandem.models.quant.weights import QuantizedWeight
 
-logger = logging.getLogger(__name__)
 
 TILE = 16  # output rows per tile (one vector's lanes)
 ROW_CHUNK = 8  # rows computed together (each tile read once per chunk)
@@ -215,10 +213,15 @@ int q4_mm(const uint16_t *x, const float *xf, const float *nw, float eps, int M,
         for (int i = 0; i < M * groups; i++) xs[i] = group_sum(x + (int64_t)(i / groups) * K + (int64_t)(i % groups) * G, G);
         const int nthr = omp_get_num_threads(), tid = omp_get_thread_num();
         const int t0 = (int)((int64_t)tiles * tid / nthr), t1 = (int)((int64_t)tiles * (tid + 1) / nthr);
-        for (int m0 = 0; m0 < M; m0 += MAXM) {
-            const int mc = M - m0 < MAXM ? M - m0 : MAXM;
-            ROWS_FN[b8][mc](w, tile_bytes, t0, t1, groups, G, x + (int64_t)m0 * K, K, xs + (int64_t)m0 * groups,
-                            res ? res + (int64_t)m0 * N : 0, y + (int64_t)m0 * N, N);
+        /* more than 8 rows (a prefill): every chunk of 8 rows on a pair of tiles while they are in L1 */
+        const int tstep = M > MAXM ? 2 : t1 - t0;
+        for (int ta = t0; ta < t1; ta += tstep) {
+            const int tb = ta + tstep < t1 ? ta + tstep : t1;
+            for (int m0 = 0; m0 < M; m0 += MAXM) {
+                const int mc = M - m0 < MAXM ? M - m0 : MAXM;
+                ROWS_FN[b8][mc](w, tile_bytes, ta, tb, groups, G, x + (int64_t)m0 * K, K, xs + (int64_t)m0 * groups,
+                                res ? res + (int64_t)m0 * N : 0, y + (int64_t)m0 * N, N);
+            }
         }
     }
     if (xs != small) free(xs);
@@ -230,22 +233,10 @@ int q4_mm(const uint16_t *x, const float *xf, const float *nw, float eps, int M,
 }
 """
 
-_lib: ctypes.CDLL | None = None
-_checked = False
-
-
 def available() -> bool:
     """Whether the kernel is built, loaded and checked (built on the first call; False for good
     where it cannot be: no compiler, no AVX-512 BF16, a failed self-check)."""
-    global _lib, _checked
-    if not _checked:
-        _checked = True
-        try:
-            _lib = _load()
-        except Exception as e:  # noqa: BLE001 - int4pack stays
-            logger.info("4-bit CPU kernel (cpu_q4) unavailable (%s); int4pack is used", e)
-            _lib = None
-    return _lib is not None
+    return KERNEL.available()
 
 
 def fits(qw: QuantizedWeight) -> bool:
@@ -319,24 +310,11 @@ def mm(x: torch.Tensor, packed: torch.Tensor, group: int, norm_weight: torch.Ten
     if residual is not None:
         residual = residual.contiguous()
         res = residual.data_ptr()
-    assert _lib is not None
-    if _lib.q4_mm(xb, xf, nw, eps, m, k, packed.data_ptr(), n, group, bits, res, y.data_ptr(), torch.get_num_threads()):
+    lib = KERNEL.lib
+    assert lib is not None
+    if lib.q4_mm(xb, xf, nw, eps, m, k, packed.data_ptr(), n, group, bits, res, y.data_ptr(), torch.get_num_threads()):
         raise RuntimeError("cpu_q4: the kernel refused its arguments")
     return y
-
-
-def _load() -> ctypes.CDLL:
-    lib = c_build.load("q4", _SOURCE)
-    lib.q4_isa.restype = ctypes.c_int
-    lib.q4_mm.restype = ctypes.c_int
-    p, i = ctypes.c_void_p, ctypes.c_int
-    lib.q4_mm.argtypes = [p, p, p, ctypes.c_float, i, i, p, i, i, i, p, p, i]
-    if lib.q4_isa() == 0:
-        raise RuntimeError("this CPU has no AVX-512 BF16")
-    global _lib
-    _lib = lib
-    _self_check()
-    return lib
 
 
 def _self_check() -> None:
@@ -363,6 +341,11 @@ def _q4_mm(x: torch.Tensor, packed: torch.Tensor, group: int, norm_weight: torch
         raise RuntimeError("cpu_q4 kernel unavailable on this machine")
     return mm(x, packed, group, norm_weight, eps, residual)
 
+
+_P, _I = ctypes.c_void_p, ctypes.c_int
+KERNEL = c_build.Kernel("q4", _SOURCE, "q4_isa", "AVX-512 BF16",
+                        {"q4_mm": [_P, _P, _P, ctypes.c_float, _I, _I, _P, _I, _I, _I, _P, _P, _I]},
+                        lambda: _self_check(), "int4pack is used")
 
 _ops = torch.library.Library("tandem", "FRAGMENT")
 _ops.define("q4_mm(Tensor x, Tensor packed, int group, Tensor? norm_weight=None, float eps=0.0, "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tandem.models.quant.lowp_linear import LowpLinear
 from tandem.models.quant.weights import QuantizedWeight
 
 _aten = torch.ops.aten
@@ -22,7 +23,7 @@ def fits_int8pack(qw: QuantizedWeight) -> bool:
             and bool(torch.equal(qw.offset, -128 * qw.scale)))
 
 
-class Int8PackLinear(nn.Module):
+class Int8PackLinear(LowpLinear):
     kernel = "int8pack"
 
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None) -> None:
@@ -35,13 +36,6 @@ class Int8PackLinear(nn.Module):
         self.register_buffer("scales", qw.scale[:, 0].to(torch.bfloat16).contiguous())
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
         self.lowp = bias is None  # forward_lowp is the whole product (torch_kernels.py)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        out = self.forward_lowp(x.reshape(-1, shape[-1])).to(x.dtype)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*shape[:-1], self.out_features)
 
     def forward_lowp(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W^T`` for 2-D ``x``, in the kernel's bf16 (no bias; see ``Int4PackLinear.forward_lowp``)."""

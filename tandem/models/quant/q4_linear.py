@@ -8,18 +8,19 @@ gather x's columns first (``perm``), as ``int4pack`` does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
-from collections.abc import Callable
-
 from tandem.models.quant import cpu_q4
+from tandem.models.quant.lowp_linear import LowpLinear
 from tandem.models.quant.weights import QuantizedWeight
 
 PACK_ROWS = 256  # rows packed at a time when they are made on demand (``blocks``)
 
 
-class Q4Linear(nn.Module):
+class Q4Linear(LowpLinear):
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None,
                  blocks: Callable[[int, int], QuantizedWeight] | None = None) -> None:
         """``blocks(r0, r1)``: the rows ``r0:r1`` of ``qw``, made on demand (``qw`` then gives only the
@@ -42,13 +43,6 @@ class Q4Linear(nn.Module):
         self.register_buffer("perm", qw.perm)
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
         self.lowp = bias is None  # forward_lowp is the whole product (torch_kernels.py)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        out = self.forward_lowp(x.reshape(-1, shape[-1])).to(x.dtype)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*shape[:-1], self.out_features)
 
     def forward_lowp(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """``[residual +] bf16(x) @ W^T`` in float32 for 2-D ``x`` (no bias): the same interface as
