@@ -536,6 +536,26 @@ def test_registry_fetches_assembles_and_caches(fake_registry, tmp_path: Path) ->
     assert len(fake_registry.calls) == 2
 
 
+def test_registry_drops_a_fetched_files_pages(fake_registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The assembled file is written out and its page cache dropped before it is renamed into place
+    (a download's pages stayed mapped whole: +40 MB peak RSS on the first ``tandem generate``)."""
+    import os
+
+    if not hasattr(os, "posix_fadvise"):
+        pytest.skip("no posix_fadvise on this platform")
+    seen: list[tuple[str, int]] = []
+    real = os.posix_fadvise
+
+    def spy(fd: int, offset: int, length: int, advice: int) -> None:
+        seen.append((os.readlink(f"/proc/self/fd/{fd}"), advice))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    fake_registry([b"abc" * 1000])
+    registry.resolve_model("fake-model")
+    assert [(Path(p).name, a) for p, a in seen] == [("fake.gguf.partial", os.POSIX_FADV_DONTNEED)]
+
+
 def test_registry_checksum_mismatch_leaves_nothing(fake_registry, tmp_path: Path) -> None:
     fake_registry([b"payload"], sha="0" * 64)
     with pytest.raises(ChecksumMismatchError, match="0" * 64):
