@@ -164,11 +164,12 @@ def quantization_config(method: str, bits: int, group: int, sym: bool, act_order
 
 
 def k_quant_blocks(rows: int, cols: int, qtype, seed: int = 0) -> np.ndarray:
-    """Random Q4_K / Q5_K blocks with small super-block scales (weights of ~0.05)."""
-    from gguf.constants import GGML_QUANT_SIZES
+    """Random Q4_K / Q5_K / Q6_K blocks with small super-block scales (weights of ~0.05)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     block, size = GGML_QUANT_SIZES[qtype]
     data = np.random.default_rng(seed).integers(0, 256, (rows * (cols // block), size), dtype=np.uint8)
-    for off, value in ((0, 3e-4), (2, 3e-4)):  # d, dmin
+    supers = ((208, 1e-4),) if qtype == GGMLQuantizationType.Q6_K else ((0, 3e-4), (2, 3e-4))  # d (, dmin)
+    for off, value in supers:
         data[:, off:off + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
     return data.reshape(rows, cols // block * size)

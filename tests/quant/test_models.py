@@ -144,8 +144,11 @@ def test_quantized_draft_model(quant_dirs, quant_reference):
 
 
 def test_gguf_q4_k_m_mix_with_float_shards(tmp_path):
-    """As llama.cpp's Q4_K_M writes it: Q6_K attn_v / ffn_down (no packed kernel, loaded as float) next
-    to Q4_K attn_q / attn_k: the shared qkv matmul runs in float, the rest packed."""
+    """As llama.cpp's Q4_K_M writes it: Q6_K attn_v / ffn_down next to Q4_K attn_q / attn_k. With
+    cpu_q4 (groups of 16) every linear is packed, qkv stacked at group 16; without it the Q6_K weights
+    have no packed kernel and load as float, and the shared qkv matmul runs in float."""
+    from tandem.models.quant import cpu_q4
+
     hf = write_tiny_hf_checkpoint(tmp_path, "llama", **TINY_K)
     shapes = open_checkpoint(str(hf)).parameter_shapes()
     raw = {}
@@ -157,9 +160,12 @@ def test_gguf_q4_k_m_mix_with_float_shards(tmp_path):
     path = write_tiny_gguf(hf, tmp_path / "mix.gguf", raw=raw)
     ref, _ = logits(path, "none")
     got, model = logits(path)
-    assert packed_modules(model) == 4  # o_proj and gate_up per layer; qkv (mixed) and down (Q6_K) are float
     qkv = model.model.layers[0].self_attn.qkv_proj
-    assert not is_quantized(qkv) and qkv.weight.abs().sum() > 0
+    if cpu_q4.available():
+        assert packed_modules(model) == 8 and qkv.group == 16
+    else:
+        assert packed_modules(model) == 4  # o_proj and gate_up per layer; qkv (mixed) and down (Q6_K) are float
+        assert not is_quantized(qkv) and qkv.weight.abs().sum() > 0
     assert_close_logits(got, ref)
 
 

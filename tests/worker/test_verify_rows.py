@@ -18,7 +18,7 @@ from tiny_models import random_quant_bytes, write_tiny_gguf, write_tiny_hf_check
 from tandem.models.layers import Linear
 
 
-@pytest.mark.parametrize("weights", ["int4", "gguf-mixed"])  # gguf-mixed: Q4_0 packed + Q6_K in float
+@pytest.mark.parametrize("weights", ["int4", "gguf-mixed"])  # gguf-mixed: Q4_0 packed + Q3_K in float
 @pytest.mark.parametrize("family", ["llama", "gemma3"])  # gemma3: a sliding-window layer too
 @pytest.mark.parametrize("rows", [4, 12])  # 12: more than a lone step holds (suffix decoding's k = 24)
 def test_verify_rows_equal_decode_steps_bitwise(tmp_path, family, weights, rows):
@@ -32,8 +32,9 @@ def test_verify_rows_equal_decode_steps_bitwise(tmp_path, family, weights, rows)
                                     num_attention_heads=9, num_key_value_heads=3, head_dim=64,
                                     intermediate_size=256, max_position_embeddings=512)
     kw: dict = {"quantization": "int4"}
-    if weights == "gguf-mixed":  # as gemma-3-270m's GGUF: most linears packed, the Q6_K ones float
-        raw = {f"blk.{i}.ffn_down.weight": (random_quant_bytes(576, 256, Q.Q6_K, seed=i), Q.Q6_K) for i in range(2)}
+    if weights == "gguf-mixed":  # as gemma-3-270m's GGUF without cpu_q4: most linears packed, some float
+        # (Q3_K is read by dequantizing; Q6_K, which gemma's file has, is packed where cpu_q4 builds)
+        raw = {f"blk.{i}.ffn_down.weight": (random_quant_bytes(576, 256, Q.Q3_K, seed=i), Q.Q3_K) for i in range(2)}
         kw = {"tokenizer": str(path)}  # the tiny GGUF has no vocabulary of its own
         path = write_tiny_gguf(path, tmp_path / "m.gguf", qtype=Q.Q4_0, raw=raw)
     spec = {"method": "ngram", "num_speculative_tokens": rows - 1}  # a verify of ``rows`` rows (k + 1)

@@ -14,10 +14,12 @@ Q8_0   8      fp16 d, 32 × int8                               d / −128·d (co
 Q4_K   4      256-wide: fp16 d, dmin, 12 B 6-bit (sc, m)×8,   d·sc_j / −dmin·m_j (sub-blocks of 32)
               128 B nibbles (low: sub-block 2i, high: 2i+1)
 Q5_K   5      as Q4_K plus 32 B of high bits (bit i: sb i)    d·sc_j / −dmin·m_j
+Q6_K   6      256-wide: 128 B low nibbles, 64 B high 2-bit    per 16: d·sc_j / −32·d·sc_j
+              pairs, 16 × int8 sc, fp16 d (groups of 16)
 ====== ====== ============================================== =====================================
 
-Q6_K (sub-blocks of 16 with int8 scales) and Q2_K / Q3_K (16-wide too) have no 32-wide image; the
-loader dequantizes them (docs/quantization.md).
+Q6_K's groups are 16 wide: only ``cpu_q4``'s byte layout holds them (elsewhere the loader dequantizes
+the weight, as it does Q2_K / Q3_K, which are not read natively; docs/quantization.md).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from tandem.models.quant.weights import QuantizedWeight
 # ggml type name -> (bytes per block, elements per block)
 BLOCKS: dict[str, tuple[int, int]] = {
     "Q4_0": (18, 32), "Q4_1": (20, 32), "Q5_0": (22, 32), "Q5_1": (24, 32), "Q8_0": (34, 32),
-    "Q4_K": (144, 256), "Q5_K": (176, 256),
+    "Q4_K": (144, 256), "Q5_K": (176, 256), "Q6_K": (210, 256),
 }
 NATIVE_TYPES: tuple[str, ...] = tuple(BLOCKS)
 
@@ -53,14 +55,32 @@ def _k_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc.astype(np.float32), mn.astype(np.float32)
 
 
+def _q6_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q6_K blocks [rows, nb, 210] -> codes [rows, nb, 256] (q + 32, 0..63) and the 16 scales d·sc
+    per block (ggml's dequantize_row_q6_K: per half of 128, element 32k + l takes ql[l + 32 (k & 1)]'s
+    low (k < 2) or high nibble and bits 2k, 2k + 1 of qh[l])."""
+    ql, qh = b[..., 0:128].reshape(*b.shape[:-1], 2, 64), b[..., 128:192].reshape(*b.shape[:-1], 2, 1, 32)
+    low = np.stack([ql[..., :32] & 0x0F, ql[..., 32:] & 0x0F, ql[..., :32] >> 4, ql[..., 32:] >> 4], axis=-2)
+    high = (qh >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3  # [rows, nb, 2, 4, 32]
+    codes = (low | (high << 4)).reshape(*b.shape[:-1], 256)
+    sc = np.ascontiguousarray(b[..., 192:208]).view(np.int8).astype(np.float32)
+    return codes, _f16(b[..., 208:210])[..., None] * sc
+
+
 def parse_blocks(raw: np.ndarray, qtype: str, rows: int, cols: int) -> QuantizedWeight:
-    """Raw blocks of a ``[rows, cols]`` tensor (torch order) -> QuantizedWeight with group 32."""
+    """Raw blocks of a ``[rows, cols]`` tensor (torch order) -> QuantizedWeight (group 32; Q6_K 16)."""
     if qtype not in BLOCKS:
         raise ValueError(f"GGUF type {qtype} has no native layout")
     size, per = BLOCKS[qtype]
     if cols % per:
         raise ValueError(f"{qtype}: {cols} columns are not a multiple of {per}")
     b = np.asarray(raw, dtype=np.uint8).reshape(rows, cols // per, size)
+    if qtype == "Q6_K":
+        codes, scale = _q6_k(b)
+        to16 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32).reshape(rows, cols // 16))  # noqa: E731
+        return QuantizedWeight(codes=torch.from_numpy(np.ascontiguousarray(codes).reshape(rows, cols)),
+                               scale=to16(scale), offset=to16(-32.0 * scale), group=16, bits=6,
+                               source=f"gguf {qtype}")
     if qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
         d = _f16(b[..., 0:2])
         has_m = qtype in ("Q4_1", "Q5_1")
