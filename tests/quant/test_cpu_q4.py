@@ -107,3 +107,21 @@ def test_without_a_compiler_int4pack_serves_four_bit_weights(monkeypatch, tmp_pa
     without_a_compiler(monkeypatch, tmp_path, cpu_q4.KERNEL)
     assert not cpu_q4.available()
     assert isinstance(make_quant_linear(_qw(32, 64, 32), None), Int4PackLinear)
+
+
+@needs_kernel
+def test_fused_norm_and_residual():
+    """The RMS norm in the kernel is torch's to bf16 rounding; the residual add is torch's sum bitwise."""
+    qw = _qw(64, 192, 32, seed=7)
+    packed = cpu_q4.pack(qw)
+    g = torch.Generator().manual_seed(8)
+    x, w, res = torch.randn(5, 192, generator=g) * 3, torch.rand(192, generator=g) + 0.5, torch.randn(5, 64, generator=g)
+    normed = torch.rms_norm(x, [192], w, 1e-5)
+    fused = cpu_q4.mm(x, packed, 32, w, 1e-5)
+    assert torch.allclose(fused, cpu_q4.mm(normed, packed, 32), rtol=2e-2, atol=2e-2)
+    ref = (normed.to(torch.bfloat16).double() @ qw.dequantize().double().T).float()
+    assert float((fused - ref).norm() / ref.norm()) < 1e-2
+    h = x.to(torch.bfloat16)
+    assert torch.equal(cpu_q4.mm(h, packed, 32, residual=res), res + cpu_q4.mm(h, packed, 32))
+    with pytest.raises(ValueError, match="residual"):
+        cpu_q4.mm(h, packed, 32, residual=res[:, :10])
