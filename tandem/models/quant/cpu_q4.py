@@ -16,6 +16,9 @@ same. Here each weight is unpacked once and multiplied with every row:
   term is ``offset[n, g] · Σ_{k∈g} x[k]`` (the group sums of the bf16 activations, computed once per
   call); every row is computed by the same instructions in the same order whatever M is, so a row's
   result does not depend on the other rows (a verify row is bitwise the decode at its position);
+- each unit's line of the next block of tiles (the same offset one block ahead) is prefetched into
+  L1: one thread's 1-row pass over SmolLM2's linears 6.6 → 5.2 ms, two threads' 3.55 → 3.05 ms
+  (a fixed 2–64 KB distance was no better than none);
 - threads (OpenMP, torch's pool) take contiguous ranges of tiles; rows beyond 8 run in chunks of 8,
   every chunk on two tiles before the next two (a prefill reads each tile from memory once).
 
@@ -65,7 +68,6 @@ int q4_isa(void) { return ISA; }
 
 #if ISA
 #define MAXM 8
-#define PREFETCH_BYTES 8192
 /* bf16 bit patterns of 0..15, twice: vpermw reads the low 5 bits of each index word */
 static const uint16_t BF16_CODES[32] = {
     0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
@@ -98,12 +100,12 @@ static inline __attribute__((always_inline)) void block(
             for (int t = 0; t < NT; t++) {
                 const uint8_t *p = w + t * tile_bytes + g * gbytes + u * ub;
                 if (BITS == 4) {
-                    if ((u & 1) == 0) _mm_prefetch((const char *)p + PREFETCH_BYTES, _MM_HINT_T0);
+                    if ((u & 1) == 0) _mm_prefetch((const char *)p + NT * tile_bytes, _MM_HINT_T0);
                     __m512i wv = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
                     lo[t] = _mm512_permutexvar_epi16(wv, table);
                     hi[t] = _mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 4), table);
                 } else {
-                    _mm_prefetch((const char *)p + PREFETCH_BYTES, _MM_HINT_T0);
+                    _mm_prefetch((const char *)p + NT * tile_bytes, _MM_HINT_T0);
                     __m512 c[4];
                     for (int q = 0; q < 4; q++)
                         c[q] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * q))));
