@@ -155,6 +155,19 @@ int lone_attention(const float *q, const float *kc, const float *vc, int h, int 
     return 1;
 #endif
 }
+
+/* rope_write then lone_attention in one call (the scripted step's block): out [t, h, d] */
+int rope_lone_attention(const float *qkv, const float *cosv, const float *sinv, float *kc, float *vc, int h, int kvh,
+                        int d, const int64_t *wslots, int64_t wstart, const int64_t *slots, int64_t start, int n,
+                        int t, float scale, float *out, int nt) {
+    float small[8 * 32 * 64];
+    float *q = (int64_t)t * h * d <= 8 * 32 * 64 ? small : (float *)malloc(sizeof(float) * (size_t)t * h * d);
+    if (!q) return 2;
+    int rc = rope_write(qkv, cosv, sinv, kc, vc, h, kvh, d, wslots, wstart, t, q);
+    if (!rc) rc = lone_attention(q, kc, vc, h, kvh, d, slots, start, n, t, scale, out, nt);
+    if (q != small) free(q);
+    return rc;
+}
 """
 
 def available() -> bool:
@@ -219,26 +232,32 @@ def _self_check() -> None:
 def rope_attend(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, heads: int, write_start: int, write_slots: torch.Tensor | None, start: int,
                 slots: torch.Tensor | None, n: int, scale: float) -> torch.Tensor:
-    """The scripted step's attention block in two C calls: rope on qkv's q and k heads (bitwise
+    """The scripted step's attention block in one C call: rope on qkv's q and k heads (bitwise
     torch's ``qk·cos + roll(qk, d/2)·sin_signed``, ``cos`` / ``sin_signed`` [t, d] for the rows'
     positions), k and v written to the caches at the rows' slots (``write_slots``, or ``write_start``
-    + r: what ``write_kv`` writes), then :func:`attend`. Returns [t, heads, d]."""
+    + r: what ``write_kv`` writes), then what :func:`attend` computes. Returns [t, heads, d]."""
     t = qkv.shape[0]
     kvh, d = k_cache.shape[1], k_cache.shape[2]
     if (qkv.dtype is not torch.float32 or qkv.shape[1] != (heads + 2 * kvh) * d or not k_cache.is_contiguous()
-            or not v_cache.is_contiguous()):
-        raise ValueError("rope attention: float32 qkv [t, (h + 2·kvh)·d] and contiguous caches")
+            or not v_cache.is_contiguous() or k_cache.dtype is not torch.float32 or v_cache.shape != k_cache.shape
+            or d % 16 or d > 128 or heads % kvh or n < t or (slots is not None and len(slots) < n)):
+        raise ValueError("rope attention: float32 qkv [t, (h + 2·kvh)·d] (d % 16 == 0, ≤ 128), contiguous "
+                         "float32 caches, n ≥ t")
     qkv, cos, sin_signed = qkv.contiguous(), cos.reshape(t, d).contiguous(), sin_signed.reshape(t, d).contiguous()
     if write_slots is not None:
         write_slots = write_slots.to(torch.int64).contiguous()
-    q = torch.empty(t, heads, d)
+    if slots is not None:
+        slots = slots.to(torch.int64).contiguous()
+    out = torch.empty(t, heads, d)
     lib = KERNEL.lib
     assert lib is not None
-    if lib.rope_write(qkv.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                      heads, kvh, d, write_slots.data_ptr() if write_slots is not None else None, write_start, t,
-                      q.data_ptr()):
+    if lib.rope_lone_attention(qkv.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(), k_cache.data_ptr(),
+                               v_cache.data_ptr(), heads, kvh, d,
+                               write_slots.data_ptr() if write_slots is not None else None, write_start,
+                               slots.data_ptr() if slots is not None else None, start, n, t, scale, out.data_ptr(),
+                               torch.get_num_threads()):
         raise RuntimeError("rope attention: the kernel refused its arguments")
-    return attend(q, k_cache, v_cache, start, slots, n, scale)
+    return out
 
 
 def _rope_attention(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, k_cache: torch.Tensor,
@@ -260,7 +279,9 @@ _P, _I = ctypes.c_void_p, ctypes.c_int
 KERNEL = c_build.Kernel("attn", _SOURCE, "attn_isa", "AVX-512",
                         {"lone_attention": [_P, _P, _P, _I, _I, _I, _P, ctypes.c_int64, _I, _I, ctypes.c_float,
                                             _P, _I],
-                         "rope_write": [_P, _P, _P, _P, _P, _I, _I, _I, _P, ctypes.c_int64, _I, _P]},
+                         "rope_write": [_P, _P, _P, _P, _P, _I, _I, _I, _P, ctypes.c_int64, _I, _P],
+                         "rope_lone_attention": [_P, _P, _P, _P, _P, _I, _I, _I, _P, ctypes.c_int64, _P,
+                                                 ctypes.c_int64, _I, _I, ctypes.c_float, _P, _I]},
                         lambda: _self_check(), "torch's attention is used", (*c_build.FLAGS, "-ffp-contract=off"))
 
 _ops = torch.library.Library("tandem", "FRAGMENT")
