@@ -40,6 +40,7 @@ out), so the scripted CPU decode (``worker/lone_decode.py``) calls the same code
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import torch
 
@@ -253,28 +254,38 @@ def code_bits(qw: QuantizedWeight) -> int:
     return 4 if qw.bits <= 4 else 8
 
 
-def pack(qw: QuantizedWeight) -> torch.Tensor:
-    """The kernel's layout of ``qw`` (see the module docstring): uint8 ``[N / 16, K / G, U·G / 4 + 128]``
-    with ``U`` = 32 bytes per unit of 4 k for nibbles, 64 for bytes. The act-order permutation
-    (``qw.perm``) is not applied: the caller gathers x's columns."""
+def group_bytes(group: int, bits: int) -> int:
+    """Bytes of one tile's group in the layout of ``bits``-wide codes (4 or 8): ``G / 4`` units of
+    32 (nibbles) or 64 bytes, then 16 float32 scales and 16 float32 offsets."""
+    return 2 * bits * group + 128
+
+
+def pack(qw: QuantizedWeight, blocks: Callable[[int, int], QuantizedWeight] | None = None) -> torch.Tensor:
+    """The kernel's layout of ``qw`` (see the module docstring): uint8 ``[N / 16, K / G, group_bytes]``.
+    The act-order permutation (``qw.perm``) is not applied: the caller gathers x's columns.
+    ``blocks(r0, r1)``: rows ``r0:r1`` of ``qw`` made on demand (``qw`` then gives only the shape, group
+    and bits), so a large matrix is packed without all of its codes in memory at once."""
     if not fits(qw):
         raise ValueError(f"{qw.source} {qw.shape} ({qw.bits}-bit, group {qw.group}) does not fit cpu_q4")
     n, k = qw.shape
     g = qw.group
     tiles, groups, units = n // TILE, k // g, g // 4
-    ub = 32 if code_bits(qw) == 4 else 64
-    out = torch.empty((tiles, groups, units * ub + 128), dtype=torch.uint8)
+    ub = 8 * code_bits(qw)  # bytes per unit of 4 k
+    out = torch.empty((tiles, groups, group_bytes(g, code_bits(qw))), dtype=torch.uint8)
     step = 64  # tiles at a time: the temporaries of a 49152-row matrix would be large
     for t0 in range(0, tiles, step):
         t1 = min(tiles, t0 + step)
-        rows = slice(t0 * TILE, t1 * TILE)
-        c = qw.codes[rows].view(t1 - t0, TILE, groups, units, 2, 2)  # [t, b, g, u, plane, j]: k = 4u + 2·plane + j
+        if blocks is not None:
+            part, rows = blocks(t0 * TILE, t1 * TILE), slice(None)
+        else:
+            part, rows = qw, slice(t0 * TILE, t1 * TILE)
+        c = part.codes[rows].view(t1 - t0, TILE, groups, units, 2, 2)  # [t, b, g, u, plane, j]: k = 4u + 2·plane + j
         if ub == 32:  # byte 2b + j: plane 0 in the low nibble, plane 1 in the high one
             c = (c[..., 0, :] | (c[..., 1, :] << 4)).permute(0, 2, 3, 1, 4)  # [t, g, u, b, j]
         else:  # plane 0's 32 bytes (2b + j), then plane 1's
             c = c.permute(0, 2, 3, 4, 1, 5)  # [t, g, u, plane, b, j]
         out[t0:t1, :, :units * ub] = c.reshape(t1 - t0, groups, units * ub)
-        for i, a in enumerate((qw.scale, qw.offset)):
+        for i, a in enumerate((part.scale, part.offset)):
             aff = a[rows].float().reshape(t1 - t0, TILE, groups).transpose(1, 2).contiguous()
             out[t0:t1, :, units * ub + 64 * i:units * ub + 64 * (i + 1)] = aff.view(torch.uint8).view(
                 t1 - t0, groups, 64)
@@ -289,9 +300,9 @@ def mm(x: torch.Tensor, packed: torch.Tensor, group: int, norm_weight: torch.Ten
     ``bf16(x · rsqrt(mean(x²) + eps) · norm_weight)`` (``norm_row``). ``available()`` must be True."""
     tiles, groups, width = packed.shape
     m, k = x.shape
-    bits = 4 if width == 8 * group + 128 else 8
+    bits = 4 if width == group_bytes(group, 4) else 8
     n = tiles * TILE
-    if k != groups * group or width != 2 * bits * group + 128 or packed.dtype != torch.uint8:
+    if k != groups * group or width != group_bytes(group, bits) or packed.dtype != torch.uint8:
         raise ValueError(f"cpu_q4: x [{m}, {k}] does not match a packed [{tiles}·16, {groups}·{group}] weight")
     if residual is not None and (residual.shape != (m, n) or residual.dtype != torch.float32):
         raise ValueError(f"cpu_q4: residual must be float32 [{m}, {n}]")

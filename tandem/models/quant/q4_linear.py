@@ -17,9 +17,6 @@ from tandem.models.quant import cpu_q4
 from tandem.models.quant.lowp_linear import LowpLinear
 from tandem.models.quant.weights import QuantizedWeight
 
-PACK_ROWS = 256  # rows packed at a time when they are made on demand (``blocks``)
-
-
 class Q4Linear(LowpLinear):
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None,
                  blocks: Callable[[int, int], QuantizedWeight] | None = None) -> None:
@@ -30,16 +27,7 @@ class Q4Linear(LowpLinear):
         self.out_features, self.in_features = qw.shape
         self.group = qw.group
         self.source = qw.source
-        if blocks is None:
-            packed = cpu_q4.pack(qw)  # uint8 [N / 16, K / G, 8·G + 128] (4-bit codes)
-        else:  # filled block by block (never the codes of the whole matrix at once)
-            n, k = qw.shape
-            packed = torch.empty((n // cpu_q4.TILE, k // qw.group, 2 * cpu_q4.code_bits(qw) * qw.group + 128),
-                                 dtype=torch.uint8)
-            for r0 in range(0, n, PACK_ROWS):
-                r1 = min(n, r0 + PACK_ROWS)
-                packed[r0 // cpu_q4.TILE:r1 // cpu_q4.TILE] = cpu_q4.pack(blocks(r0, r1))
-        self.register_buffer("packed", packed)
+        self.register_buffer("packed", cpu_q4.pack(qw, blocks))  # uint8 [N / 16, K / G, group bytes]
         self.register_buffer("perm", qw.perm)
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
         self.lowp = bias is None  # forward_lowp is the whole product (torch_kernels.py)
@@ -62,7 +50,8 @@ class Q4Linear(LowpLinear):
 
     def forward_norm(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
         """``bf16(rms_norm(x)) @ W^T`` in float32, the norm computed in the kernel (``fuses_norm``)."""
-        return cpu_q4.mm(x, self.packed, self.group, norm.weight, float(norm.eps))
+        packed, _ = self._args or self._cache_args()
+        return cpu_q4.mm(x, packed, self.group, norm.weight, float(norm.eps))
 
     # The buffers as a plain tuple (a buffer lookup through nn.Module.__getattr__ costs ~1 µs);
     # dropped whenever the module's tensors are replaced (``_apply``).
