@@ -170,7 +170,8 @@ def gemv(
     if mrows > MAX_ROWS and not dot and not isinstance(weight, W4Weight):
         raise ValueError(f"gemv handles at most {MAX_ROWS} rows (dot=True: any), got {mrows}")
     wt = weight.qweight if isinstance(weight, W4Weight) else weight  # what the kernel streams
-    if weight.shape[1] != kin or x.stride(1) != 1 or wt.stride(1) != 1 or (gated and nw_rows % 2):
+    w4 = isinstance(weight, W4Weight)
+    if weight.shape[1] != kin or x.stride(1) != 1 or (not w4 and wt.stride(1) != 1) or (gated and nw_rows % 2):
         raise ValueError(f"gemv: x {tuple(x.shape)} does not fit weight {tuple(weight.shape)}")
     if residual is not None:
         if residual.shape != (mrows, nout) or residual.stride(1) != 1:
@@ -183,7 +184,7 @@ def gemv(
     if mrows == 0:
         return out
     if isinstance(weight, W4Weight):
-        w4_gemv(x, weight, bias, norm_weight, eps, gated, residual, out, config, invariant)
+        w4_gemv(x, weight, bias, norm_weight, eps, gated, residual, out, config)
         return out
     if dot and (mrows > 1 or invariant):
         dot_gemv(x, weight, bias, norm_weight, eps, gated, residual, out, config)

@@ -1,349 +1,373 @@
-"""The skinny matmul for int4 weights (``W4Weight``, layout in models/quant/w4_weight.py): ``out[M, N] =
-x[M, K] @ W[N, K]^T`` streamed from the packed codes, with the fusions of ``triton_gemv.py`` (RMSNorm
-of x, silu(gate)·up over a packed [gate | up] weight, in-place residual add, bias).
+"""The int4 matmul (``W4Weight``, layout in models/quant/w4_weight.py): ``out[M, N] = x[M, K] @ W[N, K]^T``
+streamed from the packed codes on the tensor cores, with the fusions of ``triton_gemv.py`` (RMSNorm of
+x, silu(gate)·up over a packed [gate | up] weight, in-place residual add, bias).
 
-Two kernels:
+One kernel for every row count, written per lane: Triton tensors of ``32 · num_warps`` elements, one per
+thread, whose addresses come from the thread's own ``%tid.x`` (inline PTX), so that each lane holds
+exactly its ``mma.sync.m16n8k16`` fragments:
 
-- ``_w4_kernel``, 2+ rows and every row count in batch-invariant mode: tensor cores with the roles
-  swapped ("swap AB"). Each program computes ``out^T[BLOCK_N, 16] = W[BLOCK_N, K] · x^T[K, 16]`` for
-  ``BLOCK_N`` weight rows and a tile of 16 x rows (fewer rows are padded with zeros, so 2 to 16 rows
-  cost about the same), one group of codes per ``tl.dot``:
+- each warp owns a tile of 16 weight rows (gated: the gate tile and the matching up tile) and a block
+  of 8 rows of x, the MMA's B columns (fewer rows: zeros), so 1 to 8 rows cost the same;
+- per 64-wide chunk of K a lane loads its 16 bytes of codes (one ``LDG.128``) and, per 16-wide K step,
+  turns one word into its four A registers with one shift and one and-or each (``1 + q/16`` as bf16
+  or fp16 halves, exact) inside the same asm block as the MMA (float32 accumulation);
+- the group's scale and offset enter once per group: ``Σ (q·s + z)·x = 16·s·P + (z − 16·s)·Σx`` with
+  ``P = Σ (1 + q/16)·x`` from the weight MMAs and ``Σx`` (per B column) from an MMA of an all-ones A
+  with the same B;
+- the next chunk's codes are loaded before this chunk's arithmetic (the first before the PDL wait:
+  weights are never written by a kernel of the step);
+- split-K (``SPLIT`` programs share a column block's K range when the blocks alone are too few for
+  the SMs): every program writes its float32 partials to the workspace (``splitk.py``), the last one
+  to finish adds them in split order and runs the shared epilogue (``triton_epilogue.store_rows``);
+  deterministic, no float atomics.
 
-  - unpack: one shift and one mask of a word give two codes at once as 16-bit floats ``1 + q/16``
-    (bf16 ``0x3F80 | q << 3``, fp16 ``0x3C00 | q << 6``: exact, no int→float conversion), nibbles
-    ``t`` and ``t + 4`` of the word (codes ``16·2t + j`` and ``16·(2t + 1) + j`` of its run); the
-    group's ``[BLOCK_N, group]`` tile is these pairs joined in whatever order they come, and x is
-    permuted to the same K order (a sum does not care);
-  - per group, ``P = Σ (1 + q/16)·x`` comes from one ``tl.dot`` (float32 accumulation) and the
-    group's scale and offset are applied to it once:
+A row of x is one MMA column: its result never depends on the other rows, and the configuration
+depends on the weight's shape only, so a row gives the same bits at every row count (batch-invariant
+mode needs nothing else). Numerics: ``1 + q/16`` times a bf16/fp16 x is exact, sums in float32, so the
+result is the product with the dequantized float32 weight up to summation order.
 
-        Σ_k (q_k·s + z)·x_k  =  16·s·P  +  (z − 16·s)·Σ_k x_k
-
-  - split-K (``splitk.py``): ``SPLIT`` programs share a column block's K range when the column blocks
-    alone are too few for the 132 SMs; the last to finish adds the partial sums in split order and
-    runs the epilogue. Deterministic: no float atomics.
-
-- ``_w4_row_kernel``, one row (decode) in the default mode: one program per row on the CUDA cores,
-  ``RB`` runs per K step; codes become float32 exactly with ``bitcast(q | 0x4B000000) − 2^23``.
-
-Numerics: float32 accumulation; ``1 + q/16`` and its products with bf16/fp16 x are exact, so both
-kernels give the product with the dequantized float32 weight up to summation order (not bit for bit
-the bf16 kernel on ``W4Weight.dequantize()``). A row's result never depends on the other rows; the
-tensor-core kernel's configuration depends on the weight's shape only, so there a row gives the same
-bits at every row count (batch-invariant mode uses it for every row count).
+Float32 models (and CPU tensors, e.g. under Triton's interpreter) have no 16-bit MMA: ``w4_gemv``
+dequantizes and runs the float skinny matmul there.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from tandem.models.quant.w4_weight import W4Weight, tile_rows
+from tandem.models.quant.w4_weight import CHUNK, TILE, W4Weight
 from tandem.worker.pdl import launch_kwargs, pdl_enabled, pdl_prologue
-from tandem.worker.splitk import finish_split, row_chunks, workspace
+from tandem.worker.splitk import CHUNK_ROWS, workspace
 from tandem.worker.triton_epilogue import store_rows
 
+_BM = 8  # x rows per program (the MMA's N)
+
 
 @triton.jit
-def _pair_bits(wd, t: tl.constexpr, dt: tl.constexpr):
-    """Nibbles t and t + 4 of each word as one int32 holding two 16-bit floats 1 + q/16 (low, high)."""
-    if dt == tl.bfloat16:  # q to bits 3..6 of each half: 0x3F80 | q << 3 = 1 + q/16
-        if t == 0:
-            v = wd << 3
-        else:
-            v = wd >> (4 * t - 3)
-        return (v & 0x00780078) | 0x3F803F80
+def _thread_ids(e):
+    """The hardware thread index of the thread holding each element (``%tid.x``)."""
+    return tl.inline_asm_elementwise("mov.u32 $0, %tid.x;", "=r,r", [e], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _mma_codes(w, b0, b1, c0, c1, c2, c3, dt: tl.constexpr):
+    """D = A · B + C for one 16-wide K step: A (16 weight rows) from word ``w`` of the lane's chunk —
+    A register j from nibbles j and j + 4 as two 16-bit floats ``1 + q/16`` — B (this lane's x pairs
+    ``b0``, ``b1``), C / D the lane's four float32 accumulators (rows g, g + 8 × columns 2τ, 2τ + 1)."""
+    if dt == tl.bfloat16:  # 0x3F80 | q << 3
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 a0, a1, a2, a3, t;
+            shl.b32 t, $4, 3;
+            lop3.b32 a0, t, 0x00780078, 0x3F803F80, 0xEA;
+            shr.u32 t, $4, 1;
+            lop3.b32 a1, t, 0x00780078, 0x3F803F80, 0xEA;
+            shr.u32 t, $4, 5;
+            lop3.b32 a2, t, 0x00780078, 0x3F803F80, 0xEA;
+            shr.u32 t, $4, 9;
+            lop3.b32 a3, t, 0x00780078, 0x3F803F80, 0xEA;
+            mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {a0, a1, a2, a3}, {$5, $6}, {$7, $8, $9, $10};
+            }""",
+            "=f,=f,=f,=f,r,r,r,f,f,f,f", [w, b0, b1, c0, c1, c2, c3],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
     else:  # fp16: 0x3C00 | q << 6
-        if t == 0:
-            v = wd << 6
-        elif t == 1:
-            v = wd << 2
-        else:
-            v = wd >> (4 * t - 6)
-        return (v & 0x03C003C0) | 0x3C003C00
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 a0, a1, a2, a3, t;
+            shl.b32 t, $4, 6;
+            lop3.b32 a0, t, 0x03C003C0, 0x3C003C00, 0xEA;
+            shl.b32 t, $4, 2;
+            lop3.b32 a1, t, 0x03C003C0, 0x3C003C00, 0xEA;
+            shr.u32 t, $4, 2;
+            lop3.b32 a2, t, 0x03C003C0, 0x3C003C00, 0xEA;
+            shr.u32 t, $4, 6;
+            lop3.b32 a3, t, 0x03C003C0, 0x3C003C00, 0xEA;
+            mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {a0, a1, a2, a3}, {$5, $6}, {$7, $8, $9, $10};
+            }""",
+            "=f,=f,=f,=f,r,r,r,f,f,f,f", [w, b0, b1, c0, c1, c2, c3],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
 
 
 @triton.jit
-def _half(v, h: tl.constexpr, dt: tl.constexpr):
-    if h == 1:
-        v = v >> 16
-    return v.to(tl.int16).to(dt, bitcast=True)
-
-
-@triton.jit
-def _codes(wd, t: tl.constexpr, h: tl.constexpr, dt: tl.constexpr):
-    """Code i = 2t + h of each word's run (nibble t + 4h) as 1 + q/16 in dt."""
-    if dt == tl.float32:  # the interpreter's tests and any float32 model: plain arithmetic
-        return ((wd >> (4 * t + 16 * h)) & 15).to(tl.float32) * 0.0625 + 1.0
+def _mma_ones(b0, b1, c0, c1, dt: tl.constexpr):
+    """Σ over the step's 16 K slots of B's columns 2τ, 2τ + 1 (an MMA with A = ones), added to c0, c1."""
+    if dt == tl.bfloat16:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 o;
+            .reg .f32 u, v;
+            mov.b32 o, 0x3F803F80;
+            mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, u, v}, {o, o, o, o}, {$2, $3}, {$4, $5, $4, $5};
+            }""",
+            "=f,=f,r,r,f,f", [b0, b1, c0, c1], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
     else:
-        return _half(_pair_bits(wd, t, dt), h, dt)
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 o;
+            .reg .f32 u, v;
+            mov.b32 o, 0x3C003C00;
+            mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, u, v}, {o, o, o, o}, {$2, $3}, {$4, $5, $4, $5};
+            }""",
+            "=f,=f,r,r,f,f", [b0, b1, c0, c1], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
 
 
 @triton.jit
-def _group_tile(wd, gi: tl.constexpr, GROUP: tl.constexpr, dt: tl.constexpr):
-    """Group gi of each word's run as a [BLOCK_N, GROUP] tile of 1 + q/16. Column c holds code
-    ``16·(i0 + c % NI) + c // NI`` of the run (NI = GROUP / 16, i0 = gi·NI): the low and high half of
-    one word stay neighbours (one 32-bit register for the tensor cores)."""
-    BN: tl.constexpr = wd.shape[0]
-    if GROUP == 16:  # i = gi: one half of pair gi // 2
-        return _codes(wd, gi // 2, gi % 2, dt)
-    elif GROUP == 32:  # t = gi; column 2j + h
-        return tl.reshape(tl.join(_codes(wd, gi, 0, dt), _codes(wd, gi, 1, dt)), [BN, 32])
-    elif GROUP == 64:  # t = 2gi + e; column 4j + 2e + h
-        lo = tl.join(_codes(wd, 2 * gi, 0, dt), _codes(wd, 2 * gi + 1, 0, dt))
-        hi = tl.join(_codes(wd, 2 * gi, 1, dt), _codes(wd, 2 * gi + 1, 1, dt))
-        return tl.reshape(tl.join(lo, hi), [BN, 64])
-    else:  # 128: t = 2e + f; column 8j + 4e + 2f + h
-        lo = tl.join(tl.join(_codes(wd, 0, 0, dt), _codes(wd, 2, 0, dt)),
-                     tl.join(_codes(wd, 1, 0, dt), _codes(wd, 3, 0, dt)))
-        hi = tl.join(tl.join(_codes(wd, 0, 1, dt), _codes(wd, 2, 1, dt)),
-                     tl.join(_codes(wd, 1, 1, dt), _codes(wd, 3, 1, dt)))
-        return tl.reshape(tl.join(lo, hi), [BN, 128])
+def _split4(v):
+    """[E, 4] -> its four columns."""
+    E: tl.constexpr = v.shape[0]
+    a, b = tl.split(tl.reshape(v, [E, 2, 2]))  # a: columns 0, 2; b: 1, 3
+    c0, c2 = tl.split(a)
+    c1, c3 = tl.split(b)
+    return c0, c1, c2, c3
 
 
 @triton.jit
-def _row_words(n, RUNS: tl.constexpr, TN: tl.constexpr):
-    """Word offset of run 0 of row(s) n in the tiled layout (w4_weight.py); run b is b · TN · 16 on."""
-    n = n.to(tl.int64)
-    return (n // TN) * (RUNS * TN * 16) + (n % TN) * 16
+def _word(v, s: tl.constexpr):
+    """Column s of [E, 4]."""
+    c0, c1, c2, c3 = _split4(v)
+    if s == 0:
+        return c0
+    elif s == 1:
+        return c1
+    elif s == 2:
+        return c2
+    else:
+        return c3
 
 
 @triton.jit
+def _b_pairs(x_ptr, xi_ptr, nw_ptr, m, m_ok, tau, k0, K: tl.constexpr, NORM: tl.constexpr, dt: tl.constexpr):
+    """This lane's B registers for the K step at ``k0``: x[m, k0 + 4τ + 0..3] (times the norm weight,
+    rounded to dt, with NORM) as two pairs of 16-bit floats; and Σ x² of the raw values (NORM)."""
+    k = k0 + tau[:, None] * 4 + tl.arange(0, 4)[None, :]  # [E, 4]
+    ok = m_ok[:, None] & (k < K)
+    if NORM:
+        xf = tl.load(x_ptr[:, None] + k, mask=ok, other=0.0).to(tl.float32)
+        sq = tl.sum(xf * xf, 1)
+        nw = tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+        bits = (xf * nw).to(dt).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        v0, v1, v2, v3 = _split4(bits)
+        return v0 | (v1 << 16), v2 | (v3 << 16), sq
+    else:
+        p = k0 // 2 + tau[:, None] * 2 + tl.arange(0, 2)[None, :]  # pairs (2p, 2p + 1)
+        pr = tl.load(xi_ptr[:, None] + p, mask=m_ok[:, None] & (2 * p < K), other=0)  # [E, 2] int32 pairs
+        b0, b1 = tl.split(pr)
+        return b0, b1, tl.zeros_like(b0).to(tl.float32)
+
+
+@triton.jit(do_not_specialize=["M"])  # (M = 1 specialized: more registers, fewer warps per SM, slower)
 def _w4_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr, eps,
-    M, N, stride_xm, stride_wn, stride_sn, stride_rm, stride_om, up_off,
-    K: tl.constexpr, RUNS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    RB: tl.constexpr, SPLIT: tl.constexpr, TN: tl.constexpr,
+    M, N, stride_xm, stride_sn, stride_rm, stride_om, up_off,
+    K: tl.constexpr, CHUNKS: tl.constexpr, GROUP: tl.constexpr, W: tl.constexpr, SPLIT: tl.constexpr,
     HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Program (column block, split, row block), row blocks fastest, then splits: the programs that
-    share a column block's weight run together (L2). ``RB`` runs of 128 codes per K step."""
+    """Program (row block of 8, split, column block of 16 · W weight rows), row blocks fastest, then
+    splits: the programs that stream the same codes run together (L2)."""
+    E: tl.constexpr = 32 * W
+    BN: tl.constexpr = 16 * W
+    STEP: tl.constexpr = GROUP // 64 if GROUP >= 64 else 1  # chunks per loop step (one group, or a chunk)
+    STEPS: tl.constexpr = CHUNKS // STEP
+    SPS: tl.constexpr = (STEPS + SPLIT - 1) // SPLIT  # steps per split
+    TW: tl.constexpr = CHUNKS * 128  # words per tile
+    dt = s_ptr.dtype.element_ty
     pid = tl.program_id(0)
-    mblocks = tl.cdiv(M, BLOCK_M)
+    mblocks = tl.cdiv(M, 8)
     mb = pid % mblocks
     pid = pid // mblocks
     sp = pid % SPLIT
     nb = pid // SPLIT
-    dt = s_ptr.dtype.element_ty
-    NI: tl.constexpr = GROUP // 16
-    GPR: tl.constexpr = 128 // GROUP  # groups per run
-    RPS: tl.constexpr = (RUNS + SPLIT - 1) // SPLIT  # runs per split
-    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = n < N
-    m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_mask = m < M
-    j = tl.arange(0, 16)
-    ii = tl.arange(0, NI)
-    x_rows = x_ptr + m[:, None].to(tl.int64) * stride_xm
-    w_rows = w_ptr + _row_words(n, RUNS, TN)[:, None]
-    u_rows = w_ptr + _row_words(n + up_off, RUNS, TN)[:, None]  # GATED: the "up" half of [gate | up]
-    s_rows = s_ptr + n.to(tl.int64) * stride_sn
-    z_rows = z_ptr + n.to(tl.int64) * stride_sn
-    b_lo = sp * RPS
-    b_hi = tl.minimum(b_lo + RPS, RUNS)
-    if PDL:  # see pdl.py: x, the residual, the output and the workspace only after this
-        pdl_prologue()
-
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    ssq = tl.zeros([BLOCK_M, NI, 16], dtype=tl.float32)
-    for b0 in range(b_lo, b_hi, RB):
-        for r in tl.static_range(RB):
-            b = b0 + r
-            gm = n_mask & ((n * 0 + b) < b_hi)  # (a [BLOCK_N] mask: the interpreter mishandles scalar ones)
-            wd = tl.load(w_rows + b * (TN * 16) + j[None, :], mask=gm[:, None], other=0)
-            if GATED:
-                wu = tl.load(u_rows + b * (TN * 16) + j[None, :], mask=gm[:, None], other=0)
-            for gi in tl.static_range(GPR):
-                # x for the group in natural order (16-byte loads), then permuted to the tile's columns
-                k3 = b * 128 + gi * GROUP + 16 * ii[:, None] + j[None, :]  # [NI, 16]
-                km = (k3 < K) & (k3 < b_hi * 128)
-                xv = tl.load(x_rows[:, :, None] + k3[None, :, :], mask=m_mask[:, None, None] & km[None, :, :],
-                             other=0.0)
-                if NORM:  # rms(x) · (W @ (x ⊙ w_norm)): the row scale is applied in the epilogue
-                    xf = xv.to(tl.float32)
-                    ssq += xf * xf
-                    nw = tl.load(nw_ptr + k3, mask=km, other=0.0).to(tl.float32)
-                    xv = (xf * nw[None, :, :]).to(dt)
-                xt = tl.trans(tl.reshape(tl.permute(xv, (0, 2, 1)), [BLOCK_M, GROUP]))  # [GROUP, BLOCK_M]
-                xs = tl.sum(tl.sum(xv.to(tl.float32), 2), 1)[None, :]  # Σ x over the group, per row
-                g = b * GPR + gi
-                if dt == tl.float32:
-                    part = tl.dot(_group_tile(wd, gi, GROUP, dt), xt, input_precision="ieee")
-                else:
-                    part = tl.dot(_group_tile(wd, gi, GROUP, dt), xt)
-                sc = tl.load(s_rows + g, mask=gm, other=0.0).to(tl.float32) * 16.0
-                zo = tl.load(z_rows + g, mask=gm, other=0.0).to(tl.float32) - sc
-                acc += part * sc[:, None] + zo[:, None] * xs
-                if GATED:
-                    if dt == tl.float32:
-                        part = tl.dot(_group_tile(wu, gi, GROUP, dt), xt, input_precision="ieee")
-                    else:
-                        part = tl.dot(_group_tile(wu, gi, GROUP, dt), xt)
-                    sc = tl.load(s_rows + up_off * stride_sn + g, mask=gm, other=0.0).to(tl.float32) * 16.0
-                    zo = tl.load(z_rows + up_off * stride_sn + g, mask=gm, other=0.0).to(tl.float32) - sc
-                    acc_u += part * sc[:, None] + zo[:, None] * xs
-    finish_split(acc, acc_u, tl.sum(tl.sum(ssq, 2), 1), sp, nb, mb, mblocks, m, n, m_mask, n_mask, ws_ptr, cnt_ptr,
-                 b_ptr, res_ptr, out_ptr, stride_rm, stride_om, up_off, N, eps, dt, K, BLOCK_M, BLOCK_N, SPLIT, NORM,
-                 HAS_BIAS, GATED, HAS_RES)
-
-
-@triton.jit
-def _codes_f32(wd, p: tl.constexpr):
-    """Nibble p of each word as an exact float32 (0..15)."""
-    bits = ((wd >> (4 * p)) & 15) | 0x4B000000
-    return bits.to(tl.float32, bitcast=True) - 8388608.0
-
-
-@triton.jit
-def _w4_row_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, eps,
-    M, N, stride_xm, stride_sn, stride_rm, stride_om, up_off,
-    K: tl.constexpr, RUNS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, RB: tl.constexpr,
-    TN: tl.constexpr,
-    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
-):
-    """One row per program on the CUDA cores (one-row decode). Each K step loads ``RB`` runs of 128
-    codes as one [BLOCK_N, RB, 16] word tile, then walks the 8 codes of each word (16 consecutive
-    codes per run each) against [RB, 16] slices of x: codes become float32 exactly with the exponent
-    trick ``bitcast(q | 0x4B000000) − 2^23``; scale and offset once per group and column."""
-    pid = tl.program_id(0)
-    row = pid % M
-    pid = pid // M
-    dt = s_ptr.dtype.element_ty
-    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = n < N
-    r = tl.arange(0, RB)
-    j = tl.arange(0, 16)
-    x_row = x_ptr + row.to(tl.int64) * stride_xm
-    w3 = w_ptr + _row_words(n, RUNS, TN)[:, None, None] + r[None, :, None] * (TN * 16) + j[None, None, :]
-    u3 = w_ptr + _row_words(n + up_off, RUNS, TN)[:, None, None] + r[None, :, None] * (TN * 16) + j[None, None, :]
-    s2 = s_ptr + n[:, None].to(tl.int64) * stride_sn
-    z2 = z_ptr + n[:, None].to(tl.int64) * stride_sn
+    tid = _thread_ids(tl.arange(0, E))
+    lane = tid % 32
+    g = lane // 4
+    tau = lane % 4
+    tile = nb * W + tid // 32
+    tile_ok = tile < N // 16
+    wq = w_ptr + tile.to(tl.int64)[:, None] * TW + lane[:, None] * 4 + tl.arange(0, 4)[None, :]
+    uq = wq + (up_off // 16) * TW  # GATED: the up tile
+    st_lo = sp * SPS
+    st_hi = tl.minimum(st_lo + SPS, STEPS)
+    wmask = tile_ok[:, None] & (st_lo < st_hi)  # (a split past the end loads nothing)
+    # the first step's codes: loaded before the PDL wait (no kernel of the step writes weights)
+    wa_n = tl.load(wq + st_lo * STEP * 128, mask=wmask, other=0)
+    wb_n = wa_n
+    ua_n = wa_n
+    ub_n = wa_n
+    if STEP == 2:
+        wb_n = tl.load(wq + (st_lo * STEP + 1) * 128, mask=wmask, other=0)
+    if GATED:
+        ua_n = tl.load(uq + st_lo * STEP * 128, mask=wmask, other=0)
+        if STEP == 2:
+            ub_n = tl.load(uq + (st_lo * STEP + 1) * 128, mask=wmask, other=0)
     if PDL:
         pdl_prologue()
 
-    acc = tl.zeros([BLOCK_N, RB], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_N, RB], dtype=tl.float32)
-    ssq = tl.zeros([RB, 16], dtype=tl.float32)
-    for b0 in range(0, RUNS, RB):
-        rv = (b0 + r) < RUNS
-        wm = n_mask[:, None, None] & rv[None, :, None]
-        wd = tl.load(w3 + b0 * (TN * 16), mask=wm, other=0)
+    m = mb * 8 + g  # this lane's x row: B column g
+    m_ok = m < M
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    xi_row = x_ptr.to(tl.pointer_type(tl.int32)) + m.to(tl.int64) * (stride_xm // 2)
+    r0 = (tile * 16 + g).to(tl.int64)  # this lane's weight rows r0, r0 + 8
+    s_a = s_ptr + r0 * stride_sn
+    z_a = z_ptr + r0 * stride_sn
+    zero = tl.zeros([E], dtype=tl.float32)
+    acc0, acc1, acc2, acc3 = zero, zero, zero, zero  # rows r0 / r0 + 8 × x rows 2τ / 2τ + 1
+    acu0, acu1, acu2, acu3 = zero, zero, zero, zero  # the same for the up rows (GATED)
+    ssq = zero
+    for st in range(st_lo, st_hi):
+        wa = wa_n
+        wb = wb_n
+        ua = ua_n
+        ub = ub_n
+        nxt = tl.minimum(st + 1, st_hi - 1)  # the last step reloads its own codes (cached)
+        wa_n = tl.load(wq + nxt * STEP * 128, mask=wmask, other=0)
+        if STEP == 2:
+            wb_n = tl.load(wq + (nxt * STEP + 1) * 128, mask=wmask, other=0)
         if GATED:
-            wu = tl.load(u3 + b0 * (TN * 16), mask=wm, other=0)
-        part = tl.zeros([BLOCK_N, RB, 16], dtype=tl.float32)
-        part_u = tl.zeros([BLOCK_N, RB, 16], dtype=tl.float32)
-        xs = tl.zeros([RB, 16], dtype=tl.float32)
-        for i in tl.static_range(8):  # code i of each word: nibble i // 2 + 4 (i % 2) (w4_weight.NIBBLE)
-            k = (b0 + r)[:, None] * 128 + i * 16 + j[None, :]
-            km = (k < K) & rv[:, None]
-            xv = tl.load(x_row + k, mask=km, other=0.0)
-            if NORM:
-                xf = xv.to(tl.float32)
-                ssq += xf * xf
-                nw = tl.load(nw_ptr + k, mask=km, other=0.0).to(tl.float32)
-                xv = (xf * nw).to(dt)
-            xf = xv.to(tl.float32)
-            xs += xf
-            part += _codes_f32(wd, i // 2 + 4 * (i % 2)) * xf[None, :, :]
-            if GATED:
-                part_u += _codes_f32(wu, i // 2 + 4 * (i % 2)) * xf[None, :, :]
-            if ((i + 1) * 16) % GROUP == 0:  # a group ends: its scale and offset, once per column
-                g = ((b0 + r) * 128 + i * 16) // GROUP
-                gm = n_mask[:, None] & rv[None, :]
-                xsum = tl.sum(xs, 1)[None, :]
-                sc = tl.load(s2 + g[None, :], mask=gm, other=0.0).to(tl.float32)
-                zo = tl.load(z2 + g[None, :], mask=gm, other=0.0).to(tl.float32)
-                acc += tl.sum(part, 2) * sc + xsum * zo
-                part = tl.zeros([BLOCK_N, RB, 16], dtype=tl.float32)
+            ua_n = tl.load(uq + nxt * STEP * 128, mask=wmask, other=0)
+            if STEP == 2:
+                ub_n = tl.load(uq + (nxt * STEP + 1) * 128, mask=wmask, other=0)
+        d0, d1, d2, d3 = zero, zero, zero, zero
+        du0, du1, du2, du3 = zero, zero, zero, zero
+        e0, e1 = zero, zero
+        for cc in tl.static_range(STEP):
+            c = st * STEP + cc
+            if cc == 0:
+                wv = wa
+                uv = ua
+            else:
+                wv = wb
+                uv = ub
+            for s in tl.static_range(4):
+                k0 = c * 64 + s * 16
+                b0, b1, sq = _b_pairs(x_row, xi_row, nw_ptr, m, m_ok, tau, k0, K, NORM, dt)
+                if NORM:
+                    ssq += sq
+                e0, e1 = _mma_ones(b0, b1, e0, e1, dt)
+                d0, d1, d2, d3 = _mma_codes(_word(wv, s), b0, b1, d0, d1, d2, d3, dt)
                 if GATED:
-                    sc = tl.load(s2 + up_off * stride_sn + g[None, :], mask=gm, other=0.0).to(tl.float32)
-                    zo = tl.load(z2 + up_off * stride_sn + g[None, :], mask=gm, other=0.0).to(tl.float32)
-                    acc_u += tl.sum(part_u, 2) * sc + xsum * zo
-                    part_u = tl.zeros([BLOCK_N, RB, 16], dtype=tl.float32)
-                xs = tl.zeros([RB, 16], dtype=tl.float32)
-    m = row + tl.arange(0, 1)
-    store_rows(tl.sum(acc, 1)[None, :], tl.sum(acc_u, 1)[None, :], tl.sum(tl.sum(ssq, 1), 0, keep_dims=True),
-               m, n, m < M, n_mask, b_ptr, res_ptr, out_ptr, stride_rm, stride_om, up_off, eps, dt, K, NORM,
-               HAS_BIAS, GATED, HAS_RES)
+                    du0, du1, du2, du3 = _mma_codes(_word(uv, s), b0, b1, du0, du1, du2, du3, dt)
+                if (cc * 64 + (s + 1) * 16) % GROUP == 0:  # a group ends: its scale and offset, once
+                    grp = k0 // GROUP
+                    sa = tl.load(s_a + grp, mask=tile_ok, other=0.0).to(tl.float32) * 16.0
+                    za = tl.load(z_a + grp, mask=tile_ok, other=0.0).to(tl.float32) - sa
+                    sb = tl.load(s_a + 8 * stride_sn + grp, mask=tile_ok, other=0.0).to(tl.float32) * 16.0
+                    zb = tl.load(z_a + 8 * stride_sn + grp, mask=tile_ok, other=0.0).to(tl.float32) - sb
+                    acc0 += sa * d0 + za * e0
+                    acc1 += sa * d1 + za * e1
+                    acc2 += sb * d2 + zb * e0
+                    acc3 += sb * d3 + zb * e1
+                    if GATED:
+                        uo = up_off * stride_sn
+                        sa = tl.load(s_a + uo + grp, mask=tile_ok, other=0.0).to(tl.float32) * 16.0
+                        za = tl.load(z_a + uo + grp, mask=tile_ok, other=0.0).to(tl.float32) - sa
+                        sb = tl.load(s_a + uo + 8 * stride_sn + grp, mask=tile_ok, other=0.0).to(tl.float32) * 16.0
+                        zb = tl.load(z_a + uo + 8 * stride_sn + grp, mask=tile_ok, other=0.0).to(tl.float32) - sb
+                        acu0 += sa * du0 + za * e0
+                        acu1 += sa * du1 + za * e1
+                        acu2 += sb * du2 + zb * e0
+                        acu3 += sb * du3 + zb * e1
+                    d0, d1, d2, d3 = zero, zero, zero, zero
+                    du0, du1, du2, du3 = zero, zero, zero, zero
+                    e0, e1 = zero, zero
+
+    # partials to the workspace: [SPLIT, rows, width] float32, then [SPLIT, rows, 4] sums of squares
+    mp = mblocks * 8
+    width = N + up_off
+    ma = mb * 8 + 2 * tau  # the x rows of this lane's columns
+    ok_a = tile_ok & (ma < M)
+    ok_b = tile_ok & (ma + 1 < M)
+    at_a = ws_ptr + (sp * mp + ma).to(tl.int64) * width + r0
+    at_b = at_a + width
+    tl.store(at_a, acc0, mask=ok_a)
+    tl.store(at_a + 8, acc2, mask=ok_a)
+    tl.store(at_b, acc1, mask=ok_b)
+    tl.store(at_b + 8, acc3, mask=ok_b)
+    if GATED:
+        tl.store(at_a + N, acu0, mask=ok_a)
+        tl.store(at_a + N + 8, acu2, mask=ok_a)
+        tl.store(at_b + N, acu1, mask=ok_b)
+        tl.store(at_b + N + 8, acu3, mask=ok_b)
+    if NORM:  # warp 0's lanes hold x row m's squares split over τ
+        tl.store(ws_ptr + SPLIT * mp * width + (sp * mp + m) * 4 + tau, ssq, mask=(tid < 32) & m_ok)
+    tl.debug_barrier()  # every thread's partials written before they are read back / released
+    last = tl.full([], 1, tl.int1)
+    if SPLIT > 1:
+        cnt = cnt_ptr + nb * mblocks + mb
+        last = tl.atomic_add(cnt, 1, sem="acq_rel") == SPLIT - 1
+    if last:  # sum the splits in order and finish the block
+        n = nb * BN + tl.arange(0, BN)
+        mr = mb * 8 + tl.arange(0, 8)
+        om = (n < N)[:, None] & (mr < M)[None, :]
+        acc = tl.zeros([BN, 8], dtype=tl.float32)
+        acc_u = tl.zeros([BN, 8], dtype=tl.float32)
+        ss = tl.zeros([8], dtype=tl.float32)
+        for s2 in tl.static_range(SPLIT):
+            at = ws_ptr + (s2 * mp + mr[None, :]).to(tl.int64) * width + n[:, None]
+            acc += tl.load(at, mask=om, other=0.0, cache_modifier=".cg")
+            if GATED:
+                acc_u += tl.load(at + N, mask=om, other=0.0, cache_modifier=".cg")
+            if NORM:
+                sq_at = ws_ptr + SPLIT * mp * width + (s2 * mp + mr[:, None]) * 4 + tl.arange(0, 4)[None, :]
+                ss += tl.sum(tl.load(sq_at, mask=(mr < M)[:, None], other=0.0, cache_modifier=".cg"), 1)
+        if SPLIT > 1:
+            tl.atomic_xchg(cnt_ptr + nb * mblocks + mb, 0)  # ready for the next launch
+        store_rows(tl.trans(acc), tl.trans(acc_u), ss, mr, n, mr < M, n < N, b_ptr, res_ptr, out_ptr,
+                   stride_rm, stride_om, up_off, eps, dt, K, NORM, HAS_BIAS, GATED, HAS_RES)
 
 
-
-# Rows up to which the default (not batch-invariant) mode runs the per-row CUDA-core kernel. H200, 8B
-# shapes, µs (2026-12-02): one row per-row 11.6 / 11.7 / 37.4 / 36.5 (qkv / o / gate_up / down) vs
-# tensor cores 17.3 / 13.6 / 76 / 38.5 (w4_config); two rows tensor cores 17.7 / 16.8 / 82.7 / 41.2
-# (with the previous split rule; the per-row kernel at 2 rows was not timed; at 4 rows it cost 2.3-3.4x
-# its one row, docs/performance.md §20).
-ROW_KERNEL_ROWS = 1
+class W4Config(NamedTuple):
+    """Launch configuration of ``_w4_kernel``: warps per program (each a tile of 16 weight rows) and
+    the split of K."""
+    warps: int
+    split: int
 
 
-def row_config(n: int, k: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, runs per K step, num_warps, num_stages) for ``_w4_row_kernel``: best of a sweep on
-    the H200 at the 8B shapes (benchmarks/gpu_w4_gemv.py, 2026-12-02; for gate_up (16, 8, 4, 3) and
-    (16, 8, 4, 2) tie within 0.3 %). Gated: BLOCK_N / 2 columns of each half."""
-    return (8, 8, 8, 3) if n <= 8192 else (16, 8, 4, 2)
-
-
-def w4_config(n: int, k: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_N, runs of 128 codes per K step, num_warps, num_stages, SPLIT) for the tensor-core kernel
-    on an [m, k] x [n, k]^T int4 product (``n``: weight rows; gated: both halves). Depends on the shape
-    only, never on the row count (batch invariance). Split-K (up to 8) while there are fewer than 640
-    programs. From a sweep on the H200 at the 8B shapes (benchmarks/gpu_w4_gemv.py, 2026-12-02): qkv
-    (128, 1, 4, 3, 8), o (128, 1, 8, 3, 8), gate_up (128, 1, 4, 3, 4), down (128, 2, 4, 3, 8) best
-    or within 4 % of it."""
-    runs = -(-k // 128)
-    block_n, stages = 128, 3
-    rb = 2 if runs >= 64 else 1
-    warps = 8 if n <= 4096 and rb == 1 else 4
+def w4_config(n: int, k: int, group: int, gated: bool) -> W4Config:
+    """The configuration for an [m, k] x [n, k]^T int4 product (``n``: weight rows; gated: both halves).
+    Depends on the shape only, never on the row count (batch invariance). Split-K doubles while there
+    are fewer than 768 programs (qkv / o / down of the 8B shape on the H200: splits of 8 / 16 / 16 were
+    the fastest, docs/performance.md §47) and every split keeps at least two steps."""
+    warps = 4
+    tiles = (n // 2 if gated else n) // TILE
+    steps = -(-k // max(group, CHUNK))
     split = 1
-    while -(-n // block_n) * split < 640 and split < 8 and runs // (2 * split) >= rb:
+    while -(-tiles // warps) * split < 768 and steps // (2 * split) >= 2:
         split *= 2
-    return block_n, rb, warps, stages, split
+    return W4Config(warps, split)
 
 
 def w4_gemv(x: torch.Tensor, w: W4Weight, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
             eps: float, gated: bool, residual: torch.Tensor | None, out: torch.Tensor,
-            config: tuple[int, ...] | None, invariant: bool) -> None:
-    """Launch for ``triton_gemv.gemv`` (arguments checked there): up to ``ROW_KERNEL_ROWS`` rows
-    (default mode) the per-row kernel, otherwise, and at every row count with ``invariant``, the
-    tensor-core kernel. ``config``: a 4-tuple forces the per-row kernel (``row_config``), a 5-tuple the
-    tensor-core one (``w4_config``)."""
+            config: tuple[int, ...] | None) -> None:
+    """Launch for ``triton_gemv.gemv`` (arguments checked there); ``config``: a ``W4Config`` (warps,
+    split) instead of ``w4_config``'s."""
     mrows, kin = x.shape
     nout = out.shape[1]
-    pdl = pdl_enabled(x.device)
-    runs = w.qweight.shape[1] // 16
-    if (config is not None and len(config) == 4) or (config is None and mrows <= ROW_KERNEL_ROWS and not invariant):
-        block_n, rb, warps, stages = config or row_config(w.shape[0], kin)
-        if gated and config is None:
-            block_n = max(8, block_n // 2)
-        _w4_row_kernel[(triton.cdiv(nout, block_n) * mrows,)](
-            x, w.qweight, w.scale, w.offset, bias if bias is not None else out,
-            norm_weight if norm_weight is not None else out, out, out, eps, mrows, nout, x.stride(0),
-            w.scale.stride(0), out.stride(0), out.stride(0), nout if gated else 0,
-            K=kin, RUNS=runs, GROUP=w.group, BLOCK_N=block_n, RB=min(rb, triton.next_power_of_2(runs)),
-            TN=tile_rows(w.qweight.shape[0]), HAS_BIAS=bias is not None, NORM=norm_weight is not None,
-            GATED=gated, HAS_RES=residual is not None, PDL=pdl, num_warps=warps, num_stages=stages,
-            **launch_kwargs(pdl))
+    if (w.dtype not in (torch.bfloat16, torch.float16) or x.device.type != "cuda" or x.stride(0) % 2
+            or nout % TILE):
+        from tandem.worker.triton_gemv import gemv  # no 16-bit MMA: the float kernel, same fusions
+
+        y = gemv(x, w.dequantize(), bias, norm_weight=norm_weight, eps=eps, gated=gated, residual=residual,
+                 dot=True, invariant=True, out_dtype=None if residual is not None or gated else out.dtype)
+        if residual is None:
+            out.copy_(y)
         return
-    block_n, rb, warps, stages, split = config or w4_config(w.shape[0], kin)
-    if gated:  # each program reads block_n gate rows and block_n up rows
-        block_n = max(16, block_n // 2)
-    block_m = 16
-    nblocks = triton.cdiv(nout, block_n)
+    cfg = W4Config(*config) if config is not None else w4_config(w.shape[0], kin, w.group, gated)
+    pdl = pdl_enabled(x.device)
+    nblocks = triton.cdiv(nout // TILE, cfg.warps)
     width = nout * (2 if gated else 1)
-    for r0, r1 in row_chunks(mrows, split):
-        rows = r1 - r0
-        mblocks = triton.cdiv(rows, block_m)
-        ws, cnt = (workspace(x.device, split * mblocks * block_m * (width + 1), nblocks * mblocks) if split > 1
-                   else (out, out))
+    for r0 in range(0, mrows, CHUNK_ROWS):  # bounded workspace: at most 64 rows per launch
+        r1 = min(mrows, r0 + CHUNK_ROWS)
+        mblocks = triton.cdiv(r1 - r0, _BM)
+        ws, cnt = workspace(x.device, cfg.split * mblocks * _BM * (width + 4), nblocks * mblocks)
         o = out[r0:r1]
-        _w4_kernel[(nblocks * split * mblocks,)](
+        _w4_kernel[(nblocks * cfg.split * mblocks,)](
             x[r0:r1], w.qweight, w.scale, w.offset, bias if bias is not None else o,
-            norm_weight if norm_weight is not None else o, o, o, ws, cnt, eps, rows, nout, x.stride(0),
-            w.qweight.stride(0), w.scale.stride(0), o.stride(0), o.stride(0), nout if gated else 0,
-            K=kin, RUNS=runs, GROUP=w.group, BLOCK_M=block_m, BLOCK_N=block_n, RB=rb, SPLIT=split,
-            TN=tile_rows(w.qweight.shape[0]),
+            norm_weight if norm_weight is not None else o, o, o, ws, cnt, eps, r1 - r0, nout, x.stride(0),
+            w.scale.stride(0), o.stride(0), o.stride(0), nout if gated else 0,
+            K=kin, CHUNKS=w.kp // CHUNK, GROUP=w.group, W=cfg.warps, SPLIT=cfg.split,
             HAS_BIAS=bias is not None, NORM=norm_weight is not None, GATED=gated, HAS_RES=residual is not None,
-            PDL=pdl, num_warps=warps, num_stages=stages, **launch_kwargs(pdl))
+            PDL=pdl, num_warps=cfg.warps, num_stages=1, **launch_kwargs(pdl))

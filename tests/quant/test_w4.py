@@ -23,12 +23,14 @@ def qweight(n=32, k=256, group=128, bits=4, perm=None, seed=0) -> QuantizedWeigh
 
 
 @pytest.mark.parametrize("group,bits,k", [(128, 4, 512), (32, 4, 512), (256, 4, 512), (64, 3, 512), (96, 4, 384),
-                                         (32, 4, 96), (64, 4, 576)])
+                                         (32, 4, 96), (64, 4, 576), (16, 4, 48)])
 def test_pack_unpacks_to_the_same_matrix(group, bits, k):
     qw = qweight(k=k, group=group, bits=bits)
     w = W4Weight.pack(qw, torch.float32, CPU)
-    kp = -(-k // 128) * 128  # K padded to runs of 128 codes
-    assert w.shape == qw.shape and w.qweight.dtype == torch.int32 and w.qweight.shape == (32, kp // 8)
+    step = max(64, w.group)
+    kp = -(-k // step) * step  # K padded to whole chunks of 64 codes and whole groups
+    assert w.shape == qw.shape and w.qweight.dtype == torch.int32 and w.qweight.shape == (2, kp // 64, 32, 4)
+    assert w.kp == kp
     assert w.group == {96: 32, 256: 128}.get(group, group)  # replicated down to a power of two <= 128
     assert torch.equal(w.codes(), qw.codes)
     assert torch.equal(w.dequantize(), qw.dequantize())
@@ -42,38 +44,34 @@ def test_pack_unpacks_to_the_same_matrix(group, bits, k):
     assert not b.scale[:, k // w.group:].any() and not b.offset[:, k // w.group:].any()
 
 
-def test_layout_is_runs_of_sixteen_codes_per_nibble():
-    """Word j of a run of 128 codes holds codes 16 i + j, code i in nibble NIBBLE[i]: even i in the
-    low half-word, odd i in the high one, so nibbles t and t + 4 hold codes 2t and 2t + 1 of the same
-    j (the kernel's contract: one shift and mask give two codes of one group)."""
-    from tandem.models.quant.w4_weight import NIBBLE
+def test_layout_is_the_mma_fragments():
+    """Lane 4g + τ of tile t, chunk c, word s: nibble h + NIB[kk] holds the code of row 16t + 8h + g at
+    k = 64c + 16s + 4τ + kk, so nibbles j and j + 4 are the halves of A register j of
+    ``mma.m16n8k16`` (rows g / g + 8 for j even / odd, K slots 2τ, 2τ + 1 for j < 2, else 2τ + 8, 2τ + 9)."""
+    from tandem.models.quant.w4_weight import NIB
 
-    assert NIBBLE == (0, 4, 1, 5, 2, 6, 3, 7)
-    codes = torch.arange(128, dtype=torch.uint8).remainder(16).view(1, 128)
-    codes = (codes + torch.arange(128).div(16, rounding_mode="floor").view(1, 128)).remainder(16).to(torch.uint8)
-    qw = QuantizedWeight(codes=codes, scale=torch.ones(1, 1), offset=torch.zeros(1, 1), group=128, bits=4,
-                         source="t")
-    words = W4Weight.pack(qw, torch.float32, CPU).qweight[0].tolist()
-    for j in range(16):
-        for t in range(4):
-            assert (words[j] >> (4 * t)) & 15 == int(codes[0, 16 * (2 * t) + j]), (t, j)
-            assert (words[j] >> (16 + 4 * t)) & 15 == int(codes[0, 16 * (2 * t + 1) + j]), (t, j)
+    assert NIB == (0, 4, 2, 6)
+    n, k = 32, 192
+    qw = qweight(n=n, k=k, group=64)
+    words = W4Weight.pack(qw, torch.float32, CPU).qweight
+    for t in range(n // 16):
+        for c in range(k // 64):
+            for lane in range(32):
+                g, tau = divmod(lane, 4)
+                for s in range(4):
+                    w = int(words[t, c, lane, s]) & 0xFFFFFFFF
+                    for h in (0, 1):
+                        for kk in range(4):
+                            code = int(qw.codes[16 * t + 8 * h + g, 64 * c + 16 * s + 4 * tau + kk])
+                            assert (w >> (4 * (h + NIB[kk]))) & 15 == code, (t, c, lane, s, h, kk)
+    # register j = nibbles (j, j + 4): A fragment element pairs (row, slot) of the PTX ISA's m16n8k16 layout
+    for j, (h, kk0) in enumerate(((0, 0), (1, 0), (0, 2), (1, 2))):
+        assert (h + NIB[kk0], h + NIB[kk0 + 1]) == (j, j + 4)
 
 
-def test_rows_are_tiled():
-    """Rows in tiles of 16 (fewer when N is not a multiple): [N / T, runs, T, 16] words."""
-    from tandem.models.quant.w4_weight import tile_rows
-
-    assert (tile_rows(4096), tile_rows(40), tile_rows(6), tile_rows(7)) == (16, 8, 2, 1)
-    qw = qweight(n=48, k=256)
-    w = W4Weight.pack(qw, torch.float32, CPU)
-    one = torch.cat([W4Weight.pack(QuantizedWeight(codes=qw.codes[i:i + 1], scale=qw.scale[i:i + 1],
-                                                   offset=qw.offset[i:i + 1], group=128, bits=4, source="t"),
-                                   torch.float32, CPU).qweight for i in range(48)])  # [48, 32]: row by row
-    tiled = w.qweight.view(3, 2, 16, 16)  # [tile, run, row in tile, word]
-    for n in range(48):
-        for b in range(2):
-            assert torch.equal(tiled[n // 16, b, n % 16], one[n, 16 * b:16 * b + 16]), (n, b)
+def test_rows_come_in_tiles_of_sixteen():
+    assert w4_group(qweight(n=40)) is None  # N not a multiple of 16: dequantized on the GPU
+    assert w4_group(qweight(n=48)) == 128
 
 
 def test_what_fits():
