@@ -39,7 +39,7 @@ from tandem.models.quant.w4_weight import W4Weight
 from tandem.worker.pdl import launch_kwargs, pdl_enabled, pdl_prologue
 from tandem.worker.triton_dot import dot_gemv
 from tandem.worker.triton_epilogue import store_rows
-from tandem.worker.triton_w4 import w4_gemv
+from tandem.worker.triton_w4 import w4_gemv, w4_runs
 
 MAX_ROWS = 16  # one program per row; ``dot=True`` takes any row count
 # Deferred reduction (element-wise partial sums, one cross-thread reduction after the K loop) pays for
@@ -184,8 +184,10 @@ def gemv(
     if mrows == 0:
         return out
     if isinstance(weight, W4Weight):
-        w4_gemv(x, weight, bias, norm_weight, eps, gated, residual, out, config)
-        return out
+        if w4_runs(x, weight, nout):
+            w4_gemv(x, weight, bias, norm_weight, eps, gated, residual, out, config)
+            return out
+        weight, dot, invariant, config = weight.dequantize(), True, True, None  # no 16-bit MMA: float kernel
     if dot and (mrows > 1 or invariant):
         dot_gemv(x, weight, bias, norm_weight, eps, gated, residual, out, config)
         return out

@@ -26,8 +26,8 @@ depends on the weight's shape only, so a row gives the same bits at every row co
 mode needs nothing else). Numerics: ``1 + q/16`` times a bf16/fp16 x is exact, sums in float32, so the
 result is the product with the dequantized float32 weight up to summation order.
 
-Float32 models (and CPU tensors, e.g. under Triton's interpreter) have no 16-bit MMA: ``w4_gemv``
-dequantizes and runs the float skinny matmul there.
+Float32 models (and CPU tensors, e.g. under Triton's interpreter) have no 16-bit MMA: ``w4_runs`` says
+no and ``triton_gemv.gemv`` dequantizes and runs the float skinny matmul there.
 """
 
 from __future__ import annotations
@@ -339,6 +339,14 @@ def w4_config(n: int, k: int, group: int, gated: bool) -> W4Config:
     return W4Config(warps, split)
 
 
+def w4_runs(x: torch.Tensor, w: W4Weight, nout: int) -> bool:
+    """Can ``_w4_kernel`` take this product? 16-bit model dtype on a CUDA device, x rows of an even
+    stride (read as pairs), whole tiles of output rows (gated: per half). Otherwise ``triton_gemv``
+    dequantizes and runs the float kernel (float32 models, CPU tensors under Triton's interpreter)."""
+    return (w.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cuda" and x.stride(0) % 2 == 0
+            and nout % TILE == 0)
+
+
 def w4_gemv(x: torch.Tensor, w: W4Weight, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
             eps: float, gated: bool, residual: torch.Tensor | None, out: torch.Tensor,
             config: tuple[int, ...] | None) -> None:
@@ -346,15 +354,6 @@ def w4_gemv(x: torch.Tensor, w: W4Weight, bias: torch.Tensor | None, norm_weight
     split) instead of ``w4_config``'s."""
     mrows, kin = x.shape
     nout = out.shape[1]
-    if (w.dtype not in (torch.bfloat16, torch.float16) or x.device.type != "cuda" or x.stride(0) % 2
-            or nout % TILE):
-        from tandem.worker.triton_gemv import gemv  # no 16-bit MMA: the float kernel, same fusions
-
-        y = gemv(x, w.dequantize(), bias, norm_weight=norm_weight, eps=eps, gated=gated, residual=residual,
-                 dot=True, invariant=True, out_dtype=None if residual is not None or gated else out.dtype)
-        if residual is None:
-            out.copy_(y)
-        return
     cfg = W4Config(*config) if config is not None else w4_config(w.shape[0], kin, w.group, gated)
     pdl = pdl_enabled(x.device)
     nblocks = triton.cdiv(nout // TILE, cfg.warps)
