@@ -52,66 +52,42 @@ def _thread_ids(e):
     return tl.inline_asm_elementwise("mov.u32 $0, %tid.x;", "=r,r", [e], dtype=tl.int32, is_pure=True, pack=1)
 
 
+def _mma_asm(dtype: torch.dtype) -> tuple[str, str]:
+    """The inline PTX of ``_mma_codes`` and ``_mma_ones`` for a 16-bit model dtype: A register j
+    from nibbles j and j + 4 of a word as ``1 + q/16`` in that dtype's bits (bf16 ``0x3F80 | q << 3``,
+    fp16 ``0x3C00 | q << 6``: one shift and one ``lop3`` each), then the MMA."""
+    bf16 = dtype == torch.bfloat16
+    ty, one, mask = ("bf16", "0x3F803F80", "0x00780078") if bf16 else ("f16", "0x3C003C00", "0x03C003C0")
+    lift = 3 if bf16 else 6  # bit of q's lowest bit in each half
+    mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32"
+    unpack = []
+    for j in range(4):  # nibble j -> bits lift..lift + 3
+        s = lift - 4 * j
+        unpack.append(f"{'shl.b32' if s >= 0 else 'shr.u32'} t, $4, {abs(s)};")
+        unpack.append(f"lop3.b32 a{j}, t, {mask}, {one}, 0xEA;")
+    codes = ("{ .reg .b32 a0, a1, a2, a3, t; " + " ".join(unpack)
+             + f" {mma} {{$0, $1, $2, $3}}, {{a0, a1, a2, a3}}, {{$5, $6}}, {{$7, $8, $9, $10}}; }}")
+    ones = ("{ .reg .b32 o; .reg .f32 u, v; " + f"mov.b32 o, {one}; "
+            + f"{mma} {{$0, $1, u, v}}, {{o, o, o, o}}, {{$2, $3}}, {{$4, $5, $4, $5}}; }}")
+    return codes, ones
+
+
 @triton.jit
-def _mma_codes(w, b0, b1, c0, c1, c2, c3, dt: tl.constexpr):
+def _mma_codes(w, b0, b1, c0, c1, c2, c3, ASM: tl.constexpr):
     """D = A · B + C for one 16-wide K step: A (16 weight rows) from word ``w`` of the lane's chunk —
     A register j from nibbles j and j + 4 as two 16-bit floats ``1 + q/16`` — B (this lane's x pairs
-    ``b0``, ``b1``), C / D the lane's four float32 accumulators (rows g, g + 8 × columns 2τ, 2τ + 1)."""
-    if dt == tl.bfloat16:  # 0x3F80 | q << 3
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .b32 a0, a1, a2, a3, t;
-            shl.b32 t, $4, 3;
-            lop3.b32 a0, t, 0x00780078, 0x3F803F80, 0xEA;
-            shr.u32 t, $4, 1;
-            lop3.b32 a1, t, 0x00780078, 0x3F803F80, 0xEA;
-            shr.u32 t, $4, 5;
-            lop3.b32 a2, t, 0x00780078, 0x3F803F80, 0xEA;
-            shr.u32 t, $4, 9;
-            lop3.b32 a3, t, 0x00780078, 0x3F803F80, 0xEA;
-            mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {a0, a1, a2, a3}, {$5, $6}, {$7, $8, $9, $10};
-            }""",
-            "=f,=f,=f,=f,r,r,r,f,f,f,f", [w, b0, b1, c0, c1, c2, c3],
-            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
-    else:  # fp16: 0x3C00 | q << 6
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .b32 a0, a1, a2, a3, t;
-            shl.b32 t, $4, 6;
-            lop3.b32 a0, t, 0x03C003C0, 0x3C003C00, 0xEA;
-            shl.b32 t, $4, 2;
-            lop3.b32 a1, t, 0x03C003C0, 0x3C003C00, 0xEA;
-            shr.u32 t, $4, 2;
-            lop3.b32 a2, t, 0x03C003C0, 0x3C003C00, 0xEA;
-            shr.u32 t, $4, 6;
-            lop3.b32 a3, t, 0x03C003C0, 0x3C003C00, 0xEA;
-            mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {a0, a1, a2, a3}, {$5, $6}, {$7, $8, $9, $10};
-            }""",
-            "=f,=f,=f,=f,r,r,r,f,f,f,f", [w, b0, b1, c0, c1, c2, c3],
-            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+    ``b0``, ``b1``), C / D the lane's four float32 accumulators (rows g, g + 8 × columns 2τ, 2τ + 1).
+    ``ASM``: ``_mma_asm(dtype)[0]``."""
+    return tl.inline_asm_elementwise(ASM, "=f,=f,=f,=f,r,r,r,f,f,f,f", [w, b0, b1, c0, c1, c2, c3],
+                                     dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
 
 
 @triton.jit
-def _mma_ones(b0, b1, c0, c1, dt: tl.constexpr):
-    """Σ over the step's 16 K slots of B's columns 2τ, 2τ + 1 (an MMA with A = ones), added to c0, c1."""
-    if dt == tl.bfloat16:
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .b32 o;
-            .reg .f32 u, v;
-            mov.b32 o, 0x3F803F80;
-            mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, u, v}, {o, o, o, o}, {$2, $3}, {$4, $5, $4, $5};
-            }""",
-            "=f,=f,r,r,f,f", [b0, b1, c0, c1], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
-    else:
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .b32 o;
-            .reg .f32 u, v;
-            mov.b32 o, 0x3C003C00;
-            mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, u, v}, {o, o, o, o}, {$2, $3}, {$4, $5, $4, $5};
-            }""",
-            "=f,=f,r,r,f,f", [b0, b1, c0, c1], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+def _mma_ones(b0, b1, c0, c1, ASM: tl.constexpr):
+    """Σ over the step's 16 K slots of B's columns 2τ, 2τ + 1 (an MMA with A = ones), added to c0, c1.
+    ``ASM``: ``_mma_asm(dtype)[1]``."""
+    return tl.inline_asm_elementwise(ASM, "=f,=f,r,r,f,f", [b0, b1, c0, c1], dtype=(tl.float32, tl.float32),
+                                     is_pure=True, pack=1)
 
 
 @triton.jit
@@ -158,11 +134,29 @@ def _b_pairs(x_ptr, xi_ptr, nw_ptr, m, m_ok, tau, k0, K: tl.constexpr, NORM: tl.
         return b0, b1, tl.zeros_like(b0).to(tl.float32)
 
 
+@triton.jit
+def _step_codes(wq, uq, st, wmask, STEP: tl.constexpr, GATED: tl.constexpr):
+    """The lane's codes of K step ``st`` (one or two chunks; GATED: of the up tile too); chunks a step
+    does not have come back as the first one (unused)."""
+    wa = tl.load(wq + st * STEP * 128, mask=wmask, other=0)
+    wb = wa
+    ua = wa
+    ub = wa
+    if STEP == 2:
+        wb = tl.load(wq + (st * STEP + 1) * 128, mask=wmask, other=0)
+    if GATED:
+        ua = tl.load(uq + st * STEP * 128, mask=wmask, other=0)
+        if STEP == 2:
+            ub = tl.load(uq + (st * STEP + 1) * 128, mask=wmask, other=0)
+    return wa, wb, ua, ub
+
+
 @triton.jit(do_not_specialize=["M"])  # (M = 1 specialized: more registers, fewer warps per SM, slower)
 def _w4_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr, eps,
     M, N, stride_xm, stride_sn, stride_rm, stride_om, up_off,
     K: tl.constexpr, CHUNKS: tl.constexpr, GROUP: tl.constexpr, W: tl.constexpr, SPLIT: tl.constexpr,
+    MMA_ASM: tl.constexpr, ONES_ASM: tl.constexpr,
     HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (row block of 8, split, column block of 16 · W weight rows), row blocks fastest, then
@@ -192,16 +186,7 @@ def _w4_kernel(
     st_hi = tl.minimum(st_lo + SPS, STEPS)
     wmask = tile_ok[:, None] & (st_lo < st_hi)  # (a split past the end loads nothing)
     # the first step's codes: loaded before the PDL wait (no kernel of the step writes weights)
-    wa_n = tl.load(wq + st_lo * STEP * 128, mask=wmask, other=0)
-    wb_n = wa_n
-    ua_n = wa_n
-    ub_n = wa_n
-    if STEP == 2:
-        wb_n = tl.load(wq + (st_lo * STEP + 1) * 128, mask=wmask, other=0)
-    if GATED:
-        ua_n = tl.load(uq + st_lo * STEP * 128, mask=wmask, other=0)
-        if STEP == 2:
-            ub_n = tl.load(uq + (st_lo * STEP + 1) * 128, mask=wmask, other=0)
+    wa_n, wb_n, ua_n, ub_n = _step_codes(wq, uq, st_lo, wmask, STEP, GATED)
     if PDL:
         pdl_prologue()
 
@@ -222,13 +207,7 @@ def _w4_kernel(
         ua = ua_n
         ub = ub_n
         nxt = tl.minimum(st + 1, st_hi - 1)  # the last step reloads its own codes (cached)
-        wa_n = tl.load(wq + nxt * STEP * 128, mask=wmask, other=0)
-        if STEP == 2:
-            wb_n = tl.load(wq + (nxt * STEP + 1) * 128, mask=wmask, other=0)
-        if GATED:
-            ua_n = tl.load(uq + nxt * STEP * 128, mask=wmask, other=0)
-            if STEP == 2:
-                ub_n = tl.load(uq + (nxt * STEP + 1) * 128, mask=wmask, other=0)
+        wa_n, wb_n, ua_n, ub_n = _step_codes(wq, uq, nxt, wmask, STEP, GATED)
         d0, d1, d2, d3 = zero, zero, zero, zero
         du0, du1, du2, du3 = zero, zero, zero, zero
         e0, e1 = zero, zero
@@ -245,10 +224,10 @@ def _w4_kernel(
                 b0, b1, sq = _b_pairs(x_row, xi_row, nw_ptr, m, m_ok, tau, k0, K, NORM, dt)
                 if NORM:
                     ssq += sq
-                e0, e1 = _mma_ones(b0, b1, e0, e1, dt)
-                d0, d1, d2, d3 = _mma_codes(_word(wv, s), b0, b1, d0, d1, d2, d3, dt)
+                e0, e1 = _mma_ones(b0, b1, e0, e1, ONES_ASM)
+                d0, d1, d2, d3 = _mma_codes(_word(wv, s), b0, b1, d0, d1, d2, d3, MMA_ASM)
                 if GATED:
-                    du0, du1, du2, du3 = _mma_codes(_word(uv, s), b0, b1, du0, du1, du2, du3, dt)
+                    du0, du1, du2, du3 = _mma_codes(_word(uv, s), b0, b1, du0, du1, du2, du3, MMA_ASM)
                 if (cc * 64 + (s + 1) * 16) % GROUP == 0:  # a group ends: its scale and offset, once
                     grp = k0 // GROUP
                     sa = tl.load(s_a + grp, mask=tile_ok, other=0.0).to(tl.float32) * 16.0
@@ -355,6 +334,7 @@ def w4_gemv(x: torch.Tensor, w: W4Weight, bias: torch.Tensor | None, norm_weight
     mrows, kin = x.shape
     nout = out.shape[1]
     cfg = W4Config(*config) if config is not None else w4_config(w.shape[0], kin, w.group, gated)
+    mma_asm, ones_asm = _mma_asm(w.dtype)
     pdl = pdl_enabled(x.device)
     nblocks = triton.cdiv(nout // TILE, cfg.warps)
     width = nout * (2 if gated else 1)
@@ -368,5 +348,6 @@ def w4_gemv(x: torch.Tensor, w: W4Weight, bias: torch.Tensor | None, norm_weight
             norm_weight if norm_weight is not None else o, o, o, ws, cnt, eps, r1 - r0, nout, x.stride(0),
             w.scale.stride(0), o.stride(0), o.stride(0), nout if gated else 0,
             K=kin, CHUNKS=w.kp // CHUNK, GROUP=w.group, W=cfg.warps, SPLIT=cfg.split,
+            MMA_ASM=mma_asm, ONES_ASM=ones_asm,
             HAS_BIAS=bias is not None, NORM=norm_weight is not None, GATED=gated, HAS_RES=residual is not None,
             PDL=pdl, num_warps=cfg.warps, num_stages=1, **launch_kwargs(pdl))

@@ -19,14 +19,17 @@ _POINTERS = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "b_ptr", "nw_ptr", "res_ptr", "
 
 
 def _compile(dt: str, k: int, group: int, norm: bool, gated: bool, res: bool, warps: int, split: int):  # type: ignore[no-untyped-def]
-    from tandem.worker.triton_w4 import _w4_kernel
+    import torch
+
+    from tandem.worker.triton_w4 import _mma_asm, _w4_kernel
 
     sig = {p: ("*fp32" if p == "ws_ptr" else "*i32" if p in ("w_ptr", "cnt_ptr") else f"*{dt}") for p in _POINTERS}
     sig.update(eps="fp32", M="i32", N="i32", stride_xm="i32", stride_sn="i32", stride_rm="i32", stride_om="i32",
                up_off="i32")
     step = max(64, group)
-    const = dict(K=k, CHUNKS=-(-k // step) * step // 64, GROUP=group, W=warps, SPLIT=split, HAS_BIAS=False,
-                 NORM=norm, GATED=gated, HAS_RES=res, PDL=False)
+    mma_asm, ones_asm = _mma_asm(torch.bfloat16 if dt == "bf16" else torch.float16)
+    const = dict(K=k, CHUNKS=-(-k // step) * step // 64, GROUP=group, W=warps, SPLIT=split, MMA_ASM=mma_asm,
+                 ONES_ASM=ones_asm, HAS_BIAS=False, NORM=norm, GATED=gated, HAS_RES=res, PDL=False)
     sig.update({name: "constexpr" for name in const})
     names = list(sig)
     attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in _POINTERS}  # as the JIT specializes
