@@ -150,6 +150,17 @@ def test_greedy_speculation_on_an_int4_target_equals_no_speculation(tmp_path):
     assert spec.engine.stats.spec.num_draft_tokens > 0
 
 
+def test_w4_only_for_16_bit_models():
+    """The MMA kernel takes bf16 / fp16 operands: a float32 model's int4 linears dequantize at load."""
+    from tandem.models.quant.cuda_w4 import W4Linear
+    from tandem.models.quant.kernels import make_quant_linear
+    from tandem.models.quant.weights import quantize_float
+
+    qw = quantize_float(torch.randn(64, 256, device=CUDA), 4, 128, False, "t")
+    assert isinstance(make_quant_linear(qw, None, torch.empty(1, device=CUDA, dtype=torch.bfloat16)), W4Linear)
+    assert make_quant_linear(qw, None, torch.empty(1, device=CUDA, dtype=torch.float32)) is None
+
+
 @pytest.mark.parametrize("rows", [1, 16, 20, 64, 300])
 def test_w4_linear_every_row_count(rows):
     """The int4 kernel (16-row tiles) up to 256 rows, dequantize + cuBLAS above."""

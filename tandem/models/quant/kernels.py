@@ -5,8 +5,9 @@ CPU order: ``int8pack`` for symmetric per-channel 8-bit weights (exact: one scal
 ``cpu_q4`` (tandem's kernel, ``q4_linear.py``: 4-bit codes as nibbles, 5–8-bit as bytes) where it is
 available (AVX-512 BF16) and fits (N % 16 == 0, groups of a multiple of 4, Q6_K's 16 included), else
 ``int4pack`` when the format's groups are multiples of 32 and N % 16 == 0 (4-bit directly, 5–8-bit
-as two planes). CUDA: ``W4Linear`` for ≤ 4-bit weights without act-order. Else None: the caller
-dequantizes that weight to float (and says so in the log).
+as two planes). CUDA: ``W4Linear`` for ≤ 4-bit weights without act-order in a 16-bit model dtype
+(its kernel runs on 16-bit MMAs). Else None: the caller dequantizes that weight to float (and says so
+in the log).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def make_quant_linear(qw: QuantizedWeight, bias: torch.Tensor | None, like: torc
     """The packed module computing ``x @ qw^T + bias`` on ``like``'s device (in its dtype on CUDA;
     None: the CPU), or None if no kernel there holds ``qw``."""
     if like is not None and like.device.type == "cuda":
-        return W4Linear(qw, bias, like.dtype, like.device) if fits_w4(qw) else None
+        fits = fits_w4(qw) and like.dtype in (torch.bfloat16, torch.float16)
+        return W4Linear(qw, bias, like.dtype, like.device) if fits else None
     if fits_int8pack(qw):
         return Int8PackLinear(qw, bias)
     if cpu_q4.fits(qw) and cpu_q4.available():
