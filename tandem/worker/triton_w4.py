@@ -307,13 +307,16 @@ class W4Config(NamedTuple):
 def w4_config(n: int, k: int, group: int, gated: bool) -> W4Config:
     """The configuration for an [m, k] x [n, k]^T int4 product (``n``: weight rows; gated: both halves).
     Depends on the shape only, never on the row count (batch invariance). Split-K doubles while there
-    are fewer than 768 programs (qkv / o / down of the 8B shape on the H200: splits of 8 / 16 / 16 were
-    the fastest, docs/performance.md §47) and every split keeps at least two steps."""
-    warps = 4
+    are fewer than 3072 warps (8 warps per program, 4 for gated weights) and every split keeps at least
+    two steps. From the sweeps of
+    docs/performance.md §47 (8B shapes, one row): on the H100 with the decode fusions the fastest were
+    qkv (8, 4) 16.7 µs, o (8, 8) 8.0, gate_up (4, 8) 34.1, down (8, 16) 15.6 (4 warps everywhere: 20.8 /
+    9.0 / 34.3 / 16.2); on the H200 (prototype, plain products) warps mattered less than the split."""
+    warps = 4 if gated else 8
     tiles = (n // 2 if gated else n) // TILE
     steps = -(-k // max(group, CHUNK))
     split = 1
-    while -(-tiles // warps) * split < 768 and steps // (2 * split) >= 2:
+    while -(-tiles // warps) * split * warps < 3072 and steps // (2 * split) >= 2:
         split *= 2
     return W4Config(warps, split)
 
