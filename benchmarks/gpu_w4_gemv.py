@@ -105,7 +105,7 @@ def main() -> None:
                       f"W4 {g4:7.2f} µs = {row['floor_frac']:.1%} of the int4 floor | rel err {err:.1e} | {tuple(cfg)}",
                       flush=True)
                 if m in sweep_rows:
-                    grid = [c for c in eval(args.sweep_grid)]  # noqa: S307 - a list literal from the command line
+                    grid = eval(args.sweep_grid)  # noqa: S307 - a list literal from the command line
                     best = sweep(lambda c: lambda i: call(w4s[i % copies], c), grid, copies * 2)
                     row["sweep"] = [(round(u, 2), c) for u, c in best]
                     print("   sweep best:", ", ".join(f"{c} {u:.2f} µs ({w4_bytes / args.bw / (u * 1e-6):.1%})"

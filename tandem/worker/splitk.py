@@ -4,6 +4,9 @@ block's K range. Each writes its float32 partial sums (and, with a fused RMSNorm
 squares of x) to a workspace; the last one to finish — an atomic counter per (column block, row
 block), reset by that program — adds the partials in split order and runs the shared epilogue
 (``triton_epilogue.store_rows``). Deterministic: no float atomics, a fixed order of the sum.
+``finish_split`` does this for ``triton_dot.py``'s [BLOCK_N, BLOCK_M] accumulators; ``triton_w4.py``
+keeps its partials per lane (MMA fragments), so it stores them itself and runs the same counter and
+in-order sum over this workspace.
 
 The workspace and the counters are per device and made on first use, normally in the warm-up
 before a CUDA graph is captured (a first use during capture would zero the counters only when the

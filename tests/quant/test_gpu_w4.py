@@ -29,7 +29,7 @@ def test_w4_gemv_matches_the_float_weight(rows, config):
     from tandem.worker.triton_gemv import gemv
 
     g = torch.Generator(device=CUDA).manual_seed(0)
-    n, k = 1536, 576  # K = 576: four runs of 128 codes and a padded one
+    n, k = 1536, 576  # K = 576 in groups of 64: nine 64-code chunks, one group per K step
     w = W4Weight.pack(quantize_float(torch.randn(n, k, device=CUDA, generator=g) / 32, 4, 64, False, "t"),
                       torch.bfloat16, CUDA)
     w2 = W4Weight.pack(quantize_float(torch.randn(2 * n, k, device=CUDA, generator=g) / 32, 4, 64, False, "t"),
