@@ -41,6 +41,7 @@ from tandem.loader.memory import return_free_memory
 from tandem.models import cpu_skinny
 from tandem.models.decoder import CausalLM
 from tandem.models.onednn_linear import prepack_float_linears
+from tandem.models.skinny_linear import use_skinny_linears
 from tandem.scheduler import Scheduler
 from tandem.spec_decode.proposers import EngineProposer, build_proposer
 from tandem.spec_decode.speculator import AnySpeculator, build_speculator
@@ -182,6 +183,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
         head = load_eagle_head(head_cfg, max_model_len + k + 1, dtype, device,
                                dummy=model_cfg.load_format == "dummy", seed=model_cfg.seed)
         head.bind_target(model.model.embed_tokens, model.model.embed_scale, model.lm_head_weight)
+        if device.type == "cpu":
+            use_skinny_linears(head)  # float32: its steps of 1-8 rows on cpu_skinny (models/skinny_linear.py)
         head_runner = make_head_runner(head, allocate_kv_cache(head_cfg.layer, num_blocks, block_size, dtype, device)[0],
                                        block_size, device, spec.draft_runner_config(runner_cfg),
                                        max_model_len=max_model_len, lookahead=lookahead, features=feature_cache)

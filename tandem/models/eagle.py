@@ -192,10 +192,11 @@ class EagleHead(nn.Module):
         """Float32 logits over the draft vocabulary [T, draft_vocab]."""
         if self.cfg.kind == "eagle3":
             out = self.norm(out)
-        w = self.lm_head.weight if self.lm_head is not None else self._target_lm_head
-        if w is None:
+        if self.lm_head is not None:  # its own (a SkinnyLinear on the CPU: models/skinny_linear.py)
+            return self.lm_head(out).float()
+        if self._target_lm_head is None:
             raise RuntimeError("EAGLE head has no lm_head and is not bound to a target")
-        return linear(out, w).float()  # on CPU, few rows: the split GEMV (layers.linear), 4-5x faster here
+        return linear(out, self._target_lm_head).float()  # on CPU, few rows: the split GEMV (layers.linear)
 
     # ---- inference ------------------------------------------------------------------------------
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from eagle_heads import compare_chained_head_steps, head_over_features
+from tandem.models.skinny_linear import SkinnyLinear, skinny_linear, use_skinny_linears
 from tandem.worker.batch import SeqChunk
 from tandem.worker.head_runner import HeadRunner
 
@@ -33,14 +34,57 @@ def test_a_step_without_hidden_reads_the_features_of_its_positions(tmp_path, lay
         fed.forward(chunks, rows, None)
 
 
-def test_a_chained_proposal_drafts_what_a_proposal_after_the_read_drafts(tmp_path):
+@pytest.mark.parametrize("skinny", [False, True])
+def test_a_chained_proposal_drafts_what_a_proposal_after_the_read_drafts(tmp_path, skinny):
     """Head steps chained on a verify still on the device (its row argmaxes fed to the catch-up,
     the output row and the chain steps moved back by the rejected count) equal the steps run on
-    the verify's outcome: each request accepting 0..k drafts, heads caught up or behind."""
+    the verify's outcome: each request accepting 0..k drafts, heads caught up or behind. With the
+    head's linears on cpu_skinny (as the CPU engine builds it) too: a row's bits do not depend on
+    its step's row count."""
     dev, bs = torch.device("cpu"), 4
     head, kv, features, arch = head_over_features(tmp_path, "eagle3", dev, num_blocks=160, block_size=bs)
+    if skinny and not use_skinny_linears(head):
+        pytest.skip("cpu_skinny cannot be built here")
     perm = torch.randperm(160, generator=torch.Generator().manual_seed(1)).tolist()
     blocks = [perm[16 * i:16 * i + 16] for i in range(8)]  # (out of order: positions cross them)
     steps = compare_chained_head_steps(HeadRunner(head, kv(), bs, dev, features),
                                        HeadRunner(head, kv(), bs, dev, features), blocks, arch.vocab_size)
     assert steps == 3
+
+
+def test_skinny_linears_replace_a_heads_float_linears_and_keep_its_results(tmp_path):
+    """``use_skinny_linears`` (the CPU engine's EAGLE head): every float linear replaced over the same
+    parameters; 1-8 rows on cpu_skinny (each row bitwise its 1-row product), more rows and autograd on
+    ``layers.linear``; the head's steps close to the float linears' results."""
+    from tandem.models import cpu_skinny, layers
+
+    if not cpu_skinny.available():
+        pytest.skip("cpu_skinny cannot be built here")
+    dev, bs = torch.device("cpu"), 4
+    head, kv, features, _ = head_over_features(tmp_path, "eagle3", dev, num_blocks=32, block_size=bs)
+    chunks = [SeqChunk([5, 9, 11, 3], 4, [0, 1, 2])]
+    hidden = torch.randn(4, head.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    before = HeadRunner(head, kv(), bs, dev, features).forward(chunks, [3], hidden)
+    params = {n: p.data_ptr() for n, p in head.named_parameters()}
+    n = use_skinny_linears(head)
+    assert n == sum(isinstance(m, SkinnyLinear) for m in head.modules()) >= 5
+    assert {n: p.data_ptr() for n, p in head.named_parameters()} == params  # no copies
+    after = HeadRunner(head, kv(), bs, dev, features).forward(chunks, [3], hidden)
+    torch.testing.assert_close(after.logits, before.logits, rtol=1e-4, atol=1e-4)
+    w = head.mlp.gate_up_proj.weight.detach()
+    x = torch.randn(9, w.shape[1])
+    for m in range(1, 9):
+        y = skinny_linear(x[:m], w)
+        assert torch.equal(y[-1:], skinny_linear(x[m - 1:m], w))
+    seen = []
+    real = cpu_skinny.mm
+    try:
+        cpu_skinny.mm = lambda a, b: seen.append(a.shape[0]) or real(a, b)
+        torch.testing.assert_close(skinny_linear(x, w), layers.linear(x, w))  # 9 rows: layers.linear
+        wg = torch.nn.Parameter(w.clone())
+        skinny_linear(x[:2], wg).sum().backward()  # autograd: layers.linear, which has a backward
+        assert wg.grad is not None and seen == []
+        skinny_linear(x[:3], w)
+        assert seen == [3]
+    finally:
+        cpu_skinny.mm = real
