@@ -25,20 +25,27 @@ from tandem.models.layers import Linear, PackedLinear, linear
 from tandem.models.quant.attach import replace_module
 
 
+def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (x.device.type == "cpu" and 1 <= x.shape[0] <= cpu_skinny.MAX_ROWS and x.dtype is torch.float32
+            and weight.dtype in (torch.float32, torch.bfloat16) and weight.is_contiguous()
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+            and cpu_skinny.available())
+
+
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x Wᵀ + b`` for 2-D x: on ``cpu_skinny`` for 1–8 float32 CPU rows without autograd (a
     contiguous weight, the kernel built), else ``layers.linear``."""
-    if (x.device.type == "cpu" and 1 <= x.shape[0] <= cpu_skinny.MAX_ROWS and x.dtype is torch.float32
-            and weight.dtype is torch.float32 and weight.is_contiguous()
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-            and cpu_skinny.available()):
+    if _applies(x, weight):
         y = cpu_skinny.mm(x, weight)
         return y + bias if bias is not None else y
     return linear(x, weight, bias)
 
 
 class SkinnyLinear(nn.Module):
-    """A float linear's own parameters (no copy) multiplied by :func:`skinny_linear`."""
+    """A float linear's own parameters multiplied by :func:`skinny_linear`. Where the float32 weight
+    holds bfloat16 values (a head saved in bf16, as the shipped ones are), its 1–8-row steps read a
+    bf16 copy instead: bitwise the same products (the kernel widens bf16 exactly), half the bytes —
+    the first head step after a verify reads its weights from DRAM (§48)."""
 
     kernel = "skinny"
     lowp = False
@@ -47,9 +54,19 @@ class SkinnyLinear(nn.Module):
         super().__init__()
         self.weight, self.bias = weight, bias
         self.out_features, self.in_features = weight.shape
+        w = weight.detach()
+        narrow = w.bfloat16()
+        # (a plain attribute, not a buffer: a copy of the weight, not a parameter of its own)
+        self.narrow = narrow if w.is_contiguous() and torch.equal(narrow.float(), w) else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = skinny_linear(x.reshape(-1, self.in_features), self.weight, self.bias)
+        x2 = x.reshape(-1, self.in_features)
+        if self.narrow is not None and _applies(x2, self.narrow) and not (torch.is_grad_enabled() and
+                                                                       self.weight.requires_grad):
+            y = cpu_skinny.mm(x2, self.narrow)  # bitwise the float weight's result
+            y = y + self.bias if self.bias is not None else y
+        else:
+            y = skinny_linear(x2, self.weight, self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)
 
 

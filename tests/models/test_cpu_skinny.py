@@ -45,6 +45,16 @@ def test_products_equal_a_float64_reference(k, n):
 
 
 @needs_kernel
+@pytest.mark.parametrize("k", [1, 7, 16, 17, 40, 576])
+def test_a_bf16_weight_gives_its_float32_copys_bits(k):
+    g = torch.Generator().manual_seed(k)
+    w = torch.randn(13, k, generator=g).bfloat16()
+    for m in range(1, cpu_skinny.MAX_ROWS + 1):
+        x = torch.randn(m, k, generator=g)
+        assert torch.equal(cpu_skinny.mm(x, w), cpu_skinny.mm(x, w.float()))
+
+
+@needs_kernel
 def test_a_rows_bits_do_not_depend_on_the_other_rows():
     g = torch.Generator().manual_seed(1)
     w = torch.randn(301, 576, generator=g)

@@ -88,3 +88,27 @@ def test_skinny_linears_replace_a_heads_float_linears_and_keep_its_results(tmp_p
         assert seen == [3]
     finally:
         cpu_skinny.mm = real
+
+
+def test_a_skinny_linear_over_bf16_values_reads_a_bf16_copy_with_the_same_bits():
+    """A float32 weight holding bf16 values (a head saved in bf16): 1-8-row steps on its bf16 copy,
+    bitwise the float32 weight's result; a weight with other values keeps no copy."""
+    from tandem.models import cpu_skinny
+
+    if not cpu_skinny.available():
+        pytest.skip("cpu_skinny cannot be built here")
+    g = torch.Generator().manual_seed(3)
+    w = torch.nn.Parameter(torch.randn(300, 37, generator=g).bfloat16().float(), requires_grad=False)
+    lin = SkinnyLinear(w, None)
+    assert lin.narrow is not None and lin.narrow.dtype is torch.bfloat16
+    assert SkinnyLinear(torch.nn.Parameter(torch.randn(300, 37, generator=g)), None).narrow is None
+    seen = []
+    real = cpu_skinny.mm
+    try:
+        cpu_skinny.mm = lambda a, b: seen.append(b.dtype) or real(a, b)
+        x = torch.randn(9, 37, generator=g)
+        for m in range(1, 10):
+            assert torch.equal(lin(x[:m]), skinny_linear(x[:m], w.detach()))
+    finally:
+        cpu_skinny.mm = real
+    assert seen == [torch.bfloat16, torch.float32] * 8  # (9 rows: layers.linear, neither)
