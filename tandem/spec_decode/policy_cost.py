@@ -3,16 +3,20 @@
 Per batch-size bucket (powers of two: 1, 2, 4, …) the model keeps
 
 - ``decode``: an EWMA of the wall time of steps where every request decoded one token (D(B));
-- a linear fit (over its verify steps, refitted against the current D(B)) of a verify step's
-  *relative* overhead over that decode time, ``t / D(B) − 1 = σ + β · n / B`` with ``n`` the draft
-  tokens in the step (query tokens − B): σ is what a verify step costs for being a verify (on CUDA
-  it runs synchronously while plain decode steps overlap the host's work), β the price of one more
-  query token per request. The fit is a
+- a linear fit (over its verify steps) of a verify step's *relative* overhead over that decode
+  time, ``t / D(B) − 1 = σ + β · n / B`` with ``n`` the draft tokens in the step (query tokens − B):
+  σ is what a verify step costs for being a verify (on CUDA it runs synchronously while plain decode
+  steps overlap the host's work), β the price of one more query token per request. Each verify's
+  overhead is taken against D(B) as it is when the verify is timed (none before a decode step was),
+  not later: every step's time moves with the context (on the CPU a batch-1 SmolLM2 step at 1,300
+  tokens cost ~1.6× one at 100), and seconds of verifies at a long context set against a later
+  short context's D(B) had made σ 0.37 where it was 0.12 — an EAGLE head drafted nothing for three
+  requests after a 1,226-token prompt (docs/performance.md §48). The fit is a
   ridge least-squares fit with exponential forgetting (per verify step, and with age: 0.995 per timed
   step, so a measurement nobody repeats fades), pulled towards the prior (σ₀, β₀) (which is all
   there is before a verify and a decode step were timed) and overridden by measurements within a
   few dozen steps. A bucket's first verify step is not used (new shapes: a cold start, not a cost).
-  Both forgettings are exponential, so the fit keeps running weighted sums (of 1, x, t, x², x·t,
+  Both forgettings are exponential, so the fit keeps running weighted sums (of 1, x, y, x², x·y,
   scaled on each update) and solves in O(1): it is refitted on every verify step of a run, on the
   critical path of a synchronous step (a 64-step window re-summed in Python had cost ~90 µs there).
 
@@ -86,8 +90,9 @@ class _Bucket:
     steps_since_decode: int = 0  # steps timed in this bucket since its last decode step (or probe)
     probed: bool = False  # a plain-decode probe was asked for
     steps_since_verify: int = 0  # steps timed in this bucket since its last verify step
-    # the verify steps' weighted sums of (1, x, t, x², x·t), x = draft tokens per request, t = seconds,
-    # as of step clock ``sums_at``; per (batch, n) at small batch, of (1, x, t)
+    # the verify steps' weighted sums of (1, x, y, x², x·y), x = draft tokens per request, y = the
+    # step's overhead t / D(B) − 1 against D(B) when it was timed, as of step clock ``sums_at``; per
+    # (batch, n) at small batch, of (1, x, y)
     sums: list[float] = field(default_factory=lambda: [0.0] * 5)
     shape_sums: dict[tuple[int, int], list[float]] = field(default_factory=dict)
     sums_at: int = 0
@@ -155,14 +160,14 @@ class StepCostModel:
         # a bucket's first verify step, and at small batch its first of each (batch, draft tokens),
         # is a cold start (new shapes), not a cost
         small = batch <= RESIDUAL_MAX_BATCH
-        if b.num_verify > 1 and (not small or (batch, n) in b.seen):
+        if b.num_verify > 1 and b.decode is not None and (not small or (batch, n) in b.seen):
             self._age(b, self.forget)  # older verify steps weigh ``forget`` less
-            x = n / batch
-            for i, v in enumerate((1.0, x, seconds, x * x, x * seconds)):
+            x, y = n / batch, seconds / b.decode - 1.0  # (the overhead against D(B) as it is now)
+            for i, v in enumerate((1.0, x, y, x * x, x * y)):
                 b.sums[i] += v
             if small:
                 acc = b.shape_sums.setdefault((batch, n), [0.0, 0.0, 0.0])
-                acc[0], acc[1], acc[2] = acc[0] + 1.0, acc[1] + x, acc[2] + seconds
+                acc[0], acc[1], acc[2] = acc[0] + 1.0, acc[1] + x, acc[2] + y
         if small:
             b.seen.add((batch, n))
 
@@ -288,12 +293,9 @@ class StepCostModel:
         weighing most: ``forget`` per step, ``AGE_DECAY`` per timed step), pulled towards the prior
         (σ₀, β₀) with weight ``PRIOR_WEIGHT`` each: when every step had the same draft count, the
         data fix σ + β x there and the prior splits it, instead of a degenerate or wild line."""
-        d = b.decode
-        assert d is not None
         self._age(b)
         lam = PRIOR_WEIGHT
-        w, sx, st, sxx, sxt = b.sums
-        sy, sxy = st / d - w, sxt / d - sx  # y = t / D − 1
+        w, sx, sy, sxx, sxy = b.sums
         a11, a12, a22 = w + lam, sx, sxx + lam
         r1, r2 = sy + lam * self.prior_sigma, sxy + lam * self.prior_beta
         det = a11 * a22 - a12 * a12
@@ -301,6 +303,6 @@ class StepCostModel:
         if beta < 0:  # more tokens never make a step cheaper: the mean overhead, beta = 0
             sigma, beta = r1 / a11, 0.0
         # per (batch, n): the weighted mean of y − σ − β x there, shrunk towards 0
-        b.residuals = {key: ((wt / d - ww) - sigma * ww - beta * wx) / (ww + RESIDUAL_PRIOR_WEIGHT)
-                       for key, (ww, wx, wt) in b.shape_sums.items()}
+        b.residuals = {key: (wy - sigma * ww - beta * wx) / (ww + RESIDUAL_PRIOR_WEIGHT)
+                       for key, (ww, wx, wy) in b.shape_sums.items()}
         return sigma, beta

@@ -516,6 +516,26 @@ def test_cost_model_learns_overhead_from_steps():
     assert [bucket_of(b) for b in (0, 1, 2, 3, 8, 9)] == [1, 1, 2, 4, 8, 16]
 
 
+def test_cost_model_keeps_each_verifys_overhead_against_the_decode_time_of_its_day():
+    """Verifies timed while every step was slow (a long context: on the CPU a batch-1 step of
+    SmolLM2 at 1,300 tokens cost 1.6x one at 100) are kept as overheads against the decode time of
+    then, not as seconds set against a later, faster decode: after a 1,226-token prompt the
+    absolute-seconds fit had σ 0.37 against 0.12 before it, and an EAGLE head drafted nothing for
+    the next three requests where drafting every step gained 1.4-1.5x (docs/performance.md §48)."""
+    m = StepCostModel(max_k=K)
+    long = linear_cost(decode=16e-3, per_row=0.0, sync=0.2, per_token=1.6e-3)  # β = 0.1
+    for i in range(40):
+        m.observe(1, 1, long(1, 0))
+        m.observe(1, 2 + i % 3, long(1, 1 + i % 3))
+    fit = m.overhead(1)
+    assert fit == pytest.approx((0.2, 0.1), abs=0.06)  # (the prior, 0.1 / 0.25, pulls a little)
+    short = linear_cost(decode=10e-3, per_row=0.0, sync=0.2, per_token=1e-3)
+    for _ in range(60):  # decode steps only, at the short context: D(1) falls, the verifies stay
+        m.observe(1, 1, short(1, 0))
+    assert m.decode_seconds(1) == pytest.approx(10e-3, rel=0.01)
+    assert m.overhead(1) == pytest.approx(fit, abs=0.02)  # (ageing: the prior weighs a little more)
+
+
 def test_acceptance_model_positions_and_decay():
     a = AcceptanceModel(3, prior=0.5, prior_weight=1.0, forget=1.0)
     assert a.rates("x") == [0.5, 0.5, 0.5] and a.expected_tokens("x", 3) == pytest.approx(1.875)
