@@ -29,6 +29,7 @@ from tandem.kv.feature_cache import FeatureCache, require_features
 from tandem.models.eagle import EagleHead
 from tandem.models.forward_context import ForwardContext, KVCache
 from tandem.models.torch_kernels import TORCH_KERNELS
+from tandem.worker import cpu_attention
 from tandem.worker.attention import TorchAttention
 from tandem.worker.batch import HeadChain, SeqChunk
 from tandem.worker.chain import head_chain_fixup, head_chain_room, pack_chain, verify_rows_fed
@@ -44,7 +45,9 @@ class HeadRunner:
         self.kv_caches = [kv_cache]
         self.block_size = block_size
         self.device = device
-        self.attention = TorchAttention()
+        # on the CPU a step's one request goes to tandem's C attention (cpu_attention.py), as a packed
+        # target's does: every row as a decode computes it, whatever the step's row count
+        self.attention = TorchAttention(cpu_kernel=device.type == "cpu" and cpu_attention.available())
 
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:
         """Nothing to compile or capture on the torch path."""

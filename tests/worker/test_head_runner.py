@@ -112,3 +112,30 @@ def test_a_skinny_linear_over_bf16_values_reads_a_bf16_copy_with_the_same_bits()
     finally:
         cpu_skinny.mm = real
     assert seen == [torch.bfloat16, torch.float32] * 8  # (9 rows: layers.linear, neither)
+
+
+def test_on_the_cpu_a_heads_step_takes_the_c_attention(tmp_path, monkeypatch):
+    """A CPU head step's one request goes through cpu_attention (each row as a decode computes it):
+    its logits match torch's attention's."""
+    from tandem.worker import attention as attention_mod
+    from tandem.worker import cpu_attention
+
+    if not cpu_attention.available():
+        pytest.skip("the C attention cannot be built here")
+    dev, bs = torch.device("cpu"), 4
+    head, kv, features, _ = head_over_features(tmp_path, "eagle3", dev, num_blocks=32, block_size=bs)
+    cache = kv()
+    c_runner, torch_runner = HeadRunner(head, cache, bs, dev, features), HeadRunner(head, cache, bs, dev, features)
+    torch_runner.attention.cpu_kernel = False
+    calls = []
+    real = cpu_attention.attend
+    monkeypatch.setattr(attention_mod.cpu_attention, "attend", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    prefix = [SeqChunk([(7 * j) % 90 + 3 for j in range(9)], 0, [0, 1, 2, 3])]
+    c_runner.forward(prefix, [8], None)
+    for rows in (1, 4):
+        chunks = [SeqChunk([5, 9, 11, 3][:rows], 9, [0, 1, 2, 3])]
+        hidden = torch.randn(rows, head.cfg.hidden_size, generator=torch.Generator().manual_seed(rows))
+        got = c_runner.forward(chunks, [rows - 1], hidden)
+        want = torch_runner.forward(chunks, [rows - 1], hidden)
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+    assert calls[-2:] == [1, 4]
