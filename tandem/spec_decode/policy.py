@@ -180,6 +180,7 @@ class GoodputPolicy(PolicyEvidence):
         self._steps_since_proposal = 0
         # model proposers: steps since any request drafted; the first round explores (full k)
         self._steps_since_draft = probe_every
+        self._steps_since_full = probe_every  # ... and since a round drafted the full k for someone
         self._explore_every = probe_every  # doubles after each exploration while the estimates say no
         self._explore_turn = 0  # where the next exploration's candidates start (``_exploration``)
         # the last proposal round was an exploration (not the estimates' choice): its steps are no
@@ -202,11 +203,19 @@ class GoodputPolicy(PolicyEvidence):
             return ks
         ks = self._optimise(batch, candidates)
         self._exploring = False
-        if any(ks):
+        full = any(x and x == c.max_tokens for x, c in zip(ks, candidates))
+        if full:
             self._explore_every = self.probe_every  # drafting pays on the estimates: explore at the base rate
-        elif not self.free and self._steps_since_draft >= self._explore_every:
-            ks = self._exploration(candidates)  # a model proposer has no shadow drafts
+        if not self.free and (full or any(ks)):
+            self._steps_since_full = 0 if full else self._steps_since_full
+        if not self.free and not full and self._steps_since_full >= self._explore_every:
+            # a model proposer has no shadow drafts: its estimates learn a position only from drafts
+            # that reach it, and grants short of k (the estimates' own, where they are low) had kept
+            # the later positions unexplored — after unlucky first requests an EAGLE head on the
+            # packed CPU target drafted 1 token now and then for three requests (§48)
+            ks = [max(a, b) for a, b in zip(ks, self._exploration(candidates))]
             self._explore_every = min(MAX_EXPLORE_EVERY, 2 * self._explore_every)
+            self._steps_since_full = 0
             self._exploring = True
         elif (self.free and self._steps_since_draft >= self.probe_every
               and self.cost.verify_is_stale(batch, self.verify_probe_every)
@@ -254,7 +263,7 @@ class GoodputPolicy(PolicyEvidence):
                 return True  # no shadows: refresh the estimates now and then
             if self._steps_since_proposal >= self.verify_probe_every:
                 return True  # a real round now and then: ``choose`` may re-verify under the prior cost
-        elif self._steps_since_draft >= self._explore_every:
+        elif self._steps_since_full >= self._explore_every:
             return True  # a model proposer's exploration round is due
         evidence = (self.acceptance.num_scored, self._num_proposals)
         if (self._no_until > self._step and self._no_batch == bucket_of(batch)
@@ -377,6 +386,7 @@ class GoodputPolicy(PolicyEvidence):
         guard's evidence; None: not known)."""
         self._steps_since_proposal += 1
         self._steps_since_draft += 1
+        self._steps_since_full += 1
         if self._decode_probe:
             self._decode_probe -= 1  # a probe lasts its steps, timed or not
         self._step += 1
