@@ -75,10 +75,11 @@ no proposal is made (asynchronous decode), a proposal round is forced every ``pr
 host proposers without lazy shadows; a model proposer, which has no shadow drafts to learn from (a
 round in which it drafts nothing tells it nothing, so none is forced: each would drain an
 asynchronous pipeline), drafts the full k for up to ``EXPLORE_REQUESTS`` requests (in turn) in its
-first proposal round and again once no request has drafted for ``probe_every`` steps (exploration:
-otherwise estimates that say "does not pay" could never be corrected), the interval doubling after
-each exploration up to ``MAX_EXPLORE_EVERY`` and back to ``probe_every`` once the estimates alone
-choose to draft (a head that never pays then costs an exploration round every few thousand steps,
+first proposal round and again once no round has drafted the full k for ``probe_every`` steps
+(exploration: otherwise estimates that say "does not pay" — or grant only a draft of 1, which teaches
+nothing about the later positions — could never be corrected), the interval doubling after each
+exploration up to ``MAX_EXPLORE_EVERY`` and back to ``probe_every`` once the estimates alone choose
+to draft the full k (a head that never pays then costs an exploration round every few thousand steps,
 not every 64: with the 64-step rounds and their pipeline drains an idle EAGLE-3 head ran at 0.87× of
 plain decoding on the H200, docs/performance.md §23);
 likewise a host proposer verifies its whole drafts once per ``verify_probe_every`` steps without a
