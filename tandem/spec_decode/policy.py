@@ -205,10 +205,8 @@ class GoodputPolicy(PolicyEvidence):
         ks = self._optimise(batch, candidates)
         self._exploring = False
         full = any(x and x == c.max_tokens for x, c in zip(ks, candidates))
-        if full:
-            self._explore_every = self.probe_every  # drafting pays on the estimates: explore at the base rate
-        if not self.free and (full or any(ks)):
-            self._steps_since_full = 0 if full else self._steps_since_full
+        if full:  # drafting pays on the estimates: explore at the base rate
+            self._explore_every, self._steps_since_full = self.probe_every, 0
         if not self.free and not full and self._steps_since_full >= self._explore_every:
             # a model proposer has no shadow drafts: its estimates learn a position only from drafts
             # that reach it, and grants short of k (the estimates' own, where they are low) had kept
