@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import socket
 import sys
 import threading
@@ -304,11 +305,13 @@ def serve_forever(port: int) -> None:
 
 
 def _free_port_pair() -> int:
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if compare_server.port_free(port + 1):
+    """Two free consecutive ports below Linux's ephemeral range (32768-60999): a pair taken from that
+    range could be taken in turn by one of the first server's client connections (its local port,
+    then in TIME_WAIT) before the second server binds it — the likely cause of one failed run here."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        if compare_server.port_free(port) and compare_server.port_free(port + 1):
             return port
     raise RuntimeError("no free port pair")
 
