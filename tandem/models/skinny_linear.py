@@ -61,12 +61,11 @@ class SkinnyLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
+        w = self.weight
         if self.narrow is not None and _applies(x2, self.narrow) and not (torch.is_grad_enabled() and
-                                                                       self.weight.requires_grad):
-            y = cpu_skinny.mm(x2, self.narrow)  # bitwise the float weight's result
-            y = y + self.bias if self.bias is not None else y
-        else:
-            y = skinny_linear(x2, self.weight, self.bias)
+                                                                       w.requires_grad):
+            w = self.narrow  # bitwise the float weight's result
+        y = skinny_linear(x2, w, self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
