@@ -125,9 +125,12 @@ _GEMV_SPLIT = 4
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` with the CPU small-row paths described above. (A speculating float32 target's
-    linears send 2-8 rows to ``cpu_skinny`` instead: ``onednn_linear._multiply``.)"""
+    """``F.linear`` with the CPU small-row paths described above; float32 steps of 2-8 rows (a batch's
+    decode, a verify) on ``cpu_skinny``, which streams W once for all of them."""
     if x.device.type == "cpu" and x.dim() == 2 and x.shape[0] <= _SMALL_ROWS:
+        if skinny_applies(x, weight):
+            y = cpu_skinny.mm(x, weight)
+            return y + bias if bias is not None else y
         out_f, in_f = weight.shape
         if x.shape[0] == 1 and out_f % _GEMV_SPLIT == 0 and weight.is_contiguous():
             w = weight.view(_GEMV_SPLIT, out_f // _GEMV_SPLIT, in_f)

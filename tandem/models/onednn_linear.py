@@ -25,7 +25,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tandem.models import cpu_skinny
 from tandem.models.layers import Linear, PackedLinear, linear, skinny_applies
 from tandem.models.quant.attach import LAYER_LINEARS, replace_module
 
@@ -76,12 +75,9 @@ class OneDnnHead:
 def _multiply(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
               packed: torch.Tensor) -> torch.Tensor:
     """``x W^T + b`` for x [N, K]: up to PLAIN_MAX_ROWS rows (or with autograd on) on the float
-    weight, as are the rows ``cpu_skinny``'s kernel takes (2–8: a verify's 4 rows of SmolLM2 cost
-    10–16 ms there against 15–19 ms here, docs/performance.md §45); more on the packed copy."""
-    if skinny_applies(x, weight):
-        y = cpu_skinny.mm(x, weight)
-        return y + bias if bias is not None else y
-    if x.shape[0] <= PLAIN_MAX_ROWS or torch.is_grad_enabled():
+    weight, as are the rows ``cpu_skinny``'s kernel takes there (2–8: a verify's 4 rows of SmolLM2
+    cost 10–16 ms on it against 15–19 ms here, docs/performance.md §45); more on the packed copy."""
+    if x.shape[0] <= PLAIN_MAX_ROWS or torch.is_grad_enabled() or skinny_applies(x, weight):
         return linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 

@@ -95,6 +95,33 @@ def test_a_speculating_targets_linears_take_it_for_two_to_eight_rows(monkeypatch
     assert seen == [2, 4, 8]
 
 
+@needs_kernel
+def test_every_float32_linear_takes_it_for_two_to_eight_rows(monkeypatch, tmp_path):
+    """Not only a speculating target's: a plain engine's batched decode (2-8 rows) too — on BLAS a
+    batch-8 float32 SmolLM2 step cost 2.4x its cpu_skinny time (docs/performance.md §49). One row
+    keeps the split GEMV, more than 8 rows and autograd keep torch's paths."""
+    from tiny_models import write_tiny_hf_checkpoint
+    from tandem import LLM, SamplingParams
+
+    seen: list[int] = []
+    real = cpu_skinny.mm
+    monkeypatch.setattr(cpu_skinny, "mm", lambda x, w, out=None: seen.append(x.shape[0]) or real(x, w, out))
+    w, b = torch.randn(64, 32), torch.randn(64)
+    with torch.inference_mode():
+        for rows in (1, 2, 5, 8, 9, 40):
+            x = torch.randn(rows, 32)
+            torch.testing.assert_close(layers.linear(x, w, b), x @ w.T + b, rtol=1e-5, atol=1e-5)
+    assert seen == [2, 5, 8]
+    x = torch.randn(4, 32, requires_grad=True)
+    layers.linear(x, w).sum().backward()  # autograd: torch's path, with a gradient
+    assert seen == [2, 5, 8] and x.grad is not None
+    path = write_tiny_hf_checkpoint(tmp_path, "llama")
+    llm = LLM(str(path), device="cpu", dtype="float32", kv_cache_memory_bytes=1 << 24)  # no speculation
+    seen.clear()
+    llm.generate([[5, 9, 17], [7, 8], [3, 4, 5, 6]], SamplingParams(max_tokens=4, temperature=0))
+    assert 3 in seen  # the three requests' decode steps
+
+
 def test_without_a_compiler_torchs_paths_stay(monkeypatch, tmp_path):
     without_a_compiler(monkeypatch, tmp_path, cpu_skinny.KERNEL)
     assert not cpu_skinny.available()
