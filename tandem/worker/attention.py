@@ -71,9 +71,10 @@ def paged_attention(
 ) -> torch.Tensor:  # [num_tokens, heads, head_dim]
     """``exact_verify``: a lone verify's rows each as a decode at its position computes them (see
     ``_Plan``); False where the caller's linears give a verify's rows other bits than a decode's
-    anyway (then the verify is one masked call per layer). ``cpu_kernel``: the one short query
-    request of a step (``_Plan.single``) goes to ``cpu_attention.attend`` (every row as a decode
-    computes it, in one call), as the scripted CPU step does."""
+    anyway (then the verify is one masked call per layer). ``cpu_kernel``: the short queries go to
+    ``cpu_attention`` (every row as a decode at its position computes it, one call for all: a step's
+    one request through ``attend``, as the scripted CPU step does, several through ``attend_rows``), so
+    a row's bits do not depend on the other requests of its step."""
     if rowwise:
         return _rowwise_attention(q, k_cache, v_cache, _host(meta), scale, sliding_window)
     plan = meta.plans.get(sliding_window)
@@ -102,7 +103,7 @@ def _paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         i, neg_mask = plan.single
         k, v = _context(k_cache, v_cache, host, i, plan.single_range, q.dtype)
         return _grouped_attention(q, k, v, neg_mask, scale)
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous (q may be a view of qkv)
     gqa = q.shape[1] != k_cache.shape[1]
     for i, mask in zip(plan.long, plan.long_masks):
         s, e = host.query_start[i], host.query_start[i + 1]
@@ -129,7 +130,10 @@ def _paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                 c = ctx - (e - s) + 1 + r
                 out[s + r:s + r + 1] = _grouped_attention(q[s + r:s + r + 1], k[:c], v[:c], row_mask, scale)
     elif plan.short:
-        _batched_short(q, k_cache, v_cache, plan, scale, out)
+        if use_c:  # every row as its request's lone step computes it, in one call
+            cpu_attention.attend_rows(q, k_cache, v_cache, plan.c_rows(), scale, out)
+        else:
+            _batched_short(q, k_cache, v_cache, plan, scale, out)
     return out
 
 
@@ -303,6 +307,15 @@ class _Plan:
         self.out_rows = q_rows[q_valid]
         self.gather_flat, self.q_rows_flat = gather.view(-1), q_rows.view(-1)
         self.uniform = bool(q_valid.all())
+        self._c_rows: cpu_attention.RowPlan | None = None
+
+    def c_rows(self) -> cpu_attention.RowPlan:
+        """The short requests' rows for ``cpu_attention.attend_rows`` (built on first use)."""
+        if self._c_rows is None:
+            host = self.host
+            self._c_rows = cpu_attention.RowPlan([(host.query_start[i], host.context_slots[i], host.query_len(i))
+                                                  for i in self.short])
+        return self._c_rows
 
 
 def _batched_short(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Plan,

@@ -1,4 +1,4 @@
-"""Attention for one request's short query on the CPU (a batch-1 decode or verify), in C.
+"""Attention for short queries on the CPU (decodes and verifies, one request or several), in C.
 
 Why: with the linears on ``cpu_q4``, SmolLM2's batch-1 step on the 2-core CPU spent 1.6 ms (decode)
 and 4.4 ms (a 5-row verify) in attention's small ``bmm`` calls, plus the softmax, slicing and thread
@@ -156,6 +156,42 @@ int lone_attention(const float *q, const float *kc, const float *vc, int h, int 
 #endif
 }
 
+/* Rows of several requests in one call: q, out [T, h, d]; row i (q row rq[i]) attends over the first rc[i]
+   slots of slots + ro[i] (its request's context), as lone_attention computes a row over that many
+   positions: bitwise the same. Only the listed rows of out are written. cmax >= every rc[i]. */
+int rows_attention(const float *q, const float *kc, const float *vc, int h, int kvh, int d, const int64_t *slots,
+                   const int64_t *rq, const int64_t *ro, const int *rc, int rows, int cmax, float scale, float *out,
+                   int nt) {
+#if ISA
+    if (d % 16 || d > 128 || h % kvh || rows < 0) return 1;
+    for (int i = 0; i < rows; i++) if (rc[i] < 1 || rc[i] > cmax) return 1;
+    const int g = h / kvh;
+    const int64_t ld = (int64_t)kvh * d;
+    int fail = 0;
+    _Pragma("omp parallel num_threads(nt)")
+    {
+        float small[4096];
+        float *s = cmax <= 4096 ? small : (float *)malloc(sizeof(float) * (size_t)cmax);
+        if (!s) {
+            _Pragma("omp atomic write")
+            fail = 1;
+        }
+        _Pragma("omp for schedule(static)")
+        for (int i = 0; i < rows * h; i++) {
+            if (!s) continue;
+            const int r = i / h, hh = i % h;
+            const int64_t at = (rq[r] * h + hh) * d;
+            attend_one(q + at, kc + (int64_t)(hh / g) * d, vc + (int64_t)(hh / g) * d, ld, slots + ro[r], 0, rc[r], d,
+                       scale, s, out + at);
+        }
+        if (s && s != small) free(s);
+    }
+    return fail ? 2 : 0;
+#else
+    return 1;
+#endif
+}
+
 /* rope_write then lone_attention in one call (the scripted step's block): out [t, h, d] */
 int rope_lone_attention(const float *qkv, const float *cosv, const float *sinv, float *kc, float *vc, int h, int kvh,
                         int d, const int64_t *wslots, int64_t wstart, const int64_t *slots, int64_t start, int n,
@@ -202,6 +238,47 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start:
     return out
 
 
+class RowPlan:
+    """The C inputs of :func:`attend_rows` for one step's short-query requests, built once per step
+    and shared by its layers: each query row's index, its request's context slots and how many of them
+    it sees — a decode's at its position: ``n − t + 1 + r`` for row r of a request with t rows at the
+    end of its n context positions."""
+
+    def __init__(self, requests: list[tuple[int, torch.Tensor, int]]) -> None:  # (first q row, context, t)
+        rq, ro, rc, at = [], [], [], 0
+        for q0, ctx, t in requests:
+            n = len(ctx)
+            for r in range(t):
+                rq.append(q0 + r)
+                ro.append(at)
+                rc.append(n - t + 1 + r)
+            at += n
+        self.slots = (torch.cat([c for _, c, _ in requests]).to(torch.int64).contiguous() if requests
+                      else torch.zeros(0, dtype=torch.int64))
+        self.rq = torch.tensor(rq, dtype=torch.int64)
+        self.ro = torch.tensor(ro, dtype=torch.int64)
+        self.rc = torch.tensor(rc, dtype=torch.int32)
+        self.rows = len(rq)
+        self.cmax = max(rc, default=1)
+
+
+def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: RowPlan, scale: float,
+                out: torch.Tensor) -> None:
+    """The rows of ``plan`` (several requests' decodes and verifies) into ``out`` [T, h, d] (contiguous),
+    each bitwise what :func:`attend` computes for that row as its request's lone step: a row's bits
+    do not depend on the other requests of the step or their padding."""
+    if not fits(q, k_cache) or v_cache.shape != k_cache.shape or out.shape != q.shape or not out.is_contiguous():
+        raise ValueError("rows attention: float32 q, out [T, h, d] (d % 16 == 0, ≤ 128) and caches")
+    q = q.contiguous()
+    lib = KERNEL.lib
+    assert lib is not None
+    h, d = q.shape[1], q.shape[2]
+    if lib.rows_attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), h, k_cache.shape[1], d,
+                          plan.slots.data_ptr(), plan.rq.data_ptr(), plan.ro.data_ptr(), plan.rc.data_ptr(),
+                          plan.rows, plan.cmax, scale, out.data_ptr(), torch.get_num_threads()):
+        raise RuntimeError("rows attention: the kernel refused its arguments")
+
+
 def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
               slots: torch.Tensor | None, n: int, scale: float) -> torch.Tensor:
     """What :func:`attend` computes, in float64 torch ops (the tests' and the self-check's reference)."""
@@ -227,6 +304,10 @@ def _self_check() -> None:
         got = attend(q, kc, vc, 7, s, 37, 0.2)
         if not torch.allclose(got.double(), reference(q, kc, vc, 7, s, 37, 0.2), rtol=1e-4, atol=1e-5):
             raise RuntimeError("self-check failed")
+    out = torch.zeros_like(q)
+    attend_rows(q, kc, vc, RowPlan([(0, slots[:37], 3)]), 0.2, out)
+    if not torch.equal(out, attend(q, kc, vc, 0, slots, 37, 0.2)):
+        raise RuntimeError("self-check failed (rows)")
 
 
 def rope_attend(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, k_cache: torch.Tensor,
@@ -279,6 +360,8 @@ _P, _I = ctypes.c_void_p, ctypes.c_int
 KERNEL = c_build.Kernel("attn", _SOURCE, "attn_isa", "AVX-512",
                         {"lone_attention": [_P, _P, _P, _I, _I, _I, _P, ctypes.c_int64, _I, _I, ctypes.c_float,
                                             _P, _I],
+                         "rows_attention": [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _I, _I, ctypes.c_float, _P,
+                                            _I],
                          "rope_write": [_P, _P, _P, _P, _P, _I, _I, _I, _P, ctypes.c_int64, _I, _P],
                          "rope_lone_attention": [_P, _P, _P, _P, _P, _I, _I, _I, _P, ctypes.c_int64, _P,
                                                  ctypes.c_int64, _I, _I, ctypes.c_float, _P, _I]},

@@ -51,6 +51,27 @@ def test_a_rows_bits_are_the_decodes_at_its_position():
 
 
 @needs_kernel
+def test_rows_of_several_requests_are_each_requests_lone_rows():
+    """``attend_rows``: a verify, a decode and a second verify of three requests (different contexts,
+    gathered slots) in one call — each row bitwise what ``attend`` gives its request alone; rows not
+    listed are left as they were; a row seeing more positions than ``cmax`` is refused."""
+    kc, vc, q, perm = _case(9, 3, 64)
+    ctxs = [perm[:150], perm[150:190], perm[190:390]]
+    plan = cpu_attention.RowPlan([(0, ctxs[0], 3), (3, ctxs[1], 1), (5, ctxs[2], 2)])
+    out = torch.full_like(q, 5.0)
+    cpu_attention.attend_rows(q, kc, vc, plan, 0.125, out)
+    assert torch.equal(out[0:3], cpu_attention.attend(q[0:3], kc, vc, 0, ctxs[0], 150, 0.125))
+    assert torch.equal(out[3:4], cpu_attention.attend(q[3:4], kc, vc, 0, ctxs[1], 40, 0.125))
+    assert torch.equal(out[5:7], cpu_attention.attend(q[5:7], kc, vc, 0, ctxs[2], 200, 0.125))
+    assert bool((out[4] == 5).all()) and bool((out[7] == 5).all())
+    plan.cmax = 100  # row 5..6 see 199 / 200 positions
+    with pytest.raises(RuntimeError):
+        cpu_attention.attend_rows(q, kc, vc, plan, 0.125, out)
+    with pytest.raises(ValueError):
+        cpu_attention.attend_rows(q, kc, vc, plan, 0.125, out[:, :, :32])
+
+
+@needs_kernel
 def test_bad_shapes_are_refused():
     kc, vc, q, _ = _case(4, 2, 24)  # head_dim not a multiple of 16
     with pytest.raises(ValueError):

@@ -54,3 +54,36 @@ def test_verify_rows_equal_decode_steps_bitwise(tmp_path, family, weights, rows)
     for r, t in enumerate(tail):  # decode the same tokens one by one (rewrites identical KV)
         row = runner.forward([SeqChunk([t], len(prompt) + r, blocks)], [0], aux_layers=final).aux_hidden[0]
         assert torch.equal(row[0], verify[r]), r
+
+
+def test_a_batched_steps_rows_equal_each_requests_lone_steps_bitwise(tmp_path):
+    """Several requests in one step (a verify beside decodes, contexts of different lengths): on the
+    packed path each row's hidden state is bitwise its request's lone decode at that position — the
+    C attention computes every row over exactly its own context (``cpu_attention.attend_rows``), not
+    padded to the batch's longest. Then greedy speculation under concurrency cannot drift from plain
+    decoding either (before: 1-2 of 8 SmolLM2 chats at batch 8 did)."""
+    from tandem import LLM
+    from tandem.worker.batch import SeqChunk
+
+    path = write_tiny_hf_checkpoint(tmp_path, "llama", std=0.2, num_hidden_layers=2, hidden_size=576,
+                                    num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                                    intermediate_size=256, max_position_embeddings=512)
+    llm = LLM(str(path), device="cpu", dtype="float32", kv_cache_memory_bytes=16 << 20, block_size=4,
+              quantization="int4", speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    runner = llm.engine.runner
+    if not runner.attention.cpu_kernel:
+        pytest.skip("needs cpu_q4 and the C attention (AVX-512, a C compiler)")
+    final = (runner.model.arch.num_layers,)
+    prompts = [[(7 * j + 3 * i) % 90 + 6 for j in range(n)] for i, n in enumerate((181, 40, 97))]
+    blocks = [list(range(i * 60, i * 60 + 60))[::-1] for i in range(3)]  # (not one slot range)
+    for p, b in zip(prompts, blocks):
+        runner.forward_logits([SeqChunk(p, 0, b)], [len(p) - 1])
+    tails = [[(11 + 12 * j + i) % 90 + 6 for j in range(q)] for i, q in enumerate((4, 1, 2))]
+    chunks = [SeqChunk(t, len(p), b) for t, p, b in zip(tails, prompts, blocks)]
+    got = runner.forward(chunks, list(range(7)), aux_layers=final).aux_hidden[0].clone()
+    at = 0
+    for t, p, b in zip(tails, prompts, blocks):
+        for r, tok in enumerate(t):  # each request alone, one token at a time (rewrites identical KV)
+            row = runner.forward([SeqChunk([tok], len(p) + r, b)], [0], aux_layers=final).aux_hidden[0]
+            assert torch.equal(row[0], got[at]), (len(p), r)
+            at += 1
