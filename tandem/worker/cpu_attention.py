@@ -124,47 +124,13 @@ int rope_write(const float *qkv, const float *cosv, const float *sinv, float *kc
     return 0;
 }
 
-/* q, out: [t, h, d]; k/v caches [slots, kvh, d]; the request's context: slots[0 .. n) or start + 0 .. n.
-   Row r attends over its first n - t + 1 + r positions. 0 on success. */
-int lone_attention(const float *q, const float *kc, const float *vc, int h, int kvh, int d, const int64_t *slots,
-                   int64_t start, int n, int t, float scale, float *out, int nt) {
 #if ISA
-    if (d % 16 || d > 128 || h % kvh || t < 1 || n < t) return 1;
-    const int g = h / kvh;
-    const int64_t ld = (int64_t)kvh * d;
-    int fail = 0;
-    _Pragma("omp parallel num_threads(nt)")
-    {
-        float small[4096];
-        float *s = n <= 4096 ? small : (float *)malloc(sizeof(float) * (size_t)n);
-        if (!s) {
-            _Pragma("omp atomic write")
-            fail = 1;
-        }
-        _Pragma("omp for schedule(static)")
-        for (int i = 0; i < t * h; i++) {
-            if (!s) continue;
-            const int r = i / h, hh = i % h;
-            attend_one(q + (int64_t)i * d, kc + (int64_t)(hh / g) * d, vc + (int64_t)(hh / g) * d, ld, slots, start,
-                       n - t + 1 + r, d, scale, s, out + (int64_t)i * d);
-        }
-        if (s && s != small) free(s);
-    }
-    return fail ? 2 : 0;
-#else
-    return 1;
-#endif
-}
-
-/* Rows of several requests in one call: q, out [T, h, d]; row i (q row rq[i]) attends over the first rc[i]
-   slots of slots + ro[i] (its request's context), as lone_attention computes a row over that many
-   positions: bitwise the same. Only the listed rows of out are written. cmax >= every rc[i]. */
-int rows_attention(const float *q, const float *kc, const float *vc, int h, int kvh, int d, const int64_t *slots,
-                   const int64_t *rq, const int64_t *ro, const int *rc, int rows, int cmax, float scale, float *out,
-                   int nt) {
-#if ISA
-    if (d % 16 || d > 128 || h % kvh || rows < 0) return 1;
-    for (int i = 0; i < rows; i++) if (rc[i] < 1 || rc[i] > cmax) return 1;
+/* The (row, head) pairs of `rows` rows over the threads. Row r: q row rq[r] (rq NULL: r), over the first
+   rc[r] (rc NULL: n - rows + 1 + r) positions of its context, slots + ro[r] (ro NULL: slots), or start + j
+   without slots. cmax: the most positions a row sees. */
+static int attend_rows_omp(const float *q, const float *kc, const float *vc, int h, int kvh, int d,
+                           const int64_t *slots, int64_t start, const int64_t *rq, const int64_t *ro, const int *rc,
+                           int n, int rows, int cmax, float scale, float *out, int nt) {
     const int g = h / kvh;
     const int64_t ld = (int64_t)kvh * d;
     int fail = 0;
@@ -180,13 +146,38 @@ int rows_attention(const float *q, const float *kc, const float *vc, int h, int 
         for (int i = 0; i < rows * h; i++) {
             if (!s) continue;
             const int r = i / h, hh = i % h;
-            const int64_t at = (rq[r] * h + hh) * d;
-            attend_one(q + at, kc + (int64_t)(hh / g) * d, vc + (int64_t)(hh / g) * d, ld, slots + ro[r], 0, rc[r], d,
-                       scale, s, out + at);
+            const int64_t at = ((rq ? rq[r] : r) * h + hh) * d;
+            attend_one(q + at, kc + (int64_t)(hh / g) * d, vc + (int64_t)(hh / g) * d, ld,
+                       slots && ro ? slots + ro[r] : slots, start, rc ? rc[r] : n - rows + 1 + r, d, scale, s, out + at);
         }
         if (s && s != small) free(s);
     }
     return fail ? 2 : 0;
+}
+#endif
+
+/* q, out: [t, h, d]; k/v caches [slots, kvh, d]; the request's context: slots[0 .. n) or start + 0 .. n.
+   Row r attends over its first n - t + 1 + r positions. 0 on success. */
+int lone_attention(const float *q, const float *kc, const float *vc, int h, int kvh, int d, const int64_t *slots,
+                   int64_t start, int n, int t, float scale, float *out, int nt) {
+#if ISA
+    if (d % 16 || d > 128 || h % kvh || t < 1 || n < t) return 1;
+    return attend_rows_omp(q, kc, vc, h, kvh, d, slots, start, NULL, NULL, NULL, n, t, n, scale, out, nt);
+#else
+    return 1;
+#endif
+}
+
+/* Rows of several requests in one call: q, out [T, h, d]; row i (q row rq[i]) attends over the first rc[i]
+   slots of slots + ro[i] (its request's context), as lone_attention computes a row over that many
+   positions: bitwise the same. Only the listed rows of out are written. cmax >= every rc[i]. */
+int rows_attention(const float *q, const float *kc, const float *vc, int h, int kvh, int d, const int64_t *slots,
+                   const int64_t *rq, const int64_t *ro, const int *rc, int rows, int cmax, float scale, float *out,
+                   int nt) {
+#if ISA
+    if (d % 16 || d > 128 || h % kvh || rows < 0) return 1;
+    for (int i = 0; i < rows; i++) if (rc[i] < 1 || rc[i] > cmax) return 1;
+    return attend_rows_omp(q, kc, vc, h, kvh, d, slots, 0, rq, ro, rc, 0, rows, cmax, scale, out, nt);
 #else
     return 1;
 #endif
