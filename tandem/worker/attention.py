@@ -78,9 +78,9 @@ def paged_attention(
     if rowwise:
         return _rowwise_attention(q, k_cache, v_cache, _host(meta), scale, sliding_window)
     plan = meta.plans.get(sliding_window)
-    if plan is None:
-        plan = meta.plans[sliding_window] = _Plan(_host(meta), sliding_window, q.device, exact_verify)
     use_c = cpu_kernel and sliding_window is None and cpu_attention.fits(q, k_cache)
+    if plan is None:
+        plan = meta.plans[sliding_window] = _Plan(_host(meta), sliding_window, q.device, exact_verify, use_c)
     threads = torch.get_num_threads()
     if plan.long or threads == 1 or q.device.type != "cpu":
         return _paged_attention(q, k_cache, v_cache, plan, scale, use_c)
@@ -251,8 +251,10 @@ def _host(meta: AttentionMetadata) -> _HostMeta:
 class _Plan:
     """Per-step, per-window gather indices and masks, built once and shared by all layers."""
 
-    def __init__(self, meta: _HostMeta, window: int | None, dev: torch.device, exact_verify: bool = True) -> None:
+    def __init__(self, meta: _HostMeta, window: int | None, dev: torch.device, exact_verify: bool = True,
+                 c_rows: bool = False) -> None:
         self.host = meta
+        self._c_rows: cpu_attention.RowPlan | None = None  # (c_rows: several short requests go to C)
         self.short = [i for i in range(meta.num_reqs) if meta.query_len(i) <= _BATCHED_MAX_QUERY]
         self.long = [i for i in range(meta.num_reqs) if meta.query_len(i) > _BATCHED_MAX_QUERY]
         self.long_masks = [_mask(meta.query_len(i), meta.seq_lens[i], window, dev) for i in self.long]
@@ -277,7 +279,7 @@ class _Plan:
                 rows = [_mask(1, ctx - ql + 1 + r, window, dev) for r in range(ql)]
                 self.row_masks = [None if m is None else ~m for m in rows]
             return
-        if not self.short:
+        if not self.short or c_rows:  # (``c_rows``: no padded batch to lay out)
             return
         reqs = self.short
         n = len(reqs)
@@ -307,7 +309,6 @@ class _Plan:
         self.out_rows = q_rows[q_valid]
         self.gather_flat, self.q_rows_flat = gather.view(-1), q_rows.view(-1)
         self.uniform = bool(q_valid.all())
-        self._c_rows: cpu_attention.RowPlan | None = None
 
     def c_rows(self) -> cpu_attention.RowPlan:
         """The short requests' rows for ``cpu_attention.attend_rows`` (built on first use)."""
