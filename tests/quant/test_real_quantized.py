@@ -53,22 +53,23 @@ def test_packed_smollm2_ngram_is_lossless(smollm2):
     assert spec.engine.stats.spec.num_accepted_tokens > 0
 
 
-def test_packed_speculation_is_identical_at_concurrency_8(smollm2):
+def test_packed_speculation_is_identical_at_concurrency_8():
     """The CPU default under concurrency: 8 chats at once, greedy, drafting every step (n-gram and the
     EAGLE-3 head) — the same tokens as plain decoding of the same 8 at once. A step's rows are each
     computed as their request's lone step would (cpu_q4 rows, the C attention's rows over their own
     contexts), so verifies beside other requests' decodes cannot move a token (before the batched C
-    attention: 6-7 of 8 identical)."""
+    attention: 6-7 of 8 identical). Fresh engines without prefix caching: a prompt's prefill rows
+    depend on its chunking, so a prefix cached by earlier requests would change them (docs/quantization.md)."""
+    kw = dict(device="cpu", max_model_len=1024, kv_cache_memory_bytes=256 << 20, enable_prefix_caching=False)
     chats = [[{"role": "user", "content": q}] for q in (
         "Explain what a hash table is.", "Write a Python function that merges two sorted lists.",
         "What is the capital of France? Answer in one sentence and then list three facts.",
         "Write a haiku about the sea.", "Give me a recipe for pancakes.", "Summarize the plot of Hamlet.",
         "def fib(n):\n    # return the n-th Fibonacci number", "List five prime numbers and say why they are prime.")]
     sp = SamplingParams(temperature=0, max_tokens=64)
-    want = [o.outputs[0].token_ids for o in smollm2.chat(chats, sp, use_tqdm=False)]
+    want = [o.outputs[0].token_ids for o in LLM("smollm2-135m-instruct", **kw).chat(chats, sp, use_tqdm=False)]
     for cfg in ({"method": "ngram", "num_speculative_tokens": 4, "disable_by_acceptance": False},
                 {"model": "smollm2-135m-instruct-eagle3", "num_speculative_tokens": 3, "disable_by_acceptance": False}):
-        spec = LLM("smollm2-135m-instruct", device="cpu", max_model_len=1024, kv_cache_memory_bytes=256 << 20,
-                   speculative_config=cfg)
+        spec = LLM("smollm2-135m-instruct", **kw, speculative_config=cfg)
         assert [o.outputs[0].token_ids for o in spec.chat(chats, sp, use_tqdm=False)] == want, cfg
         assert spec.engine.stats.spec.num_accepted_tokens > 0
