@@ -130,8 +130,8 @@ def _paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                 c = ctx - (e - s) + 1 + r
                 out[s + r:s + r + 1] = _grouped_attention(q[s + r:s + r + 1], k[:c], v[:c], row_mask, scale)
     elif plan.short:
-        if use_c:  # every row as its request's lone step computes it, in one call
-            cpu_attention.attend_rows(q, k_cache, v_cache, plan.c_rows(), scale, out)
+        if plan.c_plan is not None:  # every row as its request's lone step computes it, in one call
+            cpu_attention.attend_rows(q, k_cache, v_cache, plan.c_plan, scale, out)
         else:
             _batched_short(q, k_cache, v_cache, plan, scale, out)
     return out
@@ -254,7 +254,7 @@ class _Plan:
     def __init__(self, meta: _HostMeta, window: int | None, dev: torch.device, exact_verify: bool = True,
                  c_rows: bool = False) -> None:
         self.host = meta
-        self._c_rows: cpu_attention.RowPlan | None = None  # (c_rows: several short requests go to C)
+        self.c_plan: cpu_attention.RowPlan | None = None  # ``c_rows``: several short requests' rows for C
         self.short = [i for i in range(meta.num_reqs) if meta.query_len(i) <= _BATCHED_MAX_QUERY]
         self.long = [i for i in range(meta.num_reqs) if meta.query_len(i) > _BATCHED_MAX_QUERY]
         self.long_masks = [_mask(meta.query_len(i), meta.seq_lens[i], window, dev) for i in self.long]
@@ -279,7 +279,10 @@ class _Plan:
                 rows = [_mask(1, ctx - ql + 1 + r, window, dev) for r in range(ql)]
                 self.row_masks = [None if m is None else ~m for m in rows]
             return
-        if not self.short or c_rows:  # (``c_rows``: no padded batch to lay out)
+        if c_rows and self.short:  # no padded batch to lay out
+            self.c_plan = cpu_attention.RowPlan([(meta.query_start[i], meta.context_slots[i], meta.query_len(i))
+                                                 for i in self.short])
+        if not self.short or c_rows:
             return
         reqs = self.short
         n = len(reqs)
@@ -309,14 +312,6 @@ class _Plan:
         self.out_rows = q_rows[q_valid]
         self.gather_flat, self.q_rows_flat = gather.view(-1), q_rows.view(-1)
         self.uniform = bool(q_valid.all())
-
-    def c_rows(self) -> cpu_attention.RowPlan:
-        """The short requests' rows for ``cpu_attention.attend_rows`` (built on first use)."""
-        if self._c_rows is None:
-            host = self.host
-            self._c_rows = cpu_attention.RowPlan([(host.query_start[i], host.context_slots[i], host.query_len(i))
-                                                  for i in self.short])
-        return self._c_rows
 
 
 def _batched_short(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Plan,
