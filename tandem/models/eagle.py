@@ -30,7 +30,7 @@ from torch import nn
 from tandem.errors import ModelLoadError
 from tandem.loader.arch import ModelArch
 from tandem.models.decoder import Attention
-from tandem.models.forward_context import ForwardContext, ResidualStream
+from tandem.models.forward_context import ForwardContext, LayerKernels, ResidualStream
 from tandem.models.layers import GatedMLP, Linear, RMSNorm, Rotary, linear
 
 EAGLE_KINDS: tuple[str, ...] = ("eagle", "eagle3")
@@ -143,17 +143,21 @@ class EagleHead(nn.Module):
             x = x * torch.tensor(self._target_embed_scale, dtype=x.dtype)
         return x
 
-    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+    def fuse(self, features: torch.Tensor, kernels: LayerKernels | None = None) -> torch.Tensor:
         """EAGLE-3 step 0: the concatenated aux hidden states [T, 3·H_t] → g [T, H]."""
+        if kernels is None:
+            if self.cfg.norm_before_fc:
+                features = self.input_norm(features)
+            return self.fc(features)
         if self.cfg.norm_before_fc:
-            features = self.input_norm(features)
-        return self.fc(features)
+            return kernels.norm_linear(ResidualStream(features), self.input_norm, self.fc)
+        return kernels.linear(features, self.fc)
 
-    def step0_hidden(self, features: torch.Tensor) -> torch.Tensor:
+    def step0_hidden(self, features: torch.Tensor, kernels: LayerKernels | None = None) -> torch.Tensor:
         """Target features [T, F] → the hidden input of a proposal's first step (EAGLE-3: ``fuse``;
         EAGLE-1: the final hidden state as it is)."""
         features = features.to(self.fc.weight.dtype)
-        return self.fuse(features) if self.cfg.kind == "eagle3" else features
+        return self.fuse(features, kernels) if self.cfg.kind == "eagle3" else features
 
     def qkv(self, embeds: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext | None = None
             ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,11 +168,16 @@ class EagleHead(nn.Module):
             x = self.fc(torch.cat((embeds, hidden), dim=-1))
             residual = x
         else:
-            h = self.hidden_norm(hidden)
+            h = self._norm(self.hidden_norm, hidden, k)
             residual = h if self.cfg.norm_before_residual else hidden
-            x = torch.cat((self.input_layernorm(embeds), h), dim=-1)
+            x = torch.cat((self._norm(self.input_layernorm, embeds, k), h), dim=-1)
         qkv = k.linear(x, attn.qkv_proj) if k is not None else attn.qkv_proj(x)
         return qkv, residual
+
+    @staticmethod
+    def _norm(norm: RMSNorm, x: torch.Tensor, kernels: LayerKernels | None) -> torch.Tensor:
+        """``norm(x)``, through the step's kernels when there are some (one fused kernel on CUDA)."""
+        return norm(x) if kernels is None else kernels.final_norm(ResidualStream(x), norm)
 
     def finish(self, attn_out: torch.Tensor, residual: torch.Tensor, ctx: ForwardContext | None = None
                ) -> torch.Tensor:
@@ -177,19 +186,27 @@ class EagleHead(nn.Module):
             x = residual + self.self_attn.o_proj(attn_out)
             return x + self.mlp.down_proj(self.mlp.act_mul(self.mlp.gate_up_proj(self.post_attention_layernorm(x))))
         k = ctx.kernels
+        # (fused kernels add into the stream in place: with EAGLE-3's residual = the hidden input,
+        # that input is the caller's to give up — the CUDA head runner passes its own copies)
         stream = k.linear_add(attn_out, self.self_attn.o_proj, ResidualStream(residual))
         stream = k.linear_add(k.norm_gated_mlp_in(stream, self.post_attention_layernorm, self.mlp),
                               self.mlp.down_proj, stream)
         return k.hidden(stream)
 
-    def feedback(self, out: torch.Tensor) -> torch.Tensor:
+    def feedback(self, out: torch.Tensor, kernels: LayerKernels | None = None) -> torch.Tensor:
         """What the next draft step receives as its hidden input."""
         if self.cfg.kind == "eagle3" and self.cfg.norm_output:
-            return self.norm(out)
+            return self._norm(self.norm, out, kernels)
         return out
 
-    def logits(self, out: torch.Tensor) -> torch.Tensor:
-        """Float32 logits over the draft vocabulary [T, draft_vocab]."""
+    def logits(self, out: torch.Tensor, kernels: LayerKernels | None = None) -> torch.Tensor:
+        """Float32 logits over the draft vocabulary [T, draft_vocab] (``kernels``: the step's layer
+        kernels — on CUDA the norm and the LM head in one skinny matmul, logits rounded to the model
+        dtype first: they only pick the draft)."""
+        if kernels is not None and self.lm_head is not None:
+            if self.cfg.kind == "eagle3":
+                return kernels.norm_linear(ResidualStream(out), self.norm, self.lm_head).float()
+            return kernels.linear(out, self.lm_head).float()
         if self.cfg.kind == "eagle3":
             out = self.norm(out)
         if self.lm_head is not None:  # its own (a SkinnyLinear on the CPU: models/skinny_linear.py)

@@ -17,8 +17,10 @@ device after its input copy, outside the graph (worker/chain.py: ``head_chain_fi
 are staged in 2 (k + 2) pinned buffers, so that packing a step never waits for a copy queued behind
 that verify.
 
-The linears are cuBLAS (torch ops); the head is one layer, its cost is launches, which the graph
-removes. Outputs of a bucketed step are views of static tensors, valid until this runner's next
+The layer runs on the target's fused CUDA kernels (``cuda_kernels.py``) where its shape allows
+(``fused_supported``): skinny Triton matmuls with the norms and residual adds fused in for up to
+``MAX_ROWS`` rows, the norm and the LM head in one of them, cuBLAS for more; else the torch ops. The
+head is one layer: its cost is launches, which the graph and the fused kernels cut. Outputs of a bucketed step are views of static tensors, valid until this runner's next
 step (the proposer feeds them straight into the next step, which copies them in first).
 """
 
@@ -31,11 +33,13 @@ import torch
 from tandem.kv.feature_cache import FeatureCache, require_features
 from tandem.models.eagle import EagleHead
 from tandem.models.forward_context import ForwardContext, KVCache
+from tandem.models.forward_context import LayerKernels
 from tandem.models.torch_kernels import TORCH_KERNELS
 from tandem.worker.batch import HeadChain, SeqChunk
 from tandem.worker.chain import (HEAD, chain_select, head_chain_fixup, head_chain_room, pack_chain,
                                   verify_rows_fed)
 from tandem.worker.cuda_graphs import CapturedStep, GraphCache, batch_bucket
+from tandem.worker.cuda_kernels import MAX_ROWS, CublasKernels, SkinnyKernels, default_row_rows, fused_supported
 from tandem.worker.head_step import HeadStep
 from tandem.worker.input_packer import HostStaging, layout, pack, pack_fed, padded_rows, step_tensors
 from tandem.worker.triton_attention import MAX_SPLITS, num_sms, pick_num_splits, tile_shape
@@ -57,6 +61,9 @@ class GpuHeadRunner:
         self.kv_heads, self.group = arch.num_kv_heads, arch.num_heads // arch.num_kv_heads
         self.sms = num_sms(device)
         self.attention = TritonAttention(fused_rope=arch.head_dim % 2 == 0)
+        self.fused = fused_supported(arch)
+        self._skinny = SkinnyKernels(default_row_rows(arch))
+        self._cublas = CublasKernels()
         self.table_width = -(-(max_model_len + lookahead) // block_size)
         self.max_graph_batch, self.max_graph_q = max_graph_batch, max_graph_q
         # (bucket, q) → graph: fed hidden rows (chain steps) / reading the feature cache (first steps)
@@ -79,11 +86,18 @@ class GpuHeadRunner:
     def _run(self, buf: torch.Tensor, t: int, b: int, w: int, q: int, splits: int, hidden: torch.Tensor | None
              ) -> tuple[torch.Tensor, torch.Tensor]:
         ids, pos, meta = step_tensors(buf, t, b, w, self.block_size, q, splits)
+        kernels = self._kernels(t)
         if hidden is None:
-            hidden = self.head.step0_hidden(require_features(self.features).gather(meta.slot_mapping))
-        out = self.head(ids, pos, hidden, ForwardContext(meta, self.kv_caches, TORCH_KERNELS, self.attention))
-        tok = self.head.draft_to_target[self.head.logits(out).argmax(dim=-1)]
-        return tok, self.head.feedback(out)
+            hidden = self.head.step0_hidden(require_features(self.features).gather(meta.slot_mapping), kernels)
+        out = self.head(ids, pos, hidden, ForwardContext(meta, self.kv_caches, kernels, self.attention))
+        tok = self.head.draft_to_target[self.head.logits(out, kernels).argmax(dim=-1)]
+        return tok, self.head.feedback(out, kernels)
+
+    def _kernels(self, rows: int) -> LayerKernels:
+        """The layer kernels of a step of ``rows`` rows (the target runner's choice)."""
+        if not self.fused:
+            return TORCH_KERNELS
+        return self._skinny if rows <= MAX_ROWS else self._cublas
 
     @torch.inference_mode()
     def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], hidden: torch.Tensor | None,
@@ -143,6 +157,8 @@ class GpuHeadRunner:
                        hidden: torch.Tensor | None, token_ids: torch.Tensor | None,
                        chain: HeadChain | None = None) -> HeadStep:
         self.num_eager_steps += 1
+        if hidden is not None:  # the fused kernels add into EAGLE-3's residual (this input) in place
+            hidden = hidden.clone()
         n = len(chunks)
         w = max(1, max(len(c.block_ids) for c in chunks))
         fed = verify_rows_fed(chain, qlens) if chain is not None else None
@@ -171,6 +187,7 @@ class GpuHeadRunner:
         """Capture the small steps' graphs now: first steps (catch-ups of 1..k+1 rows, from the
         features) for every query length, chain steps (fed, q = 1)."""
         self._compile_select()
+        self._compile_eager()
         if self.graphs is None or self.graphs_f is None:
             return
         w = self.table_width
@@ -186,6 +203,25 @@ class GpuHeadRunner:
                         length, _, _, _ = pack(self.block_size, buf, [], [], b, q, w, None)
                         self._host.send(i, length, self._static)
                         self._capture(graphs, b, q, fed)
+
+    @torch.inference_mode()
+    def _compile_eager(self) -> None:
+        """Compile now the kernel variants an eager step can pick (1..64 rows: the one-row and
+        tensor-core skinny matmuls, the cuBLAS body's norms; attention with and without split-KV),
+        fed and from the features, on all-padding steps (no KV slot read or written)."""
+        w = self.table_width
+        dev = torch.empty(layout(64, 1, w)[-1], dtype=torch.int64, device=self.device)
+        q = 1
+        while q <= 64:
+            i, buf = self._host.acquire(layout(q, 1, w)[-1])
+            length, _, _, _ = pack(self.block_size, buf, [], [], 1, q, w, None)
+            self._host.send(i, length, dev)
+            for splits in (1, 2):
+                self._run(dev, q, 1, w, q, splits, self._hidden_in.new_zeros(q, self._hidden_in.shape[1]))
+                if self.features is not None:
+                    self._run(dev, q, 1, w, q, splits, None)
+            q *= 2
+        torch.cuda.synchronize(self.device)
 
     def _compile_select(self) -> None:
         """Compile ``chain_select``'s one variant now (a chained catch-up's; on a scratch buffer)."""

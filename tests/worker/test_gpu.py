@@ -440,13 +440,15 @@ def test_engine_generates_same_tokens_with_and_without_graphs(tmp_path, monkeypa
     assert graphs == eager
 
 
-@pytest.mark.parametrize("spec", [None, "ngram", "suffix"])
+@pytest.mark.parametrize("spec", [None, "ngram", "suffix", "eagle3"])
 def test_nothing_is_captured_or_compiled_while_serving(tmp_path, spec):
     """The engine captures the graph of every batch bucket up to max_num_seqs when it starts (every
     query length at batch <= 8, decodes and full verifies above) and compiles every kernel variant:
     serving 40 requests at once (the batch shrinking through every bucket as they finish; n-gram
     verifies of every length) captures no graph and compiles no Triton kernel. Suffix decoding's
-    k = 24 is cut to the graphs' query length (7 drafts + 1)."""
+    k = 24 is cut to the graphs' query length (7 drafts + 1). An EAGLE-3 head's steps (its fused
+    kernels, its catch-ups over whole prompts, its graphs) neither."""
+    from eagle_heads import write_eagle_head
     from engine_utils import greedy
     from tiny_models import write_tiny_hf_checkpoint
     from tandem import LLM
@@ -454,22 +456,27 @@ def test_nothing_is_captured_or_compiled_while_serving(tmp_path, spec):
     from tandem.worker.cuda_graphs import warm_up_plan
 
     path = write_tiny_hf_checkpoint(tmp_path, "llama", vocab_size=256, hidden_size=128, intermediate_size=256,
-                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+                                    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
     cfg = {"ngram": {"method": "ngram", "num_speculative_tokens": 3, "disable_by_acceptance": False},
-           "suffix": {"method": "suffix", "disable_by_acceptance": False}, None: None}[spec]
+           "suffix": {"method": "suffix", "disable_by_acceptance": False}, None: None}.get(spec)
+    if spec == "eagle3":
+        head, _ = write_eagle_head(tmp_path, "speculators", path, aux=(1, 2, 3), draft_vocab=128)
+        cfg = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3, "disable_by_acceptance": False}
     llm = LLM(str(path), device="cuda", dtype="bfloat16", kv_cache_memory_bytes=256 << 20, max_num_seqs=40,
               enable_prefix_caching=False, speculative_config=cfg)
     graphs = llm.engine.runner.graphs
-    k = {"ngram": 3, "suffix": llm.engine.runner.max_graph_q - 1, None: 0}[spec]
+    k = {"ngram": 3, "eagle3": 3, "suffix": llm.engine.runner.max_graph_q - 1, None: 0}[spec]
     assert spec is None or (llm.engine.speculator.k == k and k < 24)
     want = {(b, q) for sizes, qs in warm_up_plan(40, 256, k + 1) for b in sizes for q in qs}
     assert set(graphs.graphs) == want and (40, 1) in want
-    before, compiled = set(graphs.graphs), _compiled_variants()
+    head = llm.engine.proposer.runner if spec == "eagle3" else None
+    head_graphs = lambda: (set(head.graphs.graphs), set(head.graphs_f.graphs)) if head else None  # noqa: E731
+    before, before_head, compiled = set(graphs.graphs), head_graphs(), _compiled_variants()
     rng = random.Random(5)
     prompts = [[rng.randrange(3, 40) for _ in range(rng.randrange(4, 120))] for _ in range(40)]
     outs = llm.generate(prompts, [greedy(4 + 3 * i) for i in range(40)], use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in outs] == [4 + 3 * i for i in range(40)]
-    assert set(graphs.graphs) == before
+    assert set(graphs.graphs) == before and head_graphs() == before_head
     now = _compiled_variants()
     assert {k: now[k] - compiled.get(k, set()) for k in now if now[k] - compiled.get(k, set())} == {}
     if spec:
