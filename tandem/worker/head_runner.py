@@ -11,9 +11,9 @@ gathered from the feature cache by the step's own slot mapping (head position ``
 of target position ``p``) and fused (``EagleHead.step0_hidden``). It returns, for the flat rows
 ``rows``, the greedy draft token (a target id, on the device) and the feedback for the next step.
 A step of a proposal chained on a verify still on the device (``chain``: ``HeadChain``) is fixed on
-the device after its input copy (worker/chain.py: ``head_chain_fixup``). Torch ops on any device;
-the CUDA runner's fused kernels are not used for the head (its one layer is small next to the
-target).
+the device after its input copy (worker/chain.py: ``head_chain_fixup``). Torch ops on any device
+(``TORCH_KERNELS``); the CUDA subclass (gpu_head_runner.py) runs its graphed steps on the target's
+fused kernels.
 """
 
 from __future__ import annotations
