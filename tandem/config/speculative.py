@@ -188,6 +188,12 @@ class SpeculativeConfig:
                 allowed=SUPPORTED_DRAFT_TENSOR_PARALLEL_SIZES,
             )
         check_quantization("quantization", self.quantization)  # resolved against the draft's files at load
+        if method != "draft_model" and self.quantization not in (None, "none"):
+            what = ("an EAGLE head runs in its checkpoint's float dtype (its linears are small: the target's "
+                    "quantization does not apply to it)" if method in EAGLE_METHODS
+                    else f"{method} drafts come from token history, with no weights to quantize")
+            raise ConfigError("quantization", f"only applies to method 'draft_model': {what}; drop it for "
+                              f"{method!r}", allowed=["none"])
 
         # --- sampling ----------------------------------------------------------------------------
         check_str("draft_sample_method", self.draft_sample_method)

@@ -290,6 +290,15 @@ def test_quantization_rejected() -> None:
     assert err.allowed is not None and "int4" in err.allowed and "gptq" in err.allowed
 
 
+@pytest.mark.parametrize("method", ["ngram", "suffix", "eagle3"])
+def test_quantization_only_for_a_draft_model(method: str) -> None:
+    extra = {"model": "smollm2-135m-instruct-eagle3"} if method == "eagle3" else {}
+    err = raises("quantization", "only applies to method 'draft_model'", method=method, num_speculative_tokens=3,
+                 quantization="int8", **extra)
+    assert err.allowed == ["none"]
+    cfg(method=method, num_speculative_tokens=3, quantization="none", **extra)  # a no-op: accepted
+
+
 def test_draft_sample_method_allowed() -> None:
     err = raises("draft_sample_method", "'top_k'", model="d", num_speculative_tokens=3,
                  draft_sample_method="top_k")
