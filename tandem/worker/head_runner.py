@@ -12,7 +12,7 @@ of target position ``p``) and fused (``EagleHead.step0_hidden``). It returns, fo
 ``rows``, the greedy draft token (a target id, on the device) and the feedback for the next step.
 A step of a proposal chained on a verify still on the device (``chain``: ``HeadChain``) is fixed on
 the device after its input copy (worker/chain.py: ``head_chain_fixup``). Torch ops on any device
-(``TORCH_KERNELS``); the CUDA subclass (gpu_head_runner.py) runs its graphed steps on the target's
+(``TORCH_KERNELS``); the CUDA head runner (gpu_head_runner.py) runs its graphed steps on the target's
 fused kernels.
 """
 
