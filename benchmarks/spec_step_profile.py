@@ -8,6 +8,8 @@ the wait for the device shows where the host reads results):
 
 - ``propose``   ``_propose`` and ``_propose_ahead`` (host proposers draft here, an EAGLE head's steps
                 are launched; the policy chooses)
+- ``head``      of ``propose``: the EAGLE head runner's steps (``forward``, ``forward_chain``), host
+                time — on CUDA the packing, copies, fix-ups and graph launches, not the device's work
 - ``resolve``   ``speculator.resolve_drafts`` (the host read of drafts left on the device)
 - ``schedule``  ``scheduler.schedule``
 - ``execute``   ``executor.start`` + ``finish`` (a synchronous step: pack, launch, wait, sample / verify)
@@ -52,7 +54,7 @@ CONFIGS: dict[str, tuple[dict[str, Any] | None, bool]] = {
     "eagle3": ({"method": "eagle3", "model": "smollm2-135m-instruct-eagle3", "num_speculative_tokens": 3,
                 "disable_by_acceptance": False}, True),
 }
-PHASES = ("propose", "resolve", "schedule", "execute", "launch", "read", "process", "observe", "cycle")
+PHASES = ("propose", "head", "resolve", "schedule", "execute", "launch", "read", "process", "observe", "cycle")
 
 
 def _wrap(obj: Any, name: str, acc: dict[str, float], key: str) -> None:
@@ -138,6 +140,11 @@ def profile(args: argparse.Namespace, name: str) -> dict[str, Any]:
     _wrap(eng, "_propose", acc, "propose")
     if hasattr(eng, "_propose_ahead"):  # (older trees: no chained verifies)
         _wrap(eng, "_propose_ahead", acc, "propose")
+    head_runner = getattr(eng.proposer, "runner", None)
+    if hasattr(head_runner, "head"):  # an EAGLE head's runner (a draft model's has no ``head``)
+        for n in ("forward", "forward_chain"):
+            if hasattr(head_runner, n):
+                _wrap(head_runner, n, acc, "head")
     _wrap(eng.speculator, "resolve_drafts", acc, "resolve")
     _wrap(eng.scheduler, "schedule", acc, "schedule")
     # (the engine calls start / finish and apply / flush; older trees execute and process)
