@@ -103,7 +103,7 @@ class SpeculativeConfig:
     suffix_decoding_max_spec_factor: float | None = None  # draft <= factor * match length
     suffix_decoding_min_token_prob: float | None = None  # stop below this continuation probability
     draft_tensor_parallel_size: int = 1
-    max_model_len: int | None = None  # draft context limit; None = the target's
+    max_model_len: int | None = None  # no drafts for longer requests (the draft's context); None: the target's
     quantization: str | None = None  # draft quantization (ModelConfig.quantization's values; unset: detected)
     revision: str | None = None  # draft model revision
     enforce_eager: bool | None = None  # draft: no CUDA graphs; None = same as the target

@@ -8,7 +8,9 @@ three points:
 1. ``drafts_for(running)``, before scheduling a step while every token is on the host: drafts for the
    requests that got tokens since their last proposal and are in the decode phase. A request's k is
    at most ``min(k, room)``, the room keeping the drafts and the bonus token within ``max_tokens`` and
-   ``max_model_len``; the policy chooses within it. Host proposers (n-gram, suffix) are asked for the
+   ``max_model_len`` (and within ``speculative_config.max_model_len`` where set: a request longer than
+   that is not speculated for, as in vLLM — a draft model built for that length could not run it);
+   the policy chooses within it. Host proposers (n-gram, suffix) are asked for the
    full k first and their drafts truncated to the policy's choice (the rest is scored in the shadow);
    no proposal at all is made while the policy's ``wants_any`` says nobody would draft (as when
    asynchronous decode chains steps); model-based proposers draft only what the policy grants (a
@@ -382,7 +384,9 @@ class Speculator:
         return cap is not None and batch >= cap
 
     def _room(self, r: Request) -> int:
-        room = min(r.max_output_tokens - r.num_output_tokens - 1, r.max_model_len - r.num_tokens - 1)
+        cap = self.config.max_model_len  # (speculative_config's: no drafts past it)
+        limit = r.max_model_len if cap is None else min(r.max_model_len, cap)
+        room = min(r.max_output_tokens - r.num_output_tokens - 1, limit - r.num_tokens - 1)
         return max(0, min(self.k, room))
 
 

@@ -39,6 +39,21 @@ def spec_llm(target, **spec):
     return make_llm(target, speculative_config=spec)
 
 
+@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+def test_no_speculation_past_speculative_max_model_len(dirs, prompts, reference, method):
+    """``speculative_config.max_model_len`` below the target's: requests longer than it are not
+    speculated for (a draft model built for that length crashed on them: an index past its rope
+    table), shorter ones are until they grow past it; greedy output stays the target's."""
+    extra = {"model": str(dirs[1])} if method == "draft_model" else {}
+    llm = spec_llm(dirs[0], method=method, num_speculative_tokens=3, max_model_len=40, **extra)
+    outs = llm.generate(prompts, greedy(32), use_tqdm=False)  # prompts of 2..50 tokens, 32 more each
+    assert tokens_of(outs) == reference
+    assert llm.engine.stats.spec.num_draft_tokens > 0
+    for p, o in zip(prompts, outs):
+        if len(p["prompt_token_ids"]) >= 39:
+            assert o.outputs[0].num_draft_tokens == 0
+
+
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_draft_model_greedy_equals_no_speculation(dirs, prompts, reference, k):
     llm = spec_llm(dirs[0], method="draft_model", model=str(dirs[1]), num_speculative_tokens=k)
