@@ -20,8 +20,9 @@ that verify.
 The layer runs on the target's fused CUDA kernels (``cuda_kernels.py``) where its shape allows
 (``fused_supported``): skinny Triton matmuls with the norms and residual adds fused in for up to
 ``MAX_ROWS`` rows, the norm and the LM head in one of them, cuBLAS for more; else the torch ops. The
-head is one layer: its cost is launches, which the graph and the fused kernels cut. Outputs of a bucketed step are views of static tensors, valid until this runner's next
-step (the proposer feeds them straight into the next step, which copies them in first).
+head is one layer: its cost is launches, which the graph and the fused kernels cut. Outputs of a
+bucketed step are views of static tensors, valid until this runner's next step (the proposer feeds
+them straight into the next step, which copies them in first).
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ import torch
 
 from tandem.kv.feature_cache import FeatureCache, require_features
 from tandem.models.eagle import EagleHead
-from tandem.models.forward_context import ForwardContext, KVCache
-from tandem.models.forward_context import LayerKernels
+from tandem.models.forward_context import ForwardContext, KVCache, LayerKernels
 from tandem.models.torch_kernels import TORCH_KERNELS
 from tandem.worker.batch import HeadChain, SeqChunk
 from tandem.worker.chain import (HEAD, chain_select, head_chain_fixup, head_chain_room, pack_chain,
