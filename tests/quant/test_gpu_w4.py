@@ -17,12 +17,13 @@ CUDA = torch.device("cuda")
 PROMPT = [5, 9, 17, 33, 40, 41, 7, 8, 99, 12, 60, 61]
 
 
-@pytest.mark.parametrize("config", [None, (4, 1), (8, 4), (2, 2)])
+@pytest.mark.parametrize("config", [None, (4, 1), (8, 4), (2, 2, 2), (4, 2, 1, 2)])
 @pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 16, 40, 70])
 def test_w4_gemv_matches_the_float_weight(rows, config):
     """The int4 kernel against the float32 product with the weight its codes describe, every fusion,
-    with and without split-K ((warps, split); 8 x 4: nine steps of K in splits of three, the last one
-    empty; 70 rows: two launches); each row equals that row alone, bit for bit (batch-invariant mode
+    with and without split-K ((warps, split[, tiles per warp[, depth]]); 8 x 4: nine steps of K in splits of
+    three, the last one empty; 2 x 2 x 2: two tiles per warp; 4 x 2 x 1 x 2: two steps of codes in
+    flight; 70 rows: two launches); each row equals that row alone, bit for bit (batch-invariant mode
     relies on it)."""
     from tandem.models.quant.w4_weight import W4Weight
     from tandem.models.quant.weights import quantize_float
