@@ -364,19 +364,21 @@ class W4Config(NamedTuple):
 
 def w4_config(n: int, k: int, group: int, gated: bool) -> W4Config:
     """The configuration for an [m, k] x [n, k]^T int4 product (``n``: weight rows; gated: both halves).
-    Depends on the shape only, never on the row count (batch invariance). Split-K doubles while there
-    are fewer than 3072 warps (8 warps per program, 4 for gated weights) and every split keeps at least
-    two steps. From the sweeps of
-    docs/performance.md §47 (8B shapes, one row): on the H100 with the decode fusions the fastest were
-    qkv (8, 4) 16.7 µs, o (8, 8) 8.0, gate_up (4, 8) 34.1, down (8, 16) 15.6 (4 warps everywhere: 20.8 /
-    9.0 / 34.3 / 16.2); on the H200 (prototype, plain products) warps mattered less than the split."""
-    warps = 4 if gated else 8
+    Depends on the shape only, never on the row count (batch invariance). 8 warps per program; split-K
+    doubles while there are fewer than 3072 warps and every split keeps at least two steps; products of
+    at least 24 Mi plain weights (8B: qkv, down) stream two tiles per warp, two K steps in flight. From
+    the sweeps of docs/performance.md §48 / §50 (8B shapes, one row, with the decode fusions; an H100,
+    two sessions agreeing within 1 %): qkv (8, 8, 2, 2) 9.6 µs against 11.0 at (8, 8, 1, 1); o (8, 16)
+    6.8 (tiles 2 not among its best four); gate_up (8, 4) 29.2–29.9 against 38.7–39.0 at 4 warps; down
+    (8, 16, 2, 2) 15.6–15.7 against 16.7–17.0."""
+    warps = 8
     tiles = (n // 2 if gated else n) // TILE
     steps = -(-k // max(group, CHUNK))
     split = 1
     while -(-tiles // warps) * split * warps < 3072 and steps // (2 * split) >= 2:
         split *= 2
-    return W4Config(warps, split)
+    two = not gated and n * k >= 24 * 2**20
+    return W4Config(warps, split, 2 if two else 1, 2 if two else 1)
 
 
 def w4_runs(x: torch.Tensor, w: W4Weight, nout: int) -> bool:
