@@ -110,13 +110,14 @@ def write_eagle_head(base: Path, layout: str, target_dir: Path, *, seed: int = 0
 
 
 def compare_chained_head_steps(chained: Any, sync: Any, blocks: list[list[int]], vocab: int, k: int = 3,
-                               tol: float = 1e-5) -> int:
+                               tol: float = 1e-5, chain_graph: bool = False) -> int:
     """A proposal chained on a verify still on the device (``HeadChain``) drafts what a proposal
     made after reading that verify drafts: ``chained`` and ``sync`` (head runners over the same
     head and feature cache, KV caches of their own) run the same requests — each verify accepting
     0..k of its drafts, some heads caught up to the verify, some behind — the first through the
-    chained catch-up and chain steps, the second through the synchronous ones on the verify's
-    outcome. Returns the number of head steps compared."""
+    chained catch-up and chain steps (``chain_graph``: steps 2..k in one ``forward_chain``), the
+    second through the synchronous ones on the verify's outcome. Returns the number of head steps
+    compared."""
     from tandem.worker.batch import ChainedFrom, HeadChain, SeqChunk
 
     dev = chained.device
@@ -147,6 +148,17 @@ def compare_chained_head_steps(chained: Any, sync: Any, blocks: list[list[int]],
         if steps == k:
             return steps
         tok_a, tok_b, fb_a, fb_b = a.token_ids.clone(), b.token_ids.clone(), a.feedback.clone(), b.feedback.clone()
+        if chain_graph:
+            toks = chained.forward_chain([SeqChunk([0], verify_at[i] + k + 1, blocks[i]) for i in range(n)], fb_a,
+                                         tok_a, k - 1, HeadChain(verify, False))
+            assert toks is not None and len(toks) == k - 1
+            for t in toks:
+                b = sync.forward([SeqChunk([0], verify_at[i] + accepted[i] + steps, blocks[i]) for i in range(n)],
+                                 range(n), fb_b, token_ids=tok_b)
+                steps += 1
+                assert torch.equal(t, b.token_ids), steps
+                tok_b, fb_b = b.token_ids.clone(), b.feedback.clone()
+            return steps
         a = chained.forward([SeqChunk([0], verify_at[i] + k + steps, blocks[i]) for i in range(n)], range(n), fb_a,
                             token_ids=tok_a, chain=HeadChain(verify, False))
         b = sync.forward([SeqChunk([0], verify_at[i] + accepted[i] + steps, blocks[i]) for i in range(n)], range(n),

@@ -118,8 +118,16 @@ class EagleProposer:
 
     def _chain(self, reqs: Sequence[Request], ks: Sequence[int], active: list[int], tok: torch.Tensor,
                feedback: torch.Tensor, verify: ChainedFrom | None) -> list[tuple[list[int], torch.Tensor]]:
-        """Draft steps 2..k, single-token rows, no host read in between."""
+        """Draft steps 2..k, single-token rows, no host read in between: in one graph when every
+        drafting request takes the same k and the runner holds one (``forward_chain``), else a step
+        at a time."""
         steps: list[tuple[list[int], torch.Tensor]] = [(active, tok)]
+        k = max(ks[i] for i in active)
+        if k > 2 and all(ks[i] == k for i in active):
+            chunks = [SeqChunk([0], reqs[i].num_tokens - 1, reqs[i].block_ids) for i in active]
+            toks = self.runner.forward_chain(chunks, feedback, tok, k - 1, _head_chain(verify, active, False))
+            if toks is not None:  # (views of the graph's outputs: copied before its next replay)
+                return steps + [(active, t.clone()) for t in toks]
         j = 1
         while True:
             prev, tok = steps[-1]

@@ -10,6 +10,12 @@ runner (one pinned int64 buffer, one host→device copy per step), plus a static
   Two sets of graphs: a proposal's first step (``hidden`` None) gathers the target's features by the
   step's slot mapping from the feature cache and fuses them inside its graph (no host work, no copy);
   a chain step's feedback rows are copied to their padded places first.
+- **chain** (``forward_chain``: a proposal's one-row steps 2..k, every request taking the same k, at
+  most ``SMALL_BATCH`` requests): one graph per (bucket, steps) runs them all — after the first, each
+  step's position, context length and KV slot advance on the device (``input_packer.advance_one``) and
+  its id and hidden row are the step before's draft and feedback — so the host stages and replays once
+  per proposal instead of once per step (on the H100 a step's host work, ~160 µs, was what an EAGLE
+  round at batch 1 waited on: docs/performance.md §50).
 - **eager** (a catch-up over a whole prompt): exact layout, the same ops without a graph.
 
 A step of a proposal chained on a verify still on the device (``HeadChain``) is fixed on the
@@ -38,10 +44,10 @@ from tandem.models.torch_kernels import TORCH_KERNELS
 from tandem.worker.batch import HeadChain, SeqChunk
 from tandem.worker.chain import (HEAD, chain_select, head_chain_fixup, head_chain_room, pack_chain,
                                   verify_rows_fed)
-from tandem.worker.cuda_graphs import CapturedStep, GraphCache, batch_bucket
+from tandem.worker.cuda_graphs import BATCH_BUCKETS, SMALL_BATCH, CapturedStep, GraphCache, batch_bucket
 from tandem.worker.cuda_kernels import MAX_ROWS, CublasKernels, SkinnyKernels, default_row_rows, fused_supported
 from tandem.worker.head_step import HeadStep
-from tandem.worker.input_packer import HostStaging, layout, pack, pack_fed, padded_rows, step_tensors
+from tandem.worker.input_packer import HostStaging, advance_one, layout, pack, pack_fed, padded_rows, step_tensors
 from tandem.worker.triton_attention import MAX_SPLITS, num_sms, pick_num_splits, tile_shape
 from tandem.worker.triton_attention_backend import TritonAttention
 
@@ -69,6 +75,9 @@ class GpuHeadRunner:
         # (bucket, q) → graph: fed hidden rows (chain steps) / reading the feature cache (first steps)
         self.graphs = GraphCache(device) if use_graphs else None
         self.graphs_f = GraphCache(device) if use_graphs else None
+        # (bucket, steps) → a proposal's one-row chain steps in one graph (forward_chain)
+        self.graphs_c = GraphCache(device) if use_graphs else None
+        self.lookahead = lookahead
         tmax = max_graph_batch * max_graph_q
         self._static = torch.zeros(layout(tmax, max_graph_batch, self.table_width)[-1] + tmax,
                                    dtype=torch.int64, device=device)
@@ -116,6 +125,25 @@ class GpuHeadRunner:
             fit = graphs.best_fit(b, q)  # captured at start (warm_up_plan): no capture while serving
             if fit is not None:
                 b, q = fit
+        _, r_off, identity = self._stage(chunks, qlens, rows, hidden, token_ids, chain, b, q)
+        if graphs is not None:
+            step = graphs.get((b, q)) or self._capture(graphs, b, q, hidden is not None)
+            step.graph.replay()
+            tok, fb = step.logits, step.features
+            assert fb is not None
+        else:
+            tok, fb = self._run(self._static, b * q, b, w, q, self._splits(b, q, None),
+                                None if hidden is None else self._hidden_in[: b * q])
+        if not identity:
+            sel = self._static[r_off:r_off + len(rows)]
+            tok, fb = tok.index_select(0, sel), fb.index_select(0, sel)
+        return HeadStep(tok, fb, None)
+
+    def _stage(self, chunks: Sequence[SeqChunk], qlens: list[int], rows: Sequence[int], hidden: torch.Tensor | None,
+               token_ids: torch.Tensor | None, chain: HeadChain | None, b: int, q: int) -> tuple[int, int, bool]:
+        """A bucketed step's inputs in the static buffer (one host→device copy), a chained step fixed
+        up on the device, its fed ids and hidden rows in place: (T, rows offset, rows are the identity)."""
+        n, w = len(chunks), self.table_width
         fed = verify_rows_fed(chain, qlens) if chain is not None else None
         i, buf = self._host.acquire(layout(b * q, b, w)[-1] + len(rows) + head_chain_room(chain, fed, n))
         length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, b, q, w, rows)
@@ -134,18 +162,60 @@ class GpuHeadRunner:
             else:
                 dest = [i * q + j for i, ql in enumerate(qlens) for j in range(ql)]
                 self._hidden_in.index_copy_(0, torch.tensor(dest, device=self.device), hidden)
-        if graphs is not None:
-            step = graphs.get((b, q)) or self._capture(graphs, b, q, hidden is not None)
-            step.graph.replay()
-            tok, fb = step.logits, step.features
-            assert fb is not None
-        else:
-            tok, fb = self._run(self._static, b * q, b, w, q, self._splits(b, q, None),
-                                None if hidden is None else self._hidden_in[: b * q])
-        if not identity:
-            sel = self._static[r_off:r_off + len(rows)]
-            tok, fb = tok.index_select(0, sel), fb.index_select(0, sel)
-        return HeadStep(tok, fb, None)
+        return t, r_off, identity
+
+    @torch.inference_mode()
+    def forward_chain(self, chunks: Sequence[SeqChunk], hidden: torch.Tensor, token_ids: torch.Tensor, steps: int,
+                      chain: HeadChain | None = None) -> list[torch.Tensor] | None:
+        """``steps`` one-row fed steps of a proposal (drafts 2 .. steps + 1) in one graph: the first
+        packed as ``forward`` packs one (one-token ``chunks``, ids ``token_ids``, hidden rows ``hidden``,
+        fixed up on the device when ``chain``), each later one advanced on the device (``advance_one``:
+        position, context and KV slot one further; its id and hidden row the step before's draft and
+        feedback). One host staging and one replay instead of ``steps``. Per step the drafts [len(chunks)]
+        (views of the graph's outputs: valid until its next replay); None where no graph holds this
+        batch and step count (graphs are captured at start for the small buckets: callers then step
+        one at a time)."""
+        n = len(chunks)
+        graph = self._chain_graph(n, steps)
+        if (graph is None or any(len(c.token_ids) != 1 for c in chunks)
+                or max(len(c.block_ids) for c in chunks) > self.table_width):
+            return None
+        b, captured = graph
+        self._stage(chunks, [1] * n, range(n), hidden.to(self._hidden_in.dtype), token_ids, chain, b, 1)
+        captured.graph.replay()
+        self.num_graph_steps += steps
+        return [captured.logits[j, :n] for j in range(steps)]
+
+    def _chain_graph(self, n: int, steps: int) -> tuple[int, CapturedStep] | None:
+        """The captured chain graph of the smallest bucket holding ``n`` requests, for exactly ``steps``
+        steps (more would write the head's KV past the slots the scheduler reserved)."""
+        if self.graphs_c is None:
+            return None
+        for b in BATCH_BUCKETS:
+            if b >= n:
+                found = self.graphs_c.get((b, steps))
+                if found is not None:
+                    return b, found
+        return None
+
+    def _capture_chain(self, b: int, steps: int) -> CapturedStep:
+        w = self.table_width
+        splits = self._splits(b, 1, None)
+
+        def run() -> torch.Tensor:
+            hidden = self._hidden_in[:b]
+            toks = []
+            for j in range(steps):
+                tok, fb = self._run(self._static, b, b, w, 1, splits, hidden)
+                toks.append(tok)
+                if j + 1 < steps:
+                    hidden.copy_(fb)
+                    self._static[:b].copy_(tok)
+                    advance_one(self._static, b, w, self.block_size)
+            return torch.stack(toks)
+
+        assert self.graphs_c is not None
+        return self.graphs_c.capture((b, steps), run)
 
     def _capture(self, graphs: GraphCache, b: int, q: int, fed: bool) -> CapturedStep:
         """The graph of a (bucket, q) step: ``fed`` hidden rows from ``_hidden_in``, else the features."""
@@ -203,6 +273,14 @@ class GpuHeadRunner:
                         length, _, _, _ = pack(self.block_size, buf, [], [], b, q, w, None)
                         self._host.send(i, length, self._static)
                         self._capture(graphs, b, q, fed)
+                # chain graphs (forward_chain) for the small buckets: proposals of 3 .. k drafts
+                if self.graphs_c is not None and b is not None and b <= SMALL_BATCH:
+                    for steps in range(2, self.lookahead):
+                        if self.graphs_c.get((b, steps)) is None:
+                            i, buf = self._host.acquire(layout(b, b, w)[-1])
+                            length, _, _, _ = pack(self.block_size, buf, [], [], b, 1, w, None)
+                            self._host.send(i, length, self._static)
+                            self._capture_chain(b, steps)
 
     @torch.inference_mode()
     def _compile_eager(self) -> None:

@@ -52,6 +52,12 @@ class HeadRunner:
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None:
         """Nothing to compile or capture on the torch path."""
 
+    def forward_chain(self, chunks: Sequence[SeqChunk], hidden: torch.Tensor, token_ids: torch.Tensor, steps: int,
+                      chain: HeadChain | None = None) -> list[torch.Tensor] | None:
+        """None: the torch path runs chain steps one at a time (the CUDA runner may take them in one
+        graph: ``GpuHeadRunner.forward_chain``)."""
+        return None
+
     @torch.inference_mode()
     def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], hidden: torch.Tensor | None,
                 token_ids: torch.Tensor | None = None, chain: HeadChain | None = None) -> HeadStep:
@@ -94,6 +100,9 @@ class AnyHeadRunner(Protocol):
 
     def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], hidden: torch.Tensor | None,
                 token_ids: torch.Tensor | None = None, chain: HeadChain | None = None) -> HeadStep: ...
+
+    def forward_chain(self, chunks: Sequence[SeqChunk], hidden: torch.Tensor, token_ids: torch.Tensor, steps: int,
+                      chain: HeadChain | None = None) -> list[torch.Tensor] | None: ...
 
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None: ...
 

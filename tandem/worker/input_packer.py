@@ -223,6 +223,23 @@ def step_tensors(buf: torch.Tensor, t: int, b: int, w: int, block_size: int, max
     return buf[o_ids:o_ids + t], buf[o_pos:o_pos + t], meta
 
 
+def advance_one(buf: torch.Tensor, b: int, w: int, block_size: int) -> None:
+    """In place, a packed step of one query row per request (``layout(b, b, w)``) becomes the step at
+    the next position: each real request (query length 1) one position further, its context one
+    longer, its KV slot looked up in its block table; padding requests (query length 0) unchanged.
+    Torch ops only, so a CUDA graph can hold it (an EAGLE head's chain steps in one graph:
+    ``GpuHeadRunner.forward_chain``); the ids are the caller's."""
+    _, o_pos, o_slot, o_seq, _, o_ql, o_bt, _ = layout(b, b, w)
+    real = buf[o_ql:o_ql + b]
+    pos = buf[o_pos:o_pos + b]
+    pos.add_(real)
+    buf[o_seq:o_seq + b].add_(real)
+    col = torch.div(pos, block_size, rounding_mode="floor").clamp_(max=w - 1)
+    block = buf[o_bt:o_bt + b * w].view(b, w).gather(1, col.unsqueeze(1)).squeeze(1)
+    slot = buf[o_slot:o_slot + b]
+    slot.copy_(torch.where(real > 0, block * block_size + pos % block_size, slot))
+
+
 def pack_fed(buf: np.ndarray, length: int, fed: FedTokens | None, rows: Sequence[int]) -> int:
     """Append the fed tokens' source indices and (buffer) rows after a packed step; the new end."""
     if fed is None:

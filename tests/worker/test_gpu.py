@@ -470,7 +470,8 @@ def test_nothing_is_captured_or_compiled_while_serving(tmp_path, spec):
     want = {(b, q) for sizes, qs in warm_up_plan(40, 256, k + 1) for b in sizes for q in qs}
     assert set(graphs.graphs) == want and (40, 1) in want
     head = llm.engine.proposer.runner if spec == "eagle3" else None
-    head_graphs = lambda: (set(head.graphs.graphs), set(head.graphs_f.graphs)) if head else None  # noqa: E731
+    head_graphs = lambda: ((set(head.graphs.graphs), set(head.graphs_f.graphs), set(head.graphs_c.graphs))  # noqa: E731
+                           if head else None)
     before, before_head, compiled = set(graphs.graphs), head_graphs(), _compiled_variants()
     rng = random.Random(5)
     prompts = [[rng.randrange(3, 40) for _ in range(rng.randrange(4, 120))] for _ in range(40)]

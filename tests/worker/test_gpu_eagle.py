@@ -140,3 +140,26 @@ def test_gpu_chained_proposal_drafts_what_a_proposal_after_the_read_drafts(tmp_p
     steps = compare_chained_head_steps(gpu_r, HeadRunner(head, kv(), bs, dev, features), blocks, 256, tol=2e-3)
     assert steps == 3
     assert gpu_r.num_eager_steps >= 1 and (gpu_r.graphs is not None) == graphs  # (the prior catch-up: eager)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_gpu_chain_graph_drafts_what_synchronous_steps_draft(tmp_path, batch):
+    """``forward_chain``: a chained proposal's steps 2..k in one graph, each position, context and KV
+    slot advanced on the device, draft what the torch runner's synchronous steps on the verify's
+    outcome draft — positions moved back by each verify's rejections, across block boundaries, at a
+    batch padded to its bucket (3 → 4). Its graphs are captured at warm-up (steps 2..k − 1)."""
+    from eagle_heads import compare_chained_head_steps, head_over_features
+    from tandem.worker.gpu_head_runner import GpuHeadRunner
+    from tandem.worker.head_runner import HeadRunner
+
+    dev, bs = torch.device("cuda"), 16
+    head, kv, features, _ = head_over_features(tmp_path, "eagle3", dev, num_blocks=64, block_size=bs,
+                                               draft_vocab=200, **TINY_TARGET)
+    gpu_r = GpuHeadRunner(head, kv(), bs, dev, max_model_len=512, lookahead=5, features=features)
+    gpu_r.warm_up([batch], [1, 2, 3, 4, 5, 6])
+    b = 1 if batch == 1 else 4
+    assert {k for k in gpu_r.graphs_c.graphs} == {(b, 2), (b, 3), (b, 4)}
+    blocks = [list(range(i * 8 + 7, i * 8 - 1, -1)) for i in range(batch)]
+    steps = compare_chained_head_steps(gpu_r, HeadRunner(head, kv(), bs, dev, features), blocks, 256, k=5, tol=2e-3,
+                                       chain_graph=True)
+    assert steps == 5

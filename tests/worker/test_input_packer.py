@@ -1,5 +1,6 @@
 """The input packer (worker/input_packer.py), on CPU: the plain-Python path for small steps writes
-exactly what the numpy path writes (every layout: padded buckets, eager, logits-row selection)."""
+exactly what the numpy path writes (every layout: padded buckets, eager, logits-row selection); a
+packed one-row step advanced on the device (``advance_one``) is the next position's packed step."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import random
 
 import numpy as np
 import pytest
+import torch
 
 from tandem.worker.batch import SeqChunk
-from tandem.worker.input_packer import pack_numpy, pack_small
+from tandem.worker.input_packer import advance_one, layout, pack_numpy, pack_small
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -52,3 +54,29 @@ def test_flat_rows_located_in_their_chunks_and_padded_layout() -> None:
     qlens = [3, 1, 4]
     assert locate(qlens, [0, 2, 3, 4, 7]) == [(0, 0), (0, 2), (1, 0), (2, 0), (2, 3)]
     assert padded_rows(qlens, 4, [0, 2, 3, 4, 7]) == [0, 2, 4, 8, 11]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_advanced_one_row_step_is_the_next_positions_step(seed: int) -> None:
+    """A chain of one-row steps (an EAGLE head's drafts 2..k): advancing a packed step j times on the
+    device gives, past the ids, exactly what packing the step j positions on gives — across block
+    boundaries, with padding requests (bucket > requests) left as padding."""
+    rng = random.Random(seed)
+    bs = rng.choice([1, 4, 16])
+    n = rng.randint(1, 6)
+    b = n + rng.randint(0, 3)
+    steps = rng.randint(1, 5)
+    starts = [rng.randint(0, 40) for _ in range(n)]
+    blocks = [rng.sample(range(1000), -(-(s + steps + 1) // bs)) for s in starts]
+    w = max(len(x) for x in blocks) + 1
+    size = layout(b, b, w)[-1]
+
+    def packed(j: int) -> torch.Tensor:
+        buf = np.zeros(size, dtype=np.int64)
+        pack_small(bs, buf, [SeqChunk([0], s + j, x) for s, x in zip(starts, blocks)], [1] * n, b, 1, w, None)
+        return torch.from_numpy(buf)
+
+    dev = packed(0)
+    for j in range(1, steps + 1):
+        advance_one(dev, b, w, bs)
+        assert torch.equal(dev[b:], packed(j)[b:]), j  # (the ids, dev[:b], are the caller's)
