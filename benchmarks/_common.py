@@ -41,20 +41,24 @@ def load_hf_from_gguf(path: str | Path) -> tuple[Any, Any]:
     return model.eval(), tok
 
 
-def copy_bandwidth(num_bytes: int = 512 << 20, repeats: int = 5) -> dict[str, float]:
+def copy_bandwidth(num_bytes: int = 512 << 20, repeats: int = 5, device: str = "cpu") -> dict[str, float]:
     """Large float32 tensor copy: (bytes read + bytes written) / time, in GB/s (1e9).
 
-    512 MiB per tensor is far beyond any cache of the machine, so this is DRAM bandwidth under
-    whatever else is running. Returns median and max over ``repeats`` copies (one untimed first).
+    512 MiB per tensor is far beyond any cache of the machine (CPU) or of the GPU's L2 (``device``
+    "cuda": timed between synchronisations), so this is DRAM / HBM bandwidth under whatever else is
+    running. Returns median and max over ``repeats`` copies (one untimed first).
     """
     n = num_bytes // 4
-    src = torch.ones(n, dtype=torch.float32)
+    src = torch.ones(n, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
+    sync = torch.cuda.synchronize if src.is_cuda else (lambda: None)
     rates = []
     for _ in range(repeats):
+        sync()
         t0 = time.perf_counter()
         dst.copy_(src)
+        sync()
         dt = time.perf_counter() - t0
         rates.append(2 * num_bytes / dt / 1e9)
     del src, dst

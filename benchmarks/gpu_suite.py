@@ -53,10 +53,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from tandem.spec_decode.cost_model import cost_model_speedup  # noqa: E402
 
-COPY_BW = 4.26e12  # bytes/s, H200 device-to-device copy (read + write), measured 2026-11-30
+COPY_BW = 4.26e12  # bytes/s, H200 device-to-device copy (read + write), 2026-11-30; main() measures this card's
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                   "original_max_position_embeddings": 8192}
 SHAPES: dict[str, dict[str, Any]] = {
@@ -599,7 +600,7 @@ def main() -> None:
     ap.add_argument("--spec-runs", type=int, default=2, help="engine runs per speculation config (batch 1)")
     ap.add_argument("--sweep-batches", default="1,8,32,128", help="batch sizes of the sweep section")
     args = ap.parse_args()
-    global DEVICE
+    global DEVICE, COPY_BW
     if args.cpu_smoke:
         DEVICE = "cpu"
         SHAPES.update(TINY)
@@ -611,6 +612,12 @@ def main() -> None:
     RESULTS["device"] = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (smoke)"
     RESULTS["date"] = time.strftime("%Y-%m-%d")
     say(f"device {RESULTS['device']}, torch {torch.__version__}")
+    if DEVICE == "cuda":  # the floor is this card's: an H100's HBM3 copies ~30 % slower than the H200's
+        from _common import copy_bandwidth
+        bw = copy_bandwidth(1 << 30, repeats=10, device="cuda")
+        COPY_BW = bw["median_GBps"] * 1e9
+        RESULTS["copy_GBps"] = {"median": bw["median_GBps"], "max": bw["max_GBps"]}
+        say(f"copy bandwidth {bw['median_GBps']:.0f} GB/s (median of 10 x 1 GiB; max {bw['max_GBps']:.0f}): every floor below uses it")
 
     def dump() -> None:
         (out / "gpu_suite.json").write_text(json.dumps(RESULTS, indent=1, default=str))

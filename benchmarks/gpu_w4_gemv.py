@@ -5,7 +5,7 @@ For the decoder matmul shapes of Llama-3.1-8B, Llama-3.2-1B and SmolLM2-135M wit
 asymmetric groups of 128 (``W4Weight``: 0.53 bytes per weight with bf16 scales and offsets), each with
 the fusion a decode step runs it with (qkv: RMSNorm; o, down: residual add; gate_up: RMSNorm +
 silu·mul over [gate | up]), rows M ∈ --rows: µs per call and the fraction of the copy bandwidth
-(--bw, default 4.26 TB/s measured on the H200) that the packed bytes read in that time would be — the
+(--bw, default: measured on this card by a 1 GiB copy) that the packed bytes read in that time would be — the
 int4 floor — each timed as a CUDA graph cycling through enough weight copies to be cold
 (``gpu_gemv.timed``). ``--sweep-rows 1`` also times a grid of ``triton_w4.W4Config`` (warps, split)
 per shape and prints the best four (how ``w4_config`` was set). Checks each W4 result against the
@@ -43,14 +43,18 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(SHAPES), help="comma-separated SHAPES names measured")
     ap.add_argument("--sweep-grid", default="[(w, s) for w in (2, 4, 8) for s in (1, 2, 4, 8, 16, 32)]",
                     help="python list of (warps, split) swept")
-    ap.add_argument("--bw", type=float, default=4.26e12, help="copy bandwidth, bytes/s (the floor)")
+    ap.add_argument("--bw", type=float, default=0.0, help="copy bandwidth, bytes/s (the floor); 0: measured here")
     ap.add_argument("--json", default="", help="write the table here")
     args = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)
     rows_list = [int(r) for r in args.rows.split(",")]
     sweep_rows = {int(r) for r in args.sweep_rows.split(",") if r}
-    print(f"device {torch.cuda.get_device_name(0)}, torch {torch.__version__}, group {args.group}")
+    if not args.bw:
+        from _common import copy_bandwidth
+        args.bw = copy_bandwidth(1 << 30, repeats=10, device="cuda")["median_GBps"] * 1e9
+    print(f"device {torch.cuda.get_device_name(0)}, torch {torch.__version__}, group {args.group}, "
+          f"copy bandwidth {args.bw / 1e9:.0f} GB/s (the floor's)")
     table = []
     for name, (hid, inter, qkv) in SHAPES.items():
         if name not in args.models.split(","):
