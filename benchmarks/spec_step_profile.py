@@ -42,6 +42,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import torch
+
 CONFIGS: dict[str, tuple[dict[str, Any] | None, bool]] = {
     "baseline": (None, True),
     "sync": (None, False),
@@ -100,6 +102,10 @@ def profile(args: argparse.Namespace, name: str) -> dict[str, Any]:
         kw["device"] = args.device
     if args.kv_cache_memory_bytes:
         kw["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
+    elif (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda"):
+        # the engines of one process share the card: a GPU engine's default (a share of the free
+        # memory) had left the second configuration 0 bytes of KV cache
+        kw["kv_cache_memory_bytes"] = 2 << 30
     llm = LLM(args.model, speculative_config=spec, **kw)
     eng = llm.engine
     prompts = _prompts(args, llm)
@@ -202,7 +208,7 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     ap.add_argument("--humaneval", default=None, help="HumanEval.jsonl(.gz): completion prompts")
     ap.add_argument("--configs", default="baseline,sync,ngram,ngram_policy")
-    ap.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    ap.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="default: 2 GiB on CUDA, the engine's on CPU")
     ap.add_argument("--cprofile", default=None, help="directory for one .prof per configuration")
     ap.add_argument("--sync", action="store_true", help="every configuration synchronous (the CPU's default)")
     args = ap.parse_args()
