@@ -75,8 +75,9 @@ no proposal is made (asynchronous decode), a proposal round is forced every ``pr
 host proposers without lazy shadows; a model proposer, which has no shadow drafts to learn from (a
 round in which it drafts nothing tells it nothing, so none is forced: each would drain an
 asynchronous pipeline), drafts the full k for up to ``EXPLORE_REQUESTS`` requests (in turn) in its
-first proposal round and again once no round has drafted the full k for ``probe_every`` steps
-(exploration: otherwise estimates that say "does not pay" — or grant only a draft of 1, which teaches
+first proposal round and again once no round has drafted the full k for ``probe_every`` steps, each
+time for ``EXPLORE_ROUNDS`` consecutive rounds (a run: the first verify after plain steps runs alone
+and after the head's catch-up, the later ones show what drafting on costs) (exploration: otherwise estimates that say "does not pay" — or grant only a draft of 1, which teaches
 nothing about the later positions — could never be corrected), the interval doubling after each
 exploration up to ``MAX_EXPLORE_EVERY`` and back to ``probe_every`` once the estimates alone choose
 to draft the full k (a head that never pays then costs an exploration round every few thousand steps,
@@ -106,6 +107,7 @@ MARGIN = 0.05
 PROBE_EVERY = 64
 MAX_EXPLORE_EVERY = 4096  # a model proposer's exploration interval doubles up to this while it never pays
 EXPLORE_REQUESTS = 4  # ... and an exploration drafts the full k for this many requests at most, in turn
+EXPLORE_ROUNDS = 4  # ... in this many consecutive proposal rounds (its later verifies are steady ones)
 DECODE_PROBE_EVERY = 256
 VERIFY_PROBE_EVERY = 256
 DECODE_PROBE_STEPS = 4  # on an asynchronous engine the first one restarts the pipeline (not steady)
@@ -184,6 +186,8 @@ class GoodputPolicy(PolicyEvidence):
         self._steps_since_full = probe_every  # ... and since a round drafted the full k for someone
         self._explore_every = probe_every  # doubles after each exploration while the estimates say no
         self._explore_turn = 0  # where the next exploration's candidates start (``_exploration``)
+        self._explore_ids: frozenset[str] = frozenset()  # the exploration run under way: its requests ...
+        self._explore_left = 0  # ... and its proposal rounds still to come
         # the last proposal round was an exploration (not the estimates' choice): its steps are no
         # trial of the policy, so the guard does not judge them (its cost is bounded by the schedule)
         self._exploring = False
@@ -206,16 +210,29 @@ class GoodputPolicy(PolicyEvidence):
         self._exploring = False
         full = any(x and x == c.max_tokens for x, c in zip(ks, candidates))
         if full:  # drafting pays on the estimates: explore at the base rate
-            self._explore_every, self._steps_since_full = self.probe_every, 0
+            self._explore_every, self._steps_since_full, self._explore_left = self.probe_every, 0, 0
         if not self.free and not full and self._steps_since_full >= self._explore_every:
             # a model proposer has no shadow drafts: its estimates learn a position only from drafts
             # that reach it, and grants short of k (the estimates' own, where they are low) had kept
             # the later positions unexplored — after unlucky first requests an EAGLE head on the
             # packed CPU target drafted 1 token now and then for three requests (§48)
-            ks = [max(a, b) for a, b in zip(ks, self._exploration(candidates))]
+            explore = self._exploration(candidates)
+            ks = [max(a, b) for a, b in zip(ks, explore)]
+            self._explore_ids = frozenset(c.request_id for c, x in zip(candidates, explore) if x)
+            self._explore_left = EXPLORE_ROUNDS - 1
             self._explore_every = min(MAX_EXPLORE_EVERY, 2 * self._explore_every)
             self._steps_since_full = 0
             self._exploring = True
+        elif self._explore_left > 0 and not full:
+            # the run goes on for its requests: a verify after plain steps runs alone on an
+            # asynchronous engine (the pipeline drained; the head first caught up over the gap), so
+            # a one-round exploration had measured only that — the H100's fit priced a 3-draft verify
+            # at 2.4-4.6 decode steps where a chained one cost 1.2, and a head that paid drafting
+            # every step stayed idle (docs/performance.md §51)
+            self._explore_left -= 1
+            more = [c.max_tokens if c.request_id in self._explore_ids else 0 for c in candidates]
+            ks = [max(a, b) for a, b in zip(ks, more)]
+            self._exploring = any(more)
         elif (self.free and self._steps_since_draft >= self.probe_every
               and self.cost.verify_is_stale(batch, self.verify_probe_every)
               and any(self._optimise(batch, candidates, cost=self.cost.prior_overhead()))):
@@ -264,6 +281,11 @@ class GoodputPolicy(PolicyEvidence):
                 return True  # a real round now and then: ``choose`` may re-verify under the prior cost
         elif self._steps_since_full >= self._explore_every:
             return True  # a model proposer's exploration round is due
+        elif self._explore_left > 0:  # ... or its run goes on while one of its requests does
+            cands = candidates() if callable(candidates) else candidates
+            if any(c.request_id in self._explore_ids for c in cands):
+                return True
+            self._explore_left = 0
         evidence = (self.acceptance.num_scored, self._num_proposals)
         if (self._no_until > self._step and self._no_batch == bucket_of(batch)
                 and (self._no_evidence == evidence or self._no_holds) and (self._no_drained or not drained)):

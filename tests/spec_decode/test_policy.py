@@ -16,9 +16,9 @@ import pytest
 
 from tandem.engine.stats import SpecStats
 from tandem.spec_decode.ngram import NgramProposer
-from tandem.spec_decode.policy import EXPLORE_REQUESTS, Candidate, GoodputPolicy
+from tandem.spec_decode.policy import EXPLORE_REQUESTS, EXPLORE_ROUNDS, Candidate, GoodputPolicy
 from tandem.spec_decode.policy_accept import AcceptanceModel, score_draft
-from tandem.spec_decode.policy_cost import StepCostModel, bucket_of
+from tandem.spec_decode.policy_cost import ASYNC_PRIOR_RESTART, ASYNC_PRIOR_SIGMA, StepCostModel, bucket_of
 from tandem.spec_decode.policy_guard import GoodputGuard
 
 K = 4
@@ -40,13 +40,19 @@ class Sim:
 
     def __init__(self, policy: GoodputPolicy, batch: int, step_time: StepTime, alpha: Callable[[], float],
                  seed: int = 0, draft_step: float = 0.0, restart: float = 0.0,
-                 draft_lengths: tuple[int, ...] = (K,)) -> None:
+                 draft_lengths: tuple[int, ...] = (K,), cold_verify: float = 0.0,
+                 catch_up: float = 0.0) -> None:
         self.policy, self.batch, self.step_time, self.alpha = policy, batch, step_time, alpha
         self.draft_lengths = draft_lengths
         self.draft_step = draft_step  # > 0: a model proposer (k chosen first, each draft step costs this)
         # an asynchronous engine: the plain step after a verify restarts the pipeline (+ ``restart``
         # seconds, reported as not steady)
         self.restart = restart
+        # ... and the first verify of a run costs ``cold_verify`` seconds more (the pipeline was
+        # drained: nothing overlaps it), a model proposer's first draft after idling ``catch_up``
+        # more per step idled (the head catches up over them)
+        self.cold_verify, self.catch_up = cold_verify, catch_up
+        self.idled = 0
         self.last_verify = False
         self.timed = True  # False: plain steps are not timed (prefill mixed in); verify steps still are
         self.rng = random.Random(seed)
@@ -92,7 +98,14 @@ class Sim:
             self.emitted += acc + 1
             self.policy.on_tokens(rid, self.tokens[rid])
         drafting = self.draft_step * max(ks) if self.draft_step else 0.0
+        draft_steps = max(ks)
+        if self.draft_step and any(ks) and self.idled and self.catch_up:
+            drafting += self.catch_up * min(self.idled, 256)  # (a request's length bounds it)
+            draft_steps = 0  # (as the speculator: a catch-up's round is no draft-cost sample)
+        self.idled = 0 if any(ks) else self.idled + 1
         t = self.step_time(self.batch, sum(ks)) + drafting
+        if sum(ks) and not self.last_verify:
+            t += self.cold_verify
         steady = True
         if not sum(ks) and self.last_verify and self.restart:
             t += self.restart
@@ -101,7 +114,7 @@ class Sim:
         self.seconds += t
         emitted = self.emitted - self._emitted_before
         self._emitted_before = self.emitted
-        self.policy.on_step(self.batch, self.batch + sum(ks), t, drafting, max(ks),
+        self.policy.on_step(self.batch, self.batch + sum(ks), t, drafting, draft_steps,
                             timed=self.timed or sum(ks) > 0, steady=steady, num_tokens=emitted)
 
     def run(self, steps: int) -> Sim:
@@ -123,6 +136,19 @@ class Sim:
 
 def _policy(**kw) -> GoodputPolicy:
     return GoodputPolicy(K, free=True, stats=SpecStats(), **kw)
+
+
+def exploration_runs(ks_per_step: list[list[int]], gap: int = 8) -> list[list[int]]:
+    """The steps that drafted, grouped into runs (an exploration's ``EXPLORE_ROUNDS`` rounds, which a
+    decode probe may interrupt for a few steps): a run ends where ``gap`` steps pass without a draft."""
+    runs: list[list[int]] = []
+    for i, ks in enumerate(ks_per_step):
+        if any(ks):
+            if runs and i - runs[-1][-1] < gap:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+    return runs
 
 
 GPU_SMALL = linear_cost(decode=5e-3, per_row=2e-5, sync=0.05, per_token=2e-5)  # memory-bound: tokens cheap
@@ -401,13 +427,41 @@ def test_model_proposer_explores_then_drafts_when_it_pays():
     assert policy.draft_cost == pytest.approx(0.05, rel=0.3)  # the measured draft step, in decode steps
     bad = GoodputPolicy(K, free=False, stats=SpecStats(), probe_every=16)
     sim = Sim(bad, 2, GPU_SMALL, lambda: 0.0, draft_step=0.2 * GPU_SMALL(2, 0), seed=1).run(2000)
-    explored = [i for i, ks in enumerate(sim.ks) if any(ks)]  # exploration rounds, ever rarer (every 16: 125) ...
+    runs = exploration_runs(sim.ks)  # explorations (runs of rounds), ever rarer (every 16: 125) ...
+    assert all(len(r) <= EXPLORE_ROUNDS for r in runs)
+    explored = [r[0] for r in runs]
     gaps = [b - a for a, b in zip(explored, explored[1:])]
     assert explored[0] == 0 and gaps[0] >= 16 and len(explored) <= 10
     assert sum(g < 16 for g in gaps) <= 2  # ... and a round or two the optimistic estimates chose early on
     assert gaps[-1] >= 16 * gaps[0]  # (the interval doubles; a guard block after the chosen round may stretch one)
     assert sum(b < 2 * a for a, b in zip(gaps, gaps[1:])) <= 1
     assert sim.goodput() >= 0.95 * 2 / GPU_SMALL(2, 0)
+
+
+def test_model_proposer_explores_in_runs_that_show_what_steady_verifies_cost():
+    """On an asynchronous engine a verify after plain steps runs alone (the pipeline drained) and
+    after the head's catch-up over the gap: a one-round exploration measured only that — on the H100
+    the fit priced a 3-draft verify at 2.4-4.6 decode steps where a chained one cost 1.2, and the
+    policy left idle a head that paid drafting every step (§51). An exploration is a run of
+    ``EXPLORE_ROUNDS`` rounds: its later verifies are steady, so the estimates learn what drafting on
+    costs and keep drafting where it pays; where it does not, the runs stay rare."""
+    d = GPU_SMALL(1, 0)
+
+    def run(alpha: float, steps: int) -> tuple[Sim, GoodputPolicy]:
+        cost = StepCostModel(prior_sigma=ASYNC_PRIOR_SIGMA, prior_restart=ASYNC_PRIOR_RESTART, max_k=K)
+        policy = GoodputPolicy(K, free=False, stats=SpecStats(), probe_every=16, cost=cost)
+        policy.acceptance.global_rates[:] = [0.2] * K  # unlucky first requests: only exploration can fix it
+        return Sim(policy, 1, GPU_SMALL, lambda: alpha, draft_step=0.15 * d, seed=5, cold_verify=6.0 * d,
+                   catch_up=0.03 * d).run(steps), policy
+
+    sim, policy = run(0.85, 1500)
+    # a steady round: 3.7 tokens for ~1.65 decode steps; one after plain steps ~7.7 (does not pay)
+    assert sim.drafting_share(500) > 0.8 and sim.goodput() > 1.6 / d
+    assert policy.cost.overhead(1)[0] < 0.5  # the steady verify's cost, not the prior's (1.0) nor a cold one
+    sim, _ = run(0.1, 3000)
+    assert sim.drafting_share(1500) < 0.05 and sim.goodput() > 0.95 / d
+    runs = exploration_runs(sim.ks)
+    assert 4 <= len(runs) <= 10 and all(len(r) == EXPLORE_ROUNDS for r in runs)  # each exploration: a run
 
 
 def test_model_proposer_explores_the_full_k_where_its_estimates_grant_less():
@@ -430,10 +484,12 @@ def test_model_proposer_explores_a_few_requests_in_turn():
     policy.acceptance.global_rates[:] = [0.0] * K  # never pays: only explorations draft
     sim = Sim(policy, 16, GPU_SMALL, lambda: 0.0, draft_step=0.05 * GPU_SMALL(16, 0), seed=3).run(600)
     explored = [ks for ks in sim.ks if any(ks)]
-    assert len(explored) >= 3
     assert all(sorted(ks) == [0] * (16 - EXPLORE_REQUESTS) + [K] * EXPLORE_REQUESTS for ks in explored)
-    firsts = [[i for i, k in enumerate(ks) if k] for ks in explored[:3]]
-    assert firsts == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # in turn over the batch
+    runs = exploration_runs(sim.ks)
+    assert len(runs) >= 3
+    firsts = [[[i for i, k in enumerate(sim.ks[j]) if k] for j in r] for r in runs[:3]]
+    # in turn over the batch, the same requests through a run
+    assert firsts == [[[0, 1, 2, 3]] * len(runs[0]), [[4, 5, 6, 7]] * len(runs[1]), [[8, 9, 10, 11]] * len(runs[2])]
     alone = GoodputPolicy(K, free=False, stats=SpecStats(), probe_every=16)
     assert Sim(alone, 1, GPU_SMALL, lambda: 0.0, seed=3).run(1).ks[0] == [K]  # batch 1: the one request
 
