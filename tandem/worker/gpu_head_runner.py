@@ -52,6 +52,17 @@ from tandem.worker.triton_attention import MAX_SPLITS, num_sms, pick_num_splits,
 from tandem.worker.triton_attention_backend import TritonAttention
 
 MAX_GRAPH_Q = 8
+EAGER_WARM_Q = 512  # padded eager steps from the features (``eager_pad``) up to this many rows run at start
+
+
+def eager_pad(qlens: Sequence[int]) -> int | None:
+    """The query length an eager step from the features pads every request to (a catch-up over the
+    positions the head idled through, its first step after a prompt): the longest one's next power of
+    two above ``MAX_ROWS`` (cuBLAS there), so the matmul shapes repeat. Each new row count had cost
+    its first linear calls 0.5-1.5 ms of host time: the catch-ups of the policy's explorations took
+    2.6-9.8 ms each on the H100 (docs/performance.md §51)."""
+    q = max(qlens)
+    return 1 << (q - 1).bit_length() if q > MAX_ROWS else None
 
 
 class GpuHeadRunner:
@@ -232,11 +243,12 @@ class GpuHeadRunner:
         n = len(chunks)
         w = max(1, max(len(c.block_ids) for c in chunks))
         fed = verify_rows_fed(chain, qlens) if chain is not None else None
-        cap = layout(sum(qlens), n, w)[-1] + len(rows) + head_chain_room(chain, fed, n)
+        q_pad = eager_pad(qlens) if hidden is None and chain is None else None
+        cap = layout(n * q_pad if q_pad else sum(qlens), n, w)[-1] + len(rows) + head_chain_room(chain, fed, n)
         if self._eager.numel() < cap:
             self._eager = torch.empty(max(cap, 2 * self._eager.numel()), dtype=torch.int64, device=self.device)
         i, buf = self._host.acquire(cap)
-        length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, n, None, w, rows)
+        length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, n, q_pad, w, rows)
         end = pack_fed(buf, length, fed, fed.rows if fed is not None else ())
         if chain is not None:
             end, c_off = pack_chain(buf, end, chain.verify, qlens, None)
@@ -247,7 +259,8 @@ class GpuHeadRunner:
         if token_ids is not None:
             self._eager[:n].copy_(token_ids, non_blocking=True)
         max_seq = max(c.start + ql for c, ql in zip(chunks, qlens))
-        tok, fb = self._run(self._eager, t, n, w, max(qlens), self._splits(n, max(qlens), max_seq), hidden)
+        q = q_pad or max(qlens)
+        tok, fb = self._run(self._eager, t, n, w, q, self._splits(n, q, max_seq), hidden)
         if not identity:
             sel = self._eager[r_off:r_off + len(rows)]
             tok, fb = tok.index_select(0, sel), fb.index_select(0, sel)
@@ -286,16 +299,19 @@ class GpuHeadRunner:
     def _compile_eager(self) -> None:
         """Compile now the kernel variants an eager step can pick (1..64 rows: the one-row and
         tensor-core skinny matmuls, the cuBLAS body's norms; attention with and without split-KV),
-        fed and from the features, on all-padding steps (no KV slot read or written)."""
+        fed and from the features, and run the padded shapes of steps from the features up to
+        ``EAGER_WARM_Q`` rows (``eager_pad``: cuBLAS's first call of a shape is slow), on all-padding
+        steps (no KV slot read or written)."""
         w = self.table_width
-        dev = torch.empty(layout(64, 1, w)[-1], dtype=torch.int64, device=self.device)
+        dev = torch.empty(layout(EAGER_WARM_Q, 1, w)[-1], dtype=torch.int64, device=self.device)
         q = 1
-        while q <= 64:
+        while q <= EAGER_WARM_Q:
             i, buf = self._host.acquire(layout(q, 1, w)[-1])
             length, _, _, _ = pack(self.block_size, buf, [], [], 1, q, w, None)
             self._host.send(i, length, dev)
             for splits in (1, 2):
-                self._run(dev, q, 1, w, q, splits, self._hidden_in.new_zeros(q, self._hidden_in.shape[1]))
+                if q <= 64:
+                    self._run(dev, q, 1, w, q, splits, self._hidden_in.new_zeros(q, self._hidden_in.shape[1]))
                 if self.features is not None:
                     self._run(dev, q, 1, w, q, splits, None)
             q *= 2
