@@ -100,6 +100,8 @@ def profile(args: argparse.Namespace, name: str) -> dict[str, Any]:
     kw: dict[str, Any] = {"async_scheduling": async_on}
     if args.device:
         kw["device"] = args.device
+    if args.quantization:
+        kw["quantization"] = args.quantization
     if args.kv_cache_memory_bytes:
         kw["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
     elif (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda"):
@@ -210,6 +212,7 @@ def main() -> None:
     ap.add_argument("--configs", default="baseline,sync,ngram,ngram_policy")
     ap.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="default: 2 GiB on CUDA, the engine's on CPU")
     ap.add_argument("--cprofile", default=None, help="directory for one .prof per configuration")
+    ap.add_argument("--quantization", default=None, help="e.g. none: the float32 CPU target (default: the engine's)")
     ap.add_argument("--sync", action="store_true", help="every configuration synchronous (the CPU's default)")
     args = ap.parse_args()
     if args.model is None:
