@@ -30,7 +30,7 @@ def build_model(arch: ModelArch, weights: Iterator[tuple[str, torch.Tensor | Qua
                 named: bool = False, lm_head_dtype: str = "auto") -> CausalLM:
     """``quantization`` (resolved, ``loader/checkpoint.resolve_quantization``): quantized checkpoint
     weights arrive as QuantizedWeight and are packed on the CPU, and on CUDA when the user ``named``
-    the quantization (W4, ``models/quant/cuda_w4.py``: opt-in until measured on the GPU); otherwise
+    the quantization (W4, ``models/quant/cuda_w4.py``: opt-in, it changes the logits); otherwise
     they are dequantized to ``dtype``. ``int8`` / ``int4`` quantize the float linears after loading.
     ``lm_head_dtype``: ``CausalLM.configure_lm_head`` (ModelConfig.lm_head_dtype)."""
     with _default_dtype(dtype), torch.device(device):
