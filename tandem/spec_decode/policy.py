@@ -76,9 +76,10 @@ host proposers without lazy shadows; a model proposer, which has no shadow draft
 round in which it drafts nothing tells it nothing, so none is forced: each would drain an
 asynchronous pipeline), drafts the full k for up to ``EXPLORE_REQUESTS`` requests (in turn) in its
 first proposal round and again once no round has drafted the full k for ``probe_every`` steps, each
-time for ``EXPLORE_ROUNDS`` consecutive rounds (a run: the first verify after plain steps runs alone
-and after the head's catch-up, the later ones show what drafting on costs) (exploration: otherwise estimates that say "does not pay" — or grant only a draft of 1, which teaches
-nothing about the later positions — could never be corrected), the interval doubling after each
+time for ``EXPLORE_ROUNDS`` consecutive rounds (exploration: otherwise estimates that say "does not
+pay" — or grant only a draft of 1, which teaches nothing about the later positions — could never be
+corrected; a run, because the first verify after plain steps runs alone and after the head's
+catch-up, and only the later ones show what drafting on costs), the interval doubling after each
 exploration up to ``MAX_EXPLORE_EVERY`` and back to ``probe_every`` once the estimates alone choose
 to draft the full k (a head that never pays then costs an exploration round every few thousand steps,
 not every 64: with the 64-step rounds and their pipeline drains an idle EAGLE-3 head ran at 0.87× of
