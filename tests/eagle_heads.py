@@ -110,14 +110,14 @@ def write_eagle_head(base: Path, layout: str, target_dir: Path, *, seed: int = 0
 
 
 def compare_chained_head_steps(chained: Any, sync: Any, blocks: list[list[int]], vocab: int, k: int = 3,
-                               tol: float = 1e-5, chain_graph: bool = False) -> int:
+                               tol: float = 1e-5, chain_graph: bool = False, proposal_graph: bool = False) -> int:
     """A proposal chained on a verify still on the device (``HeadChain``) drafts what a proposal
     made after reading that verify drafts: ``chained`` and ``sync`` (head runners over the same
     head and feature cache, KV caches of their own) run the same requests — each verify accepting
     0..k of its drafts, some heads caught up to the verify, some behind — the first through the
     chained catch-up and chain steps (``chain_graph``: steps 2..k in one ``forward_chain``), the
-    second through the synchronous ones on the verify's outcome. Returns the number of head steps
-    compared."""
+    second through the synchronous ones on the verify's outcome (``proposal_graph``: the whole
+    chained proposal in one ``forward_proposal``). Returns the number of head steps compared."""
     from tandem.worker.batch import ChainedFrom, HeadChain, SeqChunk
 
     dev = chained.device
@@ -139,8 +139,18 @@ def compare_chained_head_steps(chained: Any, sync: Any, blocks: list[list[int]],
     last = lambda lens: [sum(lens[:i + 1]) - 1 for i in range(len(lens))]  # noqa: E731
     c_chunks = [SeqChunk(hist[i][seen[i] + 1:verify_at[i] + 1] + [0] * (k + 1), seen[i], blocks[i]) for i in range(n)]
     s_chunks = [SeqChunk(real[i][seen[i] + 1:], seen[i], blocks[i]) for i in range(n)]
-    a = chained.forward(c_chunks, last([len(c.token_ids) for c in c_chunks]), None, chain=HeadChain(verify, True))
     b = sync.forward(s_chunks, last([len(c.token_ids) for c in s_chunks]), None)
+    if proposal_graph:
+        toks = chained.forward_proposal(c_chunks, last([len(c.token_ids) for c in c_chunks]), k - 1,
+                                        HeadChain(verify, True))
+        assert toks is not None and tuple(toks.shape) == (k, n)
+        for steps in range(1, k + 1):
+            assert torch.equal(toks[steps - 1], b.token_ids), steps
+            if steps < k:
+                b = sync.forward([SeqChunk([0], verify_at[i] + accepted[i] + steps, blocks[i]) for i in range(n)],
+                                 range(n), b.feedback.clone(), token_ids=b.token_ids.clone())
+        return k
+    a = chained.forward(c_chunks, last([len(c.token_ids) for c in c_chunks]), None, chain=HeadChain(verify, True))
     steps = 1
     while True:
         assert torch.equal(a.token_ids, b.token_ids), steps

@@ -11,8 +11,10 @@ Data flow per request (head position ``p`` = target feature at ``p`` + token ``p
    the step's slot mapping (head position ``p`` sits in the slot of target position ``p``; inside the
    head's graph on CUDA) and their next tokens are accepted tokens; the last row predicts draft 1
    (and gives the hidden state fed back). Then k − 1 single-token steps, each fed the previous draft
-   (kept on the device) and the previous feedback. All drafts come to the host in one read at the end,
-   or stay on the device (``propose_on_device``) and feed the verify step (``device_drafts.py``).
+   (kept on the device) and the previous feedback — on CUDA the whole proposal in one graph where
+   every drafting request takes the same k (``forward_proposal``). All drafts come to the host in one
+   read at the end, or stay on the device (``propose_on_device``) and feed the verify step
+   (``device_drafts.py``).
 3. Only requests granted drafts run. While the policy grants a request nothing its head does not run
    at all; it catches up over the whole gap when it next drafts (the features stay in the cache for
    as long as the request holds its blocks). After a prefix-cache hit or a preemption the scheduler
@@ -111,6 +113,11 @@ class EagleProposer:
         self.last_catch_up = (t, len(chunks))
         if not chunks:
             return []
+        k = max(ks[i] for i in active)
+        if k > 1 and all(ks[i] == k for i in active):  # the whole proposal in one graph, where one holds it
+            toks = self.runner.forward_proposal(chunks, rows, k - 1, chain=_head_chain(verify, active, True))
+            if toks is not None:  # (views of the graph's output: flatten_chain / collect_chain copy them)
+                return [(active, toks[j]) for j in range(k)]
         # hidden inputs: the target's features
         step = self.runner.forward(chunks, rows, None, chain=_head_chain(verify, active, True))
         # (clone: a CUDA runner's outputs are graph buffers the next step overwrites)

@@ -64,20 +64,21 @@ class CapturedStep:
     logits: torch.Tensor  # [bucket * q, vocab] float32, static
     # [bucket * q, F] static: the features an EAGLE head reads (runner.feature_layers), if any
     features: torch.Tensor | None = None
+    ids: torch.Tensor | None = None  # [bucket * q] static: every row's argmax (the target runner's graphs)
 
 
 class GraphCache:
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.graphs: dict[tuple[int, int], CapturedStep] = {}
+        self.graphs: dict[tuple[int, ...], CapturedStep] = {}
         self._pool: object | None = None
         self.capture_seconds = 0.0
-        self._fits: dict[tuple[int, int], tuple[int, int] | None] = {}  # best_fit, memoised per step shape
+        self._fits: dict[tuple[int, int], tuple[int, ...] | None] = {}  # best_fit, memoised per step shape
 
-    def get(self, key: tuple[int, int]) -> CapturedStep | None:
+    def get(self, key: tuple[int, ...]) -> CapturedStep | None:
         return self.graphs.get(key)
 
-    def best_fit(self, b: int, q: int) -> tuple[int, int] | None:
+    def best_fit(self, b: int, q: int) -> tuple[int, ...] | None:
         """The captured (bucket, q) with bucket ≥ b and q' ≥ q that pads least, if any (looked up once
         per shape: steps that replay a larger graph ask every time)."""
         if (b, q) in self._fits:
@@ -87,8 +88,8 @@ class GraphCache:
         self._fits[(b, q)] = best
         return best
 
-    def capture(self, key: tuple[int, int],
-                run: Callable[[], torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]]) -> CapturedStep:
+    def capture(self, key: tuple[int, ...],
+                run: Callable[[], torch.Tensor | tuple[torch.Tensor, ...]]) -> CapturedStep:
         """Warm up ``run`` (which reads only static buffers) on a side stream, then capture it (with
         Python's cyclic garbage collector off)."""
         import time
@@ -119,8 +120,8 @@ class GraphCache:
             if gc_was_on:
                 gc.enable()
         torch.cuda.synchronize(self.device)
-        logits, features = out if isinstance(out, tuple) else (out, None)
-        step = CapturedStep(graph, logits, features)
+        outs = out if isinstance(out, tuple) else (out,)
+        step = CapturedStep(graph, *outs)
         self.graphs[key] = step
         self._fits.clear()
         self.capture_seconds += time.perf_counter() - t0

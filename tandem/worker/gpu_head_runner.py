@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from tandem.kv.feature_cache import FeatureCache, require_features
@@ -88,6 +89,8 @@ class GpuHeadRunner:
         self.graphs_f = GraphCache(device) if use_graphs else None
         # (bucket, steps) → a proposal's one-row chain steps in one graph (forward_chain)
         self.graphs_c = GraphCache(device) if use_graphs else None
+        # (bucket, q, steps) → a whole proposal (first step and chain steps) in one graph (forward_proposal)
+        self.graphs_p = GraphCache(device) if use_graphs else None
         self.lookahead = lookahead
         tmax = max_graph_batch * max_graph_q
         self._static = torch.zeros(layout(tmax, max_graph_batch, self.table_width)[-1] + tmax,
@@ -95,9 +98,13 @@ class GpuHeadRunner:
         dtype = head.fc.weight.dtype
         self._hidden_in = torch.zeros(tmax, head.cfg.hidden_size, dtype=dtype, device=device)
         self._eager = torch.empty(0, dtype=torch.int64, device=device)
+        # a proposal graph's chain steps (``_derive_chain``: filled on the device)
+        self._chain_in = torch.zeros(layout(SMALL_BATCH, SMALL_BATCH, self.table_width)[-1], dtype=torch.int64,
+                                     device=device)
+        self._arange = torch.arange(SMALL_BATCH + 1, device=device)
         # (two rounds of steps in flight: a chained proposal's steps queue behind the verify computing)
         self._host = HostStaging(device, count=2 * (lookahead + 2))
-        self.num_graph_steps = self.num_eager_steps = 0
+        self.num_graph_steps = self.num_eager_steps = self.num_proposal_graphs = 0
 
     def _splits(self, b: int, qmax: int, max_seq: int | None) -> int:
         q_tiles = -(-qmax // tile_shape(qmax, self.group)[1])
@@ -151,13 +158,22 @@ class GpuHeadRunner:
         return HeadStep(tok, fb, None)
 
     def _stage(self, chunks: Sequence[SeqChunk], qlens: list[int], rows: Sequence[int], hidden: torch.Tensor | None,
-               token_ids: torch.Tensor | None, chain: HeadChain | None, b: int, q: int) -> tuple[int, int, bool]:
+               token_ids: torch.Tensor | None, chain: HeadChain | None, b: int, q: int, select: bool = False
+               ) -> tuple[int, int, bool]:
         """A bucketed step's inputs in the static buffer (one host→device copy), a chained step fixed
-        up on the device, its fed ids and hidden rows in place: (T, rows offset, rows are the identity)."""
+        up on the device, its fed ids and hidden rows in place: (T, rows offset, rows are the identity).
+        ``select`` (one row per request): the rows always at the layout's end, ``b`` of them (a
+        padding request's row 0), as a proposal graph reads them (``forward_proposal``)."""
         n, w = len(chunks), self.table_width
         fed = verify_rows_fed(chain, qlens) if chain is not None else None
-        i, buf = self._host.acquire(layout(b * q, b, w)[-1] + len(rows) + head_chain_room(chain, fed, n))
+        i, buf = self._host.acquire(layout(b * q, b, w)[-1] + max(len(rows), b) + head_chain_room(chain, fed, n))
         length, t, r_off, identity = pack(self.block_size, buf, chunks, qlens, b, q, w, rows)
+        if select:
+            r_off = layout(b * q, b, w)[-1]
+            if identity:  # (q = 1 and no padding request: row i is request i's)
+                buf[r_off:r_off + n] = np.arange(n)
+            buf[r_off + n:r_off + b] = 0
+            length, identity = r_off + b, False
         end = pack_fed(buf, length, fed, padded_rows(qlens, q, fed.rows) if fed is not None else ())
         if chain is not None:
             end, c_off = pack_chain(buf, end, chain.verify, qlens, q)
@@ -174,6 +190,87 @@ class GpuHeadRunner:
                 dest = [i * q + j for i, ql in enumerate(qlens) for j in range(ql)]
                 self._hidden_in.index_copy_(0, torch.tensor(dest, device=self.device), hidden)
         return t, r_off, identity
+
+    @torch.inference_mode()
+    def forward_proposal(self, chunks: Sequence[SeqChunk], rows: Sequence[int], steps: int,
+                         chain: HeadChain | None = None) -> torch.Tensor | None:
+        """A whole proposal in one graph: the first step from the features (``forward`` with
+        ``hidden`` None: ``chunks``, one output row per chunk at ``rows``, fixed up on the device when
+        ``chain``) and ``steps`` one-row chain steps after it, whose inputs the graph derives on the
+        device from the first step's selected rows (``_derive_chain``). One host staging and one
+        replay per proposal instead of two; the drafts [steps + 1, len(chunks)] (a view of the graph's
+        output: valid until its next replay), or None where no graph holds this batch, query length
+        and step count (captured at start for the small buckets: callers then take the steps apart)."""
+        qlens = [len(c.token_ids) for c in chunks]
+        n = len(chunks)
+        found = self._proposal_graph(n, max(qlens), steps)
+        if found is None or max(len(c.block_ids) for c in chunks) > self.table_width:
+            return None
+        b, q, captured = found
+        self._stage(chunks, qlens, rows, None, None, chain, b, q, select=True)
+        captured.graph.replay()
+        self.num_graph_steps += steps + 1
+        self.num_proposal_graphs += 1
+        return captured.logits[:, :n]
+
+    def _proposal_graph(self, n: int, q: int, steps: int) -> tuple[int, int, CapturedStep] | None:
+        """The captured proposal graph of the smallest bucket holding ``n`` requests and the shortest
+        first step holding ``q`` rows each, for exactly ``steps`` chain steps."""
+        if self.graphs_p is None:
+            return None
+        for b in BATCH_BUCKETS:
+            if b >= n:
+                for qq in range(q, self.max_graph_q + 1):
+                    found = self.graphs_p.get((b, qq, steps))
+                    if found is not None:
+                        return b, qq, found
+        return None
+
+    def _derive_chain(self, b: int, q: int, tok: torch.Tensor, fb: torch.Tensor) -> torch.Tensor:
+        """(Inside a proposal graph.) From a first step of ``b`` requests × ``q`` rows in ``_static``,
+        its draft ids and feedback of all rows: the first chain step packed in ``_chain_in``
+        (``layout(b, b, w)``) — per real request one row at its selected row's position + 1 (that
+        row moved back by a chained verify's rejections already: ``chain_select``), context one
+        longer, KV slot from its block table, id its draft; padding requests stay padding — and its
+        hidden rows in ``_hidden_in``. Returns the selected drafts [b]."""
+        w, bs, src, dst = self.table_width, self.block_size, self._static, self._chain_in
+        o1, o2 = layout(b * q, b, w), layout(b, b, w)
+        sel = src[o1[-1]:o1[-1] + b]
+        draft = tok.index_select(0, sel)
+        self._hidden_in[:b].copy_(fb.index_select(0, sel))
+        real = src[o1[5]:o1[5] + b].clamp(max=1)
+        pos = (src[o1[1]:o1[1] + b * q].index_select(0, sel) + 1) * real
+        table = src[o1[6]:o1[6] + b * w]
+        col = torch.div(pos, bs, rounding_mode="floor").clamp_(max=w - 1)
+        block = table.view(b, w).gather(1, col.unsqueeze(1)).squeeze(1)
+        dst[o2[0]:o2[0] + b].copy_(draft)
+        dst[o2[1]:o2[1] + b].copy_(pos)
+        dst[o2[2]:o2[2] + b].copy_(torch.where(real > 0, block * bs + pos % bs, -1))
+        dst[o2[3]:o2[3] + b].copy_((pos + 1) * real)
+        dst[o2[4]:o2[4] + b + 1].copy_(self._arange[:b + 1])
+        dst[o2[5]:o2[5] + b].copy_(real)
+        dst[o2[6]:o2[6] + b * w].copy_(table)
+        return draft
+
+    def _capture_proposal(self, b: int, q: int, steps: int) -> CapturedStep:
+        w = self.table_width
+        split_q, split_1 = self._splits(b, q, None), self._splits(b, 1, None)
+
+        def run() -> torch.Tensor:
+            tok, fb = self._run(self._static, b * q, b, w, q, split_q, None)
+            toks = [self._derive_chain(b, q, tok, fb)]
+            hidden = self._hidden_in[:b]
+            for j in range(steps):
+                tok, fb = self._run(self._chain_in, b, b, w, 1, split_1, hidden)
+                toks.append(tok)
+                if j + 1 < steps:
+                    hidden.copy_(fb)
+                    self._chain_in[:b].copy_(tok)
+                    advance_one(self._chain_in, b, w, self.block_size)
+            return torch.stack(toks)
+
+        assert self.graphs_p is not None
+        return self.graphs_p.capture((b, q, steps), run)
 
     @torch.inference_mode()
     def forward_chain(self, chunks: Sequence[SeqChunk], hidden: torch.Tensor, token_ids: torch.Tensor, steps: int,
@@ -286,14 +383,26 @@ class GpuHeadRunner:
                         length, _, _, _ = pack(self.block_size, buf, [], [], b, q, w, None)
                         self._host.send(i, length, self._static)
                         self._capture(graphs, b, q, fed)
+                if b is None or b > SMALL_BATCH:
+                    continue
                 # chain graphs (forward_chain) for the small buckets: proposals of 3 .. k drafts
-                if self.graphs_c is not None and b is not None and b <= SMALL_BATCH:
+                if self.graphs_c is not None:
                     for steps in range(2, self.lookahead):
                         if self.graphs_c.get((b, steps)) is None:
                             i, buf = self._host.acquire(layout(b, b, w)[-1])
                             length, _, _, _ = pack(self.block_size, buf, [], [], b, 1, w, None)
                             self._host.send(i, length, self._static)
                             self._capture_chain(b, steps)
+                # whole proposals (forward_proposal) of 2 .. k drafts after a first step of q rows
+                if self.graphs_p is not None and self.features is not None:
+                    for q in query_lens:
+                        for steps in range(1, self.lookahead):
+                            if q <= self.max_graph_q and self.graphs_p.get((b, q, steps)) is None:
+                                i, buf = self._host.acquire(layout(b * q, b, w)[-1] + b)
+                                length, _, _, _ = pack(self.block_size, buf, [], [], b, q, w, None)
+                                buf[length:length + b] = 0  # (every request's selected row: 0)
+                                self._host.send(i, length + b, self._static)
+                                self._capture_proposal(b, q, steps)
 
     @torch.inference_mode()
     def _compile_eager(self) -> None:

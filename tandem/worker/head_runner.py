@@ -58,6 +58,12 @@ class HeadRunner:
         graph: ``GpuHeadRunner.forward_chain``)."""
         return None
 
+    def forward_proposal(self, chunks: Sequence[SeqChunk], rows: Sequence[int], steps: int,
+                         chain: HeadChain | None = None) -> torch.Tensor | None:
+        """None: the torch path runs a proposal's steps one at a time (the CUDA runner may take the
+        whole proposal in one graph: ``GpuHeadRunner.forward_proposal``)."""
+        return None
+
     @torch.inference_mode()
     def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], hidden: torch.Tensor | None,
                 token_ids: torch.Tensor | None = None, chain: HeadChain | None = None) -> HeadStep:
@@ -103,6 +109,9 @@ class AnyHeadRunner(Protocol):
 
     def forward_chain(self, chunks: Sequence[SeqChunk], hidden: torch.Tensor, token_ids: torch.Tensor, steps: int,
                       chain: HeadChain | None = None) -> list[torch.Tensor] | None: ...
+
+    def forward_proposal(self, chunks: Sequence[SeqChunk], rows: Sequence[int], steps: int,
+                         chain: HeadChain | None = None) -> torch.Tensor | None: ...
 
     def warm_up(self, batch_sizes: Sequence[int], query_lens: Sequence[int]) -> None: ...
 

@@ -121,6 +121,7 @@ def test_engine_with_eagle_on_cuda(tmp_path, layout):
     assert spec.engine.stats.spec.num_draft_tokens > 0
     hr = spec.engine.proposer.runner
     assert type(hr).__name__ == "GpuHeadRunner" and hr.num_graph_steps > 0
+    assert hr.num_proposal_graphs > 0  # whole proposals in one graph (forward_proposal)
 
 
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
@@ -163,3 +164,66 @@ def test_gpu_chain_graph_drafts_what_synchronous_steps_draft(tmp_path, batch):
     steps = compare_chained_head_steps(gpu_r, HeadRunner(head, kv(), bs, dev, features), blocks, 256, k=5, tol=2e-3,
                                        chain_graph=True)
     assert steps == 5
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_gpu_proposal_graph_drafts_what_synchronous_steps_draft(tmp_path, batch):
+    """``forward_proposal``: a chained proposal's first step and its chain steps in one graph — the
+    chain's inputs derived on the device from the first step's selected rows, moved back by each
+    verify's rejections — draft what the torch runner's synchronous steps on the verify's outcome
+    draft, at a batch padded to its bucket (3 → 4). Captured at warm-up for every q and 1..k − 1 steps."""
+    from eagle_heads import compare_chained_head_steps, head_over_features
+    from tandem.worker.gpu_head_runner import GpuHeadRunner
+    from tandem.worker.head_runner import HeadRunner
+
+    dev, bs = torch.device("cuda"), 16
+    head, kv, features, _ = head_over_features(tmp_path, "eagle3", dev, num_blocks=64, block_size=bs,
+                                               draft_vocab=200, **TINY_TARGET)
+    gpu_r = GpuHeadRunner(head, kv(), bs, dev, max_model_len=512, lookahead=5, features=features)
+    gpu_r.warm_up([batch], range(1, 9))
+    b = 1 if batch == 1 else 4
+    assert set(gpu_r.graphs_p.graphs) == {(b, q, s) for q in range(1, 9) for s in range(1, 5)}
+    blocks = [list(range(i * 8 + 7, i * 8 - 1, -1)) for i in range(batch)]
+    for k in ((5, 2) if batch == 1 else (4, 2)):  # (a catch-up of up to k + 4 rows: at most 8)
+        steps = compare_chained_head_steps(gpu_r, HeadRunner(head, kv(), bs, dev, features), blocks, 256, k=k,
+                                           tol=2e-3, proposal_graph=True)
+        assert steps == k
+    assert gpu_r.num_proposal_graphs == 2
+
+
+def test_gpu_proposal_graph_after_a_read_verify(tmp_path):
+    """``forward_proposal`` without a chained verify (the synchronous proposal after a read): ragged
+    first steps (1..4 rows per request, padded), then k − 1 chain steps, against the torch runner's
+    steps; a batch or step count no graph holds returns None (the caller takes the steps apart)."""
+    from eagle_heads import head_over_features
+    from tandem.worker.batch import SeqChunk
+    from tandem.worker.gpu_head_runner import GpuHeadRunner
+    from tandem.worker.head_runner import HeadRunner
+
+    dev, bs, k = torch.device("cuda"), 16, 4
+    head, kv, features, _ = head_over_features(tmp_path, "eagle3", dev, num_blocks=64, block_size=bs,
+                                               draft_vocab=200, **TINY_TARGET)
+    torch_r = HeadRunner(head, kv(), bs, dev, features)
+    gpu_r = GpuHeadRunner(head, kv(), bs, dev, max_model_len=512, lookahead=k, features=features)
+    gpu_r.warm_up([3], [1, 2, 3, 4, 5])
+    blocks = [list(range(i * 20, i * 20 + 20)) for i in range(3)]
+    toks = [[(7 * i + 3 * j) % 250 + 3 for j in range(80)] for i in range(3)]
+    done = [0, 0, 0]
+    for lens in ([30, 12, 5], [2, 4, 1], [1, 1, 1], [4, 3, 2]):
+        chunks = [SeqChunk(toks[i][done[i] + 1:done[i] + 1 + n], done[i], blocks[i]) for i, n in enumerate(lens)]
+        rows = [sum(lens[:i + 1]) - 1 for i in range(3)]
+        got = gpu_r.forward_proposal(chunks, rows, k - 1)
+        if max(lens) > 5:  # no proposal graph of that many rows: the caller's step-by-step path
+            assert got is None
+            gpu_r.forward(chunks, rows, None)
+            torch_r.forward(chunks, rows, None)
+        else:
+            want = torch_r.forward(chunks, rows, None)
+            for j in range(k):
+                assert torch.equal(got[j], want.token_ids), (lens, j)
+                if j + 1 < k:
+                    nxt = [SeqChunk([0], done[i] + lens[i] + j, blocks[i]) for i in range(3)]
+                    want = torch_r.forward(nxt, range(3), want.feedback, token_ids=want.token_ids)
+        done = [d + n for d, n in zip(done, lens)]
+    assert gpu_r.forward_proposal(chunks, rows, k) is None  # k drafts + 1: no graph (past the lookahead)
+    assert gpu_r.num_proposal_graphs == 3
