@@ -34,7 +34,6 @@ import torch
 from tandem.engine.async_decode import InflightStep, device_greedy
 from tandem.outputs import ModelRunnerOutput, PromptLogprobs, SampleLogprobs
 from tandem.request import Request
-from tandem.sample.argmax import greedy_ids
 from tandem.sample.grammar_mask import apply_grammar_bitmask
 from tandem.sample.logits import probs_from_logits, process_logits
 from tandem.sample.logprobs import compute_logprobs
@@ -255,17 +254,18 @@ class Executor:
                   for s, r in zip(sched.scheduled, reqs)]  # (a fed placeholder's id is written on the device)
         rows = range(sum(len(c.token_ids) for c in chunks))
         fed = drafts.feed(sched) if drafts is not None else None
-        if feed is None:
-            logits = self._forward(chunks, rows, argmax=greedy, fed=fed)
-        elif feed.verifies:
-            logits = self._forward(chunks, rows, argmax=greedy, fed=fed, chain=feed.chained_from(reqs))
-        elif verify:
+        token_ids, chain = None, None
+        if feed is not None and feed.verifies:
+            chain = feed.chained_from(reqs)
+        elif feed is not None and verify:
             raise RuntimeError("a verify is chained on a verify only (its drafts assume that verify's outcome)")
-        else:  # a decode on a decode: the tokens straight into the first rows
-            logits = self._forward(chunks, rows, token_ids=feed.device_ids(reqs), argmax=greedy)
-        if verify:
-            return InflightStep.launch(sched, greedy_ids(logits), verifies=True)
-        return InflightStep.launch(sched, greedy_ids(logits) if greedy else self._sample_on_device(reqs, logits))
+        elif feed is not None:  # a decode on a decode: the tokens straight into the first rows
+            token_ids = feed.device_ids(reqs)
+        if greedy:  # (the CUDA runner's graphs take the argmax inside the replay)
+            ids = self.runner.forward_ids(chunks, rows, token_ids=token_ids, fed=fed, chain=chain)
+            return InflightStep.launch(sched, ids, verifies=verify)
+        logits = self._forward(chunks, rows, token_ids=token_ids, fed=fed, chain=chain)
+        return InflightStep.launch(sched, self._sample_on_device(reqs, logits))
 
     def _sample_on_device(self, reqs: Sequence[Request], logits: torch.Tensor) -> torch.Tensor:
         """[len(reqs)] tokens drawn from each row's distribution, queued without a host sync: the

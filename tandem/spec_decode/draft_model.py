@@ -21,7 +21,6 @@ from collections.abc import Sequence
 import torch
 
 from tandem.request import Request
-from tandem.sample.argmax import greedy_ids
 from tandem.sample.logits import probs_from_logits, process_logits
 from tandem.sample.rows import SamplingRow
 from tandem.sample.sampler import sample
@@ -63,13 +62,12 @@ class DraftModelProposer:
             chunks.append(SeqChunk(toks, r.draft_num_computed, r.block_ids))
             t += len(toks)
             rows.append(t - 1)
-        logits = self.runner.forward_logits(chunks, rows)
         for i in active:
             reqs[i].draft_num_computed = reqs[i].num_tokens
         if not self.probabilistic:
-            self._greedy_steps(reqs, ks, active, logits, drafts)
+            self._greedy_steps(reqs, ks, active, self.runner.forward_ids(chunks, rows), drafts)
             return DraftProposal(drafts, None)
-        self._pick(reqs, active, logits, drafts, qs)
+        self._pick(reqs, active, self.runner.forward_logits(chunks, rows), drafts, qs)
         # Steps 2..k: one token at a time for the requests that still want more.
         step = 1
         while True:
@@ -89,12 +87,13 @@ class DraftModelProposer:
         return DraftProposal(drafts, probs)
 
     def _greedy_steps(self, reqs: Sequence[Request], ks: Sequence[int], active: list[int],
-                      logits: torch.Tensor, drafts: list[list[int]]) -> None:
+                      first: torch.Tensor, drafts: list[list[int]]) -> None:
         """Greedy drafting, steps 2..k, with no host read between steps: each step's argmax stays on
         the device and is fed to the next forward as its input token (``token_ids``); all drafts
         come to the host in one read at the end. Which requests take part in each step is known
-        up front (``ks``); when that set shrinks the tokens are read once to re-index them."""
-        steps: list[tuple[list[int], torch.Tensor]] = [(active, greedy_ids(logits))]
+        up front (``ks``); when that set shrinks the tokens are read once to re-index them. ``first``:
+        step 1's drafts (on the device)."""
+        steps: list[tuple[list[int], torch.Tensor]] = [(active, first)]
         step = 1
         while True:
             prev, tok = steps[-1]
@@ -105,8 +104,7 @@ class DraftModelProposer:
                 keep = torch.tensor([prev.index(i) for i in live], device=tok.device)
                 tok = tok.index_select(0, keep)
             chunks = [SeqChunk([0], reqs[i].num_tokens + step - 1, reqs[i].block_ids) for i in live]
-            logits = self.runner.forward_logits(chunks, range(len(live)), token_ids=tok)
-            steps.append((live, greedy_ids(logits)))
+            steps.append((live, self.runner.forward_ids(chunks, range(len(live)), token_ids=tok)))
             for i in live:
                 reqs[i].draft_num_computed = reqs[i].num_tokens + step
             step += 1

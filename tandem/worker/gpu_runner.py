@@ -37,6 +37,7 @@ from tandem.kv.feature_cache import FeatureCache
 from tandem.models.decoder import CausalLM, KVCache
 from tandem.models.forward_context import ForwardContext, LayerKernels
 from tandem.models.torch_kernels import TORCH_KERNELS
+from tandem.sample.argmax import greedy_ids
 from tandem.worker.attn_metadata import AttentionMetadata
 from tandem.worker.batch import ChainedFrom, FedTokens, SeqChunk
 from tandem.worker.cuda_graphs import CapturedStep, GraphCache, batch_bucket
@@ -169,6 +170,23 @@ class GpuModelRunner:
                 return self._run_bucketed(chunks, qlens, rows, b, qmax, token_ids, fed, chain)
         return self._run_eager(chunks, qlens, rows, token_ids, fed, chain)
 
+    def forward_ids(self, chunks: Sequence[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
+                    fed: FedTokens | None = None, chain: ChainedFrom | None = None) -> torch.Tensor:
+        """The greedy token of each row: a bucketed step's graph computes every row's argmax inside
+        its replay (``_static_step``), so the step launches nothing after it (the two-kernel Triton
+        argmax had cost ~50-90 µs of host time per step on the H100); an eager step's logits go
+        through ``greedy_ids``."""
+        n = len(chunks)
+        if n == 0:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        qlens = [len(c.token_ids) for c in chunks]
+        qmax = max(qlens)
+        if self.pad and qmax <= self.max_graph_q:
+            b = batch_bucket(n, self.max_graph_batch)
+            if b is not None and max(len(c.block_ids) for c in chunks) <= self.table_width:
+                return self._run_bucketed(chunks, qlens, rows, b, qmax, token_ids, fed, chain, ids=True)
+        return greedy_ids(self._run_eager(chunks, qlens, rows, token_ids, fed, chain))
+
     def _meta(self, dev: torch.Tensor, t: int, b: int, w: int, qmax: int, splits: int
               ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         return step_tensors(dev, t, b, w, self.block_size, qmax, splits)
@@ -242,10 +260,11 @@ class GpuModelRunner:
         return self._logits(hidden)
 
     # ---- bucketed (CUDA graphs) --------------------------------------------------------------
-    def _static_step(self, b: int, q: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _static_step(self, b: int, q: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """A padded step on the static buffer: logits, features (if any) and every row's argmax."""
         ids, pos, meta = self._meta(self._static, b * q, b, self.table_width, q, self._splits(b, q, None))
         logits = self._logits(self._hidden(ids, pos, meta))
-        return logits, (self._step_features if self.feature_layers else None)
+        return logits, (self._step_features if self.feature_layers else None), greedy_ids(logits)
 
     def _ensure_graph(self, b: int, q: int) -> CapturedStep:
         assert self.graphs is not None
@@ -306,7 +325,8 @@ class GpuModelRunner:
 
     def _run_bucketed(self, chunks: Sequence[SeqChunk], qlens: list[int], rows: Sequence[int], b: int,
                       q: int, token_ids: torch.Tensor | None = None, fed: FedTokens | None = None,
-                      chain: ChainedFrom | None = None) -> torch.Tensor:
+                      chain: ChainedFrom | None = None, ids: bool = False) -> torch.Tensor:
+        """The logits of ``rows`` (``ids``: their argmaxes instead)."""
         self.num_graph_steps += 1
         w = self.table_width
         if self.graphs is not None and self.graphs.get((b, q)) is None:
@@ -331,16 +351,18 @@ class GpuModelRunner:
                         chain.row_tokens, q)
         if step is not None:
             step.graph.replay()
-            logits, features = step.logits, step.features
+            logits, features, argmax = step.logits, step.features, step.ids
         else:  # padded layout without graphs (tests on CPU)
-            logits, features = self._static_step(b, q)
+            logits, features, argmax = self._static_step(b, q)
         if features is not None and self._want_features:  # padded rows: request i's at i*q .. i*q + qlens[i]
             n = len(chunks)
             if all(ql == q for ql in qlens):
                 self._features = features[: n * q]
             else:
                 self._features = torch.cat([features[i * q:i * q + ql] for i, ql in enumerate(qlens)])
-        if identity:
-            return logits
-        return logits.index_select(0, self._static[r_off:r_off + len(rows)])
+        if not ids:
+            return logits if identity else logits.index_select(0, self._static[r_off:r_off + len(rows)])
+        assert argmax is not None  # (every graph of this runner computes it)
+        # (a copy either way: a step's tokens outlive the next replay of its graph)
+        return argmax.clone() if identity else argmax.index_select(0, self._static[r_off:r_off + len(rows)])
 

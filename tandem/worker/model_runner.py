@@ -21,6 +21,7 @@ from tandem.models.decoder import CausalLM, KVCache
 from tandem.models.forward_context import ForwardContext
 from tandem.models.quant.q4_linear import Q4Linear
 from tandem.models.torch_kernels import LONE_VERIFY_KERNELS, ROWWISE_KERNELS, TORCH_KERNELS
+from tandem.sample.argmax import greedy_ids
 from tandem.sample.rejection import accept_matching
 from tandem.worker import cpu_attention
 from tandem.worker.attention import TorchAttention
@@ -75,6 +76,10 @@ class TorchRunner:
         if chain is not None:
             chunks = _chained(chunks, chain)
         return self.forward(chunks, rows, token_ids, argmax_only=argmax_only).logits
+
+    def forward_ids(self, chunks: Sequence[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
+                    fed: FedTokens | None = None, chain: ChainedFrom | None = None) -> torch.Tensor:
+        return greedy_ids(self.forward_logits(chunks, rows, token_ids, argmax_only=True, fed=fed, chain=chain))
 
     @torch.inference_mode()
     def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,

@@ -48,6 +48,13 @@ class ModelRunner(Protocol):
         """
         ...
 
+    def forward_ids(self, chunks: Sequence[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
+                    fed: FedTokens | None = None, chain: ChainedFrom | None = None) -> torch.Tensor:
+        """The greedy token [len(rows)] int64 of each row (``greedy_ids`` of ``forward_logits``, same
+        arguments, ``argmax_only``), on the device. The CUDA runner's graphs compute it inside the
+        replay: no launch of its own."""
+        ...
+
     def forward(self, chunks: Sequence[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
                 aux_layers: tuple[int, ...] = (), argmax_only: bool = False) -> StepOutput:
         """``forward_logits`` plus, for every query row, the hidden states entering each layer of
