@@ -1,4 +1,5 @@
-"""CUDA graphs for decode / verify / draft steps: one graph per (batch bucket, query length).
+"""CUDA graphs for decode / verify / draft steps: one graph per (batch bucket, query length) (an
+EAGLE head's whole proposals: per (bucket, first-step rows, chain steps), ``gpu_head_runner.py``).
 
 A step whose requests all have ≤ ``max_q`` query tokens (decodes: 1, verifies: k + 1, draft
 catch-ups: 1..k + 1) and ≤ ``max_batch`` requests replays a graph captured for

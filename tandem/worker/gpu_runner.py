@@ -8,7 +8,8 @@ step needs a host sync of its own (the caller's sampler syncs once when it reads
 Two ways to run a step:
 - **bucketed** (decode, verify, draft steps: every request ≤ ``max_graph_q`` query tokens, at most
   ``max_graph_batch`` requests): requests padded to the step's max query length and the batch to a
-  bucket, then a captured CUDA graph is replayed (``cuda_graphs.py``); logits for all padded rows.
+  bucket, then a captured CUDA graph is replayed (``cuda_graphs.py``); logits and argmaxes for all
+  padded rows (``forward_ids`` takes the argmaxes: a greedy step launches nothing after the replay).
 - **eager** (prefill chunks, mixed long steps): exact layout, logits only for the wanted rows.
 
 Layout of the int64 buffer for T tokens, B requests, block-table width W (bucketed: T = B·q):
