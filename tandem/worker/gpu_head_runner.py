@@ -258,16 +258,8 @@ class GpuHeadRunner:
 
         def run() -> torch.Tensor:
             tok, fb = self._run(self._static, b * q, b, w, q, split_q, None)
-            toks = [self._derive_chain(b, q, tok, fb)]
-            hidden = self._hidden_in[:b]
-            for j in range(steps):
-                tok, fb = self._run(self._chain_in, b, b, w, 1, split_1, hidden)
-                toks.append(tok)
-                if j + 1 < steps:
-                    hidden.copy_(fb)
-                    self._chain_in[:b].copy_(tok)
-                    advance_one(self._chain_in, b, w, self.block_size)
-            return torch.stack(toks)
+            first = self._derive_chain(b, q, tok, fb)
+            return torch.stack([first, *self._chain_steps(self._chain_in, b, steps, split_1)])
 
         assert self.graphs_p is not None
         return self.graphs_p.capture((b, q, steps), run)
@@ -306,24 +298,26 @@ class GpuHeadRunner:
                     return b, found
         return None
 
-    def _capture_chain(self, b: int, steps: int) -> CapturedStep:
+    def _chain_steps(self, buf: torch.Tensor, b: int, steps: int, splits: int) -> list[torch.Tensor]:
+        """(Inside a graph.) ``steps`` one-row steps of ``b`` requests packed in ``buf`` (``layout(b, b,
+        w)``), hidden rows in ``_hidden_in``: each later one fed the step before's draft and feedback and
+        advanced on the device (``advance_one``). The drafts per step."""
         w = self.table_width
+        hidden = self._hidden_in[:b]
+        toks = []
+        for j in range(steps):
+            tok, fb = self._run(buf, b, b, w, 1, splits, hidden)
+            toks.append(tok)
+            if j + 1 < steps:
+                hidden.copy_(fb)
+                buf[:b].copy_(tok)
+                advance_one(buf, b, w, self.block_size)
+        return toks
+
+    def _capture_chain(self, b: int, steps: int) -> CapturedStep:
         splits = self._splits(b, 1, None)
-
-        def run() -> torch.Tensor:
-            hidden = self._hidden_in[:b]
-            toks = []
-            for j in range(steps):
-                tok, fb = self._run(self._static, b, b, w, 1, splits, hidden)
-                toks.append(tok)
-                if j + 1 < steps:
-                    hidden.copy_(fb)
-                    self._static[:b].copy_(tok)
-                    advance_one(self._static, b, w, self.block_size)
-            return torch.stack(toks)
-
         assert self.graphs_c is not None
-        return self.graphs_c.capture((b, steps), run)
+        return self.graphs_c.capture((b, steps), lambda: torch.stack(self._chain_steps(self._static, b, steps, splits)))
 
     def _capture(self, graphs: GraphCache, b: int, q: int, fed: bool) -> CapturedStep:
         """The graph of a (bucket, q) step: ``fed`` hidden rows from ``_hidden_in``, else the features."""
