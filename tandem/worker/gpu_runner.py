@@ -160,15 +160,12 @@ class GpuModelRunner:
         (``chain.py``).
         ``argmax_only`` changes nothing here (the screened head is a CPU path): full logits.
         """
-        n = len(chunks)
-        if n == 0:
+        if not chunks:
             return torch.empty((0, self.model.arch.vocab_size), dtype=torch.float32, device=self.device)
         qlens = [len(c.token_ids) for c in chunks]
-        qmax = max(qlens)
-        if self.pad and qmax <= self.max_graph_q:
-            b = batch_bucket(n, self.max_graph_batch)
-            if b is not None and max(len(c.block_ids) for c in chunks) <= self.table_width:
-                return self._run_bucketed(chunks, qlens, rows, b, qmax, token_ids, fed, chain)
+        b = self._bucket_of(chunks, qlens)
+        if b is not None:
+            return self._run_bucketed(chunks, qlens, rows, b, max(qlens), token_ids, fed, chain)
         return self._run_eager(chunks, qlens, rows, token_ids, fed, chain)
 
     def forward_ids(self, chunks: Sequence[SeqChunk], rows: Sequence[int], token_ids: torch.Tensor | None = None,
@@ -177,16 +174,20 @@ class GpuModelRunner:
         its replay (``_static_step``), so the step launches nothing after it (the two-kernel Triton
         argmax had cost ~50-90 µs of host time per step on the H100); an eager step's logits go
         through ``greedy_ids``."""
-        n = len(chunks)
-        if n == 0:
+        if not chunks:
             return torch.empty(0, dtype=torch.int64, device=self.device)
         qlens = [len(c.token_ids) for c in chunks]
-        qmax = max(qlens)
-        if self.pad and qmax <= self.max_graph_q:
-            b = batch_bucket(n, self.max_graph_batch)
-            if b is not None and max(len(c.block_ids) for c in chunks) <= self.table_width:
-                return self._run_bucketed(chunks, qlens, rows, b, qmax, token_ids, fed, chain, ids=True)
+        b = self._bucket_of(chunks, qlens)
+        if b is not None:
+            return self._run_bucketed(chunks, qlens, rows, b, max(qlens), token_ids, fed, chain, ids=True)
         return greedy_ids(self._run_eager(chunks, qlens, rows, token_ids, fed, chain))
+
+    def _bucket_of(self, chunks: Sequence[SeqChunk], qlens: list[int]) -> int | None:
+        """The batch bucket of a step that runs padded (a graph's shape), or None: it runs eagerly."""
+        if not self.pad or max(qlens) > self.max_graph_q:
+            return None
+        b = batch_bucket(len(chunks), self.max_graph_batch)
+        return b if b is not None and max(len(c.block_ids) for c in chunks) <= self.table_width else None
 
     def _meta(self, dev: torch.Tensor, t: int, b: int, w: int, qmax: int, splits: int
               ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
