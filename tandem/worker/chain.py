@@ -66,16 +66,23 @@ def _accepted(dev: torch.Tensor, off: int, n: int, stride: int, row_tokens: torc
     return desc, rows, match.long().cumprod(1).sum(1)
 
 
+def _feed_args(fed: FedTokens | None, fed_at: int) -> tuple[torch.Tensor, int, int] | None:
+    return (fed.values, fed_at, len(fed.rows)) if fed is not None and fed.rows else None
+
+
 def chain_fixup(dev: torch.Tensor, t: int, b: int, w: int, block_size: int, off: int, n: int, stride: int,
-                row_tokens: torch.Tensor, max_query_len: int) -> None:
+                row_tokens: torch.Tensor, max_query_len: int, fed: FedTokens | None = None, fed_at: int = 0) -> None:
     """On the device: the chained step's first ids, positions, KV slots and context lengths, from
     the descriptors ``pack_chain`` wrote at ``off`` (``n`` chunks of ``stride``) and the verify's
-    ``row_tokens``."""
+    ``row_tokens``; and its ``fed`` rows (``feed_rows``, indices at ``fed_at``), in the same launch
+    on CUDA (they never overlap a chunk's first row)."""
     if dev.is_cuda:
         from tandem.worker.triton_chain import chain_fixup_cuda
 
-        chain_fixup_cuda(dev, t, b, w, block_size, off, n, stride, HEAD, row_tokens, max_query_len)
+        chain_fixup_cuda(dev, t, b, w, block_size, off, n, stride, HEAD, row_tokens, max_query_len,
+                         _feed_args(fed, fed_at))
         return
+    feed_rows(dev, t, fed_at, fed)
     o_ids, o_pos, o_slot, o_seq, _, _, o_bt, _ = layout(t, b, w)
     desc, rows, accepted = _accepted(dev, off, n, stride, row_tokens)
     first, qlen, k = desc[:, 0], desc[:, 1], desc[:, 3]
@@ -95,14 +102,17 @@ def chain_fixup(dev: torch.Tensor, t: int, b: int, w: int, block_size: int, off:
     dev[o_seq:o_seq + n].sub_(shift)
 
 
-def chain_select(dev: torch.Tensor, sel_off: int, off: int, n: int, stride: int, row_tokens: torch.Tensor) -> None:
+def chain_select(dev: torch.Tensor, sel_off: int, off: int, n: int, stride: int, row_tokens: torch.Tensor,
+                 t: int = 0, fed: FedTokens | None = None, fed_at: int = 0) -> None:
     """On the device: ``dev[sel_off + i] -= k_i - accepted_i`` for the ``n`` chunks described at
-    ``off`` (``pack_chain``): a selected output row moves back by its request's rejected count."""
+    ``off`` (``pack_chain``): a selected output row moves back by its request's rejected count; and
+    a step of ``t`` rows' ``fed`` rows as ``chain_fixup`` feeds them."""
     if dev.is_cuda:
         from tandem.worker.triton_chain import chain_select_cuda
 
-        chain_select_cuda(dev, sel_off, off, n, stride, HEAD, row_tokens)
+        chain_select_cuda(dev, sel_off, off, n, stride, HEAD, row_tokens, _feed_args(fed, fed_at))
         return
+    feed_rows(dev, t, fed_at, fed)
     desc, _, accepted = _accepted(dev, off, n, stride, row_tokens)
     dev[sel_off:sel_off + n].sub_(desc[:, 3] - accepted)
 
@@ -135,8 +145,9 @@ def head_chain_fixup(dev: torch.Tensor, chain: HeadChain, fed: FedTokens | None,
     ``c_off``: where ``pack_chain`` put the descriptors."""
     n, stride, rows = len(chain.verify.offsets), chain_width(chain.verify), chain.verify.row_tokens
     if chain.catch_up:
-        feed_rows(dev, t, length, fed)
         if sel is not None:
-            chain_select(dev, sel, c_off, n, stride, rows)
+            chain_select(dev, sel, c_off, n, stride, rows, t, fed, length)
+        else:
+            feed_rows(dev, t, length, fed)
     else:
         chain_fixup(dev, t, b, w, block_size, c_off, n, stride, rows, max_query_len)

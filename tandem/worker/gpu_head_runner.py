@@ -234,6 +234,10 @@ class GpuHeadRunner:
         longer, KV slot from its block table, id its draft; padding requests stay padding — and its
         hidden rows in ``_hidden_in``. Returns the selected drafts [b]."""
         w, bs, src, dst = self.table_width, self.block_size, self._static, self._chain_in
+        if src.is_cuda:  # one launch (triton_proposal.py); the ops below are its reference
+            from tandem.worker.triton_proposal import chain_entry_cuda
+
+            return chain_entry_cuda(src, dst, tok, fb, self._hidden_in, b, q, w, bs)
         o1, o2 = layout(b * q, b, w), layout(b, b, w)
         sel = src[o1[-1]:o1[-1] + b]
         draft = tok.index_select(0, sel)
@@ -309,6 +313,11 @@ class GpuHeadRunner:
             tok, fb = self._run(buf, b, b, w, 1, splits, hidden)
             toks.append(tok)
             if j + 1 < steps:
+                if buf.is_cuda:  # one launch (triton_proposal.py) for the three below
+                    from tandem.worker.triton_proposal import advance_one_cuda
+
+                    advance_one_cuda(buf, tok, fb, hidden, b, w, self.block_size)
+                    continue
                 hidden.copy_(fb)
                 buf[:b].copy_(tok)
                 advance_one(buf, b, w, self.block_size)

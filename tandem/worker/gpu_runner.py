@@ -248,10 +248,11 @@ class GpuModelRunner:
         self._host.send(i, end, self._eager)
         if token_ids is not None:  # one token per request: ids occupy rows 0..n-1
             self._eager[:n].copy_(token_ids, non_blocking=True)
-        feed_rows(self._eager, t, length, fed)
         if chain is not None:
             chain_fixup(self._eager, t, n, w, self.block_size, c_off, n, chain_width(chain), chain.row_tokens,
-                        max(qlens))
+                        max(qlens), fed, length)
+        else:
+            feed_rows(self._eager, t, length, fed)
         max_seq = max(c.start + q for c, q in zip(chunks, qlens))
         ids, pos, meta = self._meta(self._eager, t, n, w, max(qlens), self._splits(n, max(qlens), max_seq))
         hidden = self._hidden(ids, pos, meta)
@@ -311,6 +312,10 @@ class GpuModelRunner:
         buf[length:length + HEAD + 1] = [0, 1, 0, 0, -1]
         self._host.send(i, length + HEAD + 1, dev)
         chain_fixup(dev, 1, 1, w, self.block_size, length, 1, HEAD + 1, dev[:1].clone(), 1)
+        # ... and a verify's fed drafts without a chain (one variant: nothing fed here)
+        from tandem.worker.triton_feed import feed_rows_cuda
+
+        feed_rows_cuda(dev, dev[:1].clone(), length, 0)
         torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
@@ -347,10 +352,11 @@ class GpuModelRunner:
         self._host.send(i, end, self._static)
         if token_ids is not None:  # request i's single token sits at padded row i * q
             self._static[: len(chunks) * q: q].copy_(token_ids, non_blocking=True)
-        feed_rows(self._static, t, length, fed)
-        if chain is not None:
+        if chain is not None:  # (its fed rows in the same launch)
             chain_fixup(self._static, t, b, w, self.block_size, c_off, len(chunks), chain_width(chain),
-                        chain.row_tokens, q)
+                        chain.row_tokens, q, fed, length)
+        else:
+            feed_rows(self._static, t, length, fed)
         if step is not None:
             step.graph.replay()
             logits, features, argmax = step.logits, step.features, step.ids

@@ -251,8 +251,14 @@ def pack_fed(buf: np.ndarray, length: int, fed: FedTokens | None, rows: Sequence
 
 
 def feed_rows(dev: torch.Tensor, t: int, length: int, fed: FedTokens | None) -> None:
-    """On the device: ids[rows] = values[src], both index lists sent with the step's inputs."""
+    """On the device: ids[rows] = values[src], both index lists sent with the step's inputs (at
+    ``length``: ``pack_fed``). On CUDA one launch (``triton_feed.py``)."""
     if fed is None or not fed.rows:
         return
     m = len(fed.rows)
+    if dev.is_cuda:
+        from tandem.worker.triton_feed import feed_rows_cuda
+
+        feed_rows_cuda(dev, fed.values, length, m)
+        return
     dev[:t].index_copy_(0, dev[length + m:length + 2 * m], fed.values.index_select(0, dev[length:length + m]))

@@ -5,7 +5,9 @@ verify in ~0.5 ms); the same fix-up in torch ops was ~25 small launches. Program
 descriptor (``chain.pack_chain``), counts the accepted drafts against the verify's row argmaxes,
 writes the emitted token as its first id and moves its rows back by the rejected count.
 ``chain_select_cuda``: the same count moves a selected output row back (an EAGLE head's chained
-first step).
+first step). Both take a step's fed rows (``input_packer.feed_rows``: ids[rows] = values[src]) in the
+same launch, one program more (a chained verify's EAGLE drafts, a chained catch-up's verify
+argmaxes: ``triton_feed.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
+from tandem.worker import triton_feed
 from tandem.worker.input_packer import layout
+from tandem.worker.triton_feed import feed_args, feed_program
 
 
 @triton.jit
@@ -29,50 +33,66 @@ def _accepted(d, rows_ptr, HEAD: tl.constexpr, KP: tl.constexpr):
     return base, k, tl.min(tl.where(valid & (g != drafts), j, k), 0)  # the first mismatch, else k
 
 
-# (offsets vary with the step's shape: unspecialised, so no shape compiles a variant while serving)
-@triton.jit(do_not_specialize=["o_ids", "o_pos", "o_slot", "o_seq", "o_bt", "w", "bs", "off", "stride"])
-def _chain_fixup_kernel(dev_ptr, rows_ptr, o_ids, o_pos, o_slot, o_seq, o_bt, w, bs, off, stride,
-                        HEAD: tl.constexpr, KP: tl.constexpr, QP: tl.constexpr):
+# (offsets and counts vary with the step's shape, the values' view with the proposal: unspecialised,
+# so no step compiles a variant while serving)
+@triton.jit(do_not_specialize=["vals_ptr", "o_ids", "o_pos", "o_slot", "o_seq", "o_bt", "w", "bs", "off", "stride",
+                               "n", "f_off", "m"])
+def _chain_fixup_kernel(dev_ptr, rows_ptr, vals_ptr, o_ids, o_pos, o_slot, o_seq, o_bt, w, bs, off, stride, n,
+                        f_off, m, HEAD: tl.constexpr, KP: tl.constexpr, QP: tl.constexpr, FB: tl.constexpr):
     i = tl.program_id(0)
-    d = dev_ptr + off + i * stride
-    first = tl.load(d)
-    qlen = tl.load(d + 1)
-    base, k, accepted = _accepted(d, rows_ptr, HEAD, KP)
-    emitted = tl.load(rows_ptr + base + accepted)
-    shift = k - accepted
-    tl.store(dev_ptr + o_ids + first, emitted)
-    r = tl.arange(0, QP)
-    real = r < qlen
-    where = first + r
-    p = tl.load(dev_ptr + o_pos + where, mask=real, other=0) - shift
-    tl.store(dev_ptr + o_pos + where, p, mask=real)
-    block = tl.load(dev_ptr + o_bt + i * w + p // bs, mask=real, other=0)
-    tl.store(dev_ptr + o_slot + where, block * bs + p % bs, mask=real)
-    seq = tl.load(dev_ptr + o_seq + i)
-    tl.store(dev_ptr + o_seq + i, seq - shift)
+    if i < n:
+        d = dev_ptr + off + i * stride
+        first = tl.load(d)
+        qlen = tl.load(d + 1)
+        base, k, accepted = _accepted(d, rows_ptr, HEAD, KP)
+        emitted = tl.load(rows_ptr + base + accepted)
+        shift = k - accepted
+        tl.store(dev_ptr + o_ids + first, emitted)
+        r = tl.arange(0, QP)
+        real = r < qlen
+        where = first + r
+        p = tl.load(dev_ptr + o_pos + where, mask=real, other=0) - shift
+        tl.store(dev_ptr + o_pos + where, p, mask=real)
+        block = tl.load(dev_ptr + o_bt + i * w + p // bs, mask=real, other=0)
+        tl.store(dev_ptr + o_slot + where, block * bs + p % bs, mask=real)
+        seq = tl.load(dev_ptr + o_seq + i)
+        tl.store(dev_ptr + o_seq + i, seq - shift)
+    else:  # (launched only with rows to feed: the fed drafts, which the chained rows never overlap)
+        feed_program(dev_ptr, vals_ptr, f_off, m, FB)
 
 
 def chain_fixup_cuda(dev: torch.Tensor, t: int, b: int, w: int, block_size: int, off: int, n: int, stride: int,
-                     head: int, row_tokens: torch.Tensor, max_query_len: int) -> None:
-    """``head``: descriptor fields before the drafts (``chain.HEAD``). (One compiled variant covers
-    every step of at most 8 query rows and 8 drafts per request: ``GpuModelRunner.compile_kernels``
-    compiles it at start.)"""
+                     head: int, row_tokens: torch.Tensor, max_query_len: int,
+                     fed: tuple[torch.Tensor, int, int] | None = None) -> None:
+    """``head``: descriptor fields before the drafts (``chain.HEAD``); ``fed``: (values, offset of
+    ``pack_fed``'s indices, count) fed in the same launch. (One compiled variant covers every step of
+    at most 8 query rows and 8 drafts per request: ``GpuModelRunner.compile_kernels`` compiles it at start.)"""
     o_ids, o_pos, o_slot, o_seq, _, _, o_bt, _ = layout(t, b, w)
-    _chain_fixup_kernel[(n,)](dev, row_tokens, o_ids, o_pos, o_slot, o_seq, o_bt, w, block_size, off, stride,
-                              HEAD=head, KP=max(8, triton.next_power_of_2(stride - head)),
-                              QP=max(8, triton.next_power_of_2(max_query_len)), num_warps=1)
+    vals, f_off, m = feed_args(dev, fed)
+    _chain_fixup_kernel[(n + (m > 0),)](dev, row_tokens, vals, o_ids, o_pos, o_slot, o_seq, o_bt, w, block_size,
+                                        off, stride, n, f_off, m, HEAD=head,
+                                        KP=max(8, triton.next_power_of_2(stride - head)),
+                                        QP=max(8, triton.next_power_of_2(max_query_len)),
+                                        FB=triton_feed.FEED_BLOCK, num_warps=1)
 
 
-@triton.jit(do_not_specialize=["sel_off", "off", "stride"])
-def _chain_select_kernel(dev_ptr, rows_ptr, sel_off, off, stride, HEAD: tl.constexpr, KP: tl.constexpr):
+@triton.jit(do_not_specialize=["vals_ptr", "sel_off", "off", "stride", "n", "f_off", "m"])
+def _chain_select_kernel(dev_ptr, rows_ptr, vals_ptr, sel_off, off, stride, n, f_off, m, HEAD: tl.constexpr,
+                         KP: tl.constexpr, FB: tl.constexpr):
     i = tl.program_id(0)
-    _, k, accepted = _accepted(dev_ptr + off + i * stride, rows_ptr, HEAD, KP)
-    sel = tl.load(dev_ptr + sel_off + i)
-    tl.store(dev_ptr + sel_off + i, sel - (k - accepted))
+    if i < n:
+        _, k, accepted = _accepted(dev_ptr + off + i * stride, rows_ptr, HEAD, KP)
+        sel = tl.load(dev_ptr + sel_off + i)
+        tl.store(dev_ptr + sel_off + i, sel - (k - accepted))
+    else:
+        feed_program(dev_ptr, vals_ptr, f_off, m, FB)
 
 
 def chain_select_cuda(dev: torch.Tensor, sel_off: int, off: int, n: int, stride: int, head: int,
-                      row_tokens: torch.Tensor) -> None:
-    """(One compiled variant for up to 8 drafts per request: ``GpuHeadRunner.warm_up`` compiles it.)"""
-    _chain_select_kernel[(n,)](dev, row_tokens, sel_off, off, stride, HEAD=head,
-                               KP=max(8, triton.next_power_of_2(stride - head)), num_warps=1)
+                      row_tokens: torch.Tensor, fed: tuple[torch.Tensor, int, int] | None = None) -> None:
+    """``fed`` as ``chain_fixup_cuda``'s. (One compiled variant for up to 8 drafts per request:
+    ``GpuHeadRunner.warm_up`` compiles it.)"""
+    vals, f_off, m = feed_args(dev, fed)
+    _chain_select_kernel[(n + (m > 0),)](dev, row_tokens, vals, sel_off, off, stride, n, f_off, m, HEAD=head,
+                                         KP=max(8, triton.next_power_of_2(stride - head)),
+                                         FB=triton_feed.FEED_BLOCK, num_warps=1)

@@ -30,8 +30,10 @@ def _runner(block_size: int, w: int, hidden: int) -> GpuHeadRunner:
     return r
 
 
-@pytest.mark.parametrize("seed", range(24))
-def test_proposal_graph_derives_the_chain_step_the_packer_packs(seed: int) -> None:
+def proposal_case(seed: int) -> tuple[GpuHeadRunner, dict]:
+    """A random first step packed as ``_stage(select=True)`` packs it (padded batches, ragged query
+    lengths, selected rows moved back by a chained verify's rejections as ``head_chain_fixup`` moves
+    them, block tables out of order), in a stub runner's ``_static``; and what the test needs of it."""
     rng = random.Random(seed)
     bs, w, hidden = rng.choice([1, 4, 16]), 12, 8
     b = rng.choice([1, 2, 4, 8])
@@ -47,25 +49,31 @@ def test_proposal_graph_derives_the_chain_step_the_packer_packs(seed: int) -> No
     rows = [sum(qlens[:i + 1]) - 1 for i in range(n)]  # each request's last row
     buf = np.zeros(layout(b * q, b, w)[-1] + b, dtype=np.int64)
     pack(bs, buf, chunks, qlens, b, q, w, rows)
-    # the selected rows as ``_stage(select=True)`` writes them, moved back as a chained verify's
-    # rejections move them (``head_chain_fixup``)
     o_end = layout(b * q, b, w)[-1]
     back = [rng.randint(0, ql - 1) for ql in qlens]
     buf[o_end:o_end + n] = [r - k for r, k in zip(padded_rows(qlens, q, rows), back)]
     buf[o_end + n:o_end + b] = 0
     runner = _runner(bs, w, hidden)
     runner._static = torch.from_numpy(buf)
-    tok = torch.randint(0, 1000, (b * q,))
-    fb = torch.randn(b * q, hidden)
-    draft = runner._derive_chain(b, q, tok, fb)
+    gen = torch.Generator().manual_seed(seed)
+    tok = torch.randint(0, 1000, (b * q,), generator=gen)
+    fb = torch.randn(b * q, hidden, generator=gen)
+    return runner, dict(b=b, n=n, q=q, w=w, bs=bs, chunks=chunks, qlens=qlens, back=back, tok=tok, fb=fb,
+                        sel=torch.from_numpy(buf[o_end:o_end + n]))
 
-    sel = torch.from_numpy(buf[o_end:o_end + n])
+
+@pytest.mark.parametrize("seed", range(24))
+def test_proposal_graph_derives_the_chain_step_the_packer_packs(seed: int) -> None:
+    runner, c = proposal_case(seed)
+    b, n, w, bs, tok, fb, sel = c["b"], c["n"], c["w"], c["bs"], c["tok"], c["fb"], c["sel"]
+    draft = runner._derive_chain(b, c["q"], tok, fb)
+
     assert torch.equal(draft[:n], tok[sel])
     assert torch.equal(runner._hidden_in[:n], fb[sel])
     want = np.zeros(layout(b, b, w)[-1], dtype=np.int64)
-    at = [c.start + ql - 1 - k + 1 for c, ql, k in zip(chunks, qlens, back)]  # selected position + 1
-    pack(bs, want, [SeqChunk([int(tok[s])], p, c.block_ids) for s, p, c in zip(sel, at, chunks)], [1] * n, b, 1,
-         w, None)
+    at = [ch.start + ql - 1 - k + 1 for ch, ql, k in zip(c["chunks"], c["qlens"], c["back"])]  # selected position + 1
+    pack(bs, want, [SeqChunk([int(tok[s])], p, ch.block_ids) for s, p, ch in zip(sel, at, c["chunks"])], [1] * n,
+         b, 1, w, None)
     got = runner._chain_in.numpy()
     o_ids, o_pos, o_slot, o_seq, o_qs, o_ql, o_bt, _ = layout(b, b, w)
     # every section (not the alignment gaps between them); a padding request's id is whatever its row 0

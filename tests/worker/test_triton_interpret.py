@@ -286,30 +286,52 @@ _CHAIN_SCRIPT = textwrap.dedent('''
     import torch
     sys.path.insert(0, sys.argv[1])
     from test_chain import _case
+    import random
+    from tandem.worker.batch import FedTokens
     from tandem.worker.chain import HEAD, chain_fixup, chain_select, chain_width, pack_chain
-    from tandem.worker.input_packer import pack
+    from tandem.worker.input_packer import feed_rows, pack, pack_fed
+    import tandem.worker.triton_feed as tf
     from tandem.worker.triton_chain import chain_fixup_cuda, chain_select_cuda
+    from tandem.worker.triton_feed import feed_rows_cuda
 
-    moved = 0
-    for seed in range(12):
-        bs, n, _, assumed, qlens, chain, _ = _case(seed)
-        w = max(len(c.block_ids) for c in assumed)
+    moved = fed_rows = 0
+    for seed in range(24):
+        tf.FEED_BLOCK = 64 if seed < 12 else 4  # (a feeding program's loop: one block, then several)
+        bs, n, _, assumed, qlens, chain, _ = _case(seed % 12)
+        w, q = max(len(c.block_ids) for c in assumed), max(qlens)
+        # rows fed from the device (a verify's EAGLE drafts): some of each chunk's rows after its first,
+        # more than one feeding block's worth where the step has them
+        rng = random.Random(seed)
+        rows = [i * q + j for i, ql in enumerate(qlens) for j in range(1, ql) if rng.random() < 0.7]
+        values = torch.randint(0, 1000, (len(rows) + 5,))
+        fed = FedTokens(values, tuple(rng.sample(range(len(values)), len(rows))), tuple(rows)) if rows else None
+        fed_rows = max(fed_rows, len(rows))
         buf = np.zeros(8192, dtype=np.int64)
-        length, t, _, _ = pack(bs, buf, assumed, qlens, n, max(qlens), w, None)
-        _, off = pack_chain(buf, length, chain, qlens, max(qlens))
+        length, t, _, _ = pack(bs, buf, assumed, qlens, n, q, w, None)
+        end = pack_fed(buf, length, fed, rows)
+        _, off = pack_chain(buf, end, chain, qlens, q)
+        for f in (None, fed):
+            ref, got = torch.from_numpy(buf.copy()), torch.from_numpy(buf.copy())
+            chain_fixup(ref, t, n, w, bs, off, n, chain_width(chain), chain.row_tokens, q, f, length)
+            chain_fixup_cuda(got, t, n, w, bs, off, n, chain_width(chain), HEAD, chain.row_tokens, q,
+                             None if f is None else (values, length, len(rows)))
+            assert torch.equal(got, ref), seed
         ref, got = torch.from_numpy(buf.copy()), torch.from_numpy(buf.copy())
-        chain_fixup(ref, t, n, w, bs, off, n, chain_width(chain), chain.row_tokens, max(qlens))
-        chain_fixup_cuda(got, t, n, w, bs, off, n, chain_width(chain), HEAD, chain.row_tokens, max(qlens))
+        feed_rows(ref, t, length, fed)
+        if fed is not None:
+            feed_rows_cuda(got, values, length, len(rows))
         assert torch.equal(got, ref), seed
-        # an EAGLE head's chained catch-up: selected rows moved back by the rejected count
+        # an EAGLE head's chained catch-up: selected rows moved back by the rejected count, fed rows fed
         end = off + n * chain_width(chain)
         buf[end:end + n] = np.arange(n) * 7 + 9
-        ref, got = torch.from_numpy(buf.copy()), torch.from_numpy(buf.copy())
-        chain_select(ref, end, off, n, chain_width(chain), chain.row_tokens)
-        chain_select_cuda(got, end, off, n, chain_width(chain), HEAD, chain.row_tokens)
-        assert torch.equal(got, ref), seed
+        for f in (None, fed):
+            ref, got = torch.from_numpy(buf.copy()), torch.from_numpy(buf.copy())
+            chain_select(ref, end, off, n, chain_width(chain), chain.row_tokens, t, f, length)
+            chain_select_cuda(got, end, off, n, chain_width(chain), HEAD, chain.row_tokens,
+                              None if f is None else (values, length, len(rows)))
+            assert torch.equal(got, ref), seed
         moved += int((ref != torch.from_numpy(buf)).sum())
-    assert moved > 0  # (some request rejected drafts)
+    assert moved > 0 and fed_rows > 8  # (some request rejected drafts; a step fed more than two blocks of 4)
     print("ok")
 ''')
 
@@ -321,3 +343,42 @@ def test_chain_fixup_kernel_under_interpreter() -> None:
     import pathlib
 
     _run_interpreted(_CHAIN_SCRIPT, str(pathlib.Path(__file__).parent))
+
+
+_PROPOSAL_SCRIPT = textwrap.dedent('''
+    import sys
+    import torch
+    sys.path.insert(0, sys.argv[1])
+    from test_proposal_graph import proposal_case
+    from tandem.worker.input_packer import advance_one
+    from tandem.worker.triton_proposal import advance_one_cuda, chain_entry_cuda
+
+    for seed in range(16):
+        runner, c = proposal_case(seed)
+        b, q, w, bs, tok, fb = c["b"], c["q"], c["w"], c["bs"], c["tok"], c["fb"]
+        dst, hidden = runner._chain_in.clone(), runner._hidden_in.clone()
+        want = runner._derive_chain(b, q, tok, fb)  # (the torch ops off CUDA)
+        got = chain_entry_cuda(runner._static, dst, tok, fb, hidden, b, q, w, bs)
+        assert torch.equal(got, want), seed
+        assert torch.equal(dst, runner._chain_in), seed
+        assert torch.equal(hidden, runner._hidden_in), seed
+        # each later chain step: fed the step before's drafts and feedback, one position further
+        for _ in range(3):
+            nxt, nfb = torch.randint(0, 1000, (b,)), torch.randn(b, fb.shape[1])
+            ref_buf, ref_h = dst.clone(), hidden.clone()
+            ref_h[:b].copy_(nfb)
+            ref_buf[:b].copy_(nxt)
+            advance_one(ref_buf, b, w, bs)
+            advance_one_cuda(dst, nxt, nfb, hidden[:b], b, w, bs)
+            assert torch.equal(dst, ref_buf) and torch.equal(hidden, ref_h), seed
+    print("ok")
+''')
+
+
+def test_proposal_kernels_under_interpreter() -> None:
+    """An EAGLE proposal graph's entry step and chain-step advance in one launch each
+    (worker/triton_proposal.py) write what ``GpuHeadRunner._derive_chain`` and ``advance_one`` (with
+    the fed ids and hidden rows) write, byte for byte, over random padded and ragged first steps."""
+    import pathlib
+
+    _run_interpreted(_PROPOSAL_SCRIPT, str(pathlib.Path(__file__).parent))
