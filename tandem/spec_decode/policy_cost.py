@@ -35,6 +35,15 @@ cycle look like 2.6 decodes on the H200 where consecutive verifies cost 2.05: th
 382 of ~1,850 steps of HumanEval at batch 1 and gained 1.14–1.19× where drafting every step gained
 1.47–1.60×, docs/performance.md §34.)
 
+On an asynchronous engine (``asynchronous``) the first verify of a run also runs after a drained
+pipeline (and, for a model proposer, after its catch-up over the steps it idled): nothing overlaps
+it, and on the H100 such verifies cost 2.4–4.6 decode steps where a steady chained one cost ~1.2
+(docs/performance.md §51). Taken into the fit, they kept σ near 1 and an EAGLE head that paid
+drafting every step idle on chat (§52). There a run's first verify's excess over the fit's
+prediction is the run's *entry* cost (an EWMA per bucket, in units of D(B), ``RESTART_ALPHA``), which
+``restart_ratio`` adds to the restart: both are paid once per run, where a decision starts one; the
+fit takes that verify less the entry cost.
+
 A step's cost need not be linear in its draft tokens: on the CPU, torch's int4 kernel works in blocks
 of four rows, so a 5-row verify cost 2.57 decodes where a 4-row one cost 1.75 (docs/performance.md
 §34). So at small batch (≤ ``RESIDUAL_MAX_BATCH``, where the same step shapes recur) the fit keeps,
@@ -107,17 +116,19 @@ class _Bucket:
     restart_weight: float = 1.0  # ... with this weight (its later transition steps add theirs at it)
     run_verifies: int = 0  # verify steps since the last restart
     run_length: float | None = None  # EWMA of the verify steps a run had before its restart
+    entry: float | None = None  # EWMA of a run's first verify's excess over the fit, in units of D(B)
 
 
 class StepCostModel:
     def __init__(self, *, prior_sigma: float = PRIOR_SIGMA, prior_beta: float = PRIOR_BETA,
                  prior_restart: float = 0.0, forget: float = FORGET, decode_alpha: float = DECODE_ALPHA,
-                 max_k: int = 4) -> None:
+                 max_k: int = 4, asynchronous: bool = False) -> None:
         if prior_sigma < 0 or prior_beta < 0 or prior_restart < 0:
             raise ValueError(f"cost priors must be >= 0, got sigma={prior_sigma}, beta={prior_beta}, "
                              f"restart={prior_restart}")
         self.prior_sigma, self.prior_beta, self.prior_restart = prior_sigma, prior_beta, prior_restart
         self.forget, self.decode_alpha, self.max_k = forget, decode_alpha, max(1, max_k)
+        self.asynchronous = asynchronous  # a run's first verify follows a drained pipeline: its entry
         self._buckets: dict[int, _Bucket] = {}
         self._steps = 0  # timed steps, all buckets: the clock verify observations age by
 
@@ -152,6 +163,8 @@ class StepCostModel:
             b.steps_since_decode = 0
             b.steps_since_verify += 1
             return
+        # a plain step since the last verify: this one starts a run (predicted before it joins the fit)
+        entry_of = self.ratio(batch, n) if self.asynchronous and b.steps_since_verify > 0 else None
         b.steps_since_decode += 1
         b.steps_since_verify = 0
         b.num_verify += 1
@@ -163,6 +176,10 @@ class StepCostModel:
         if b.num_verify > 1 and b.decode is not None and (not small or (batch, n) in b.seen):
             self._age(b, self.forget)  # older verify steps weigh ``forget`` less
             x, y = n / batch, seconds / b.decode - 1.0  # (the overhead against D(B) as it is now)
+            if entry_of is not None:  # the run's entry, apart: the fit takes what is left
+                excess = max(0.0, y + 1.0 - entry_of)
+                b.entry = excess if b.entry is None else b.entry + RESTART_ALPHA * (excess - b.entry)
+                y -= b.entry
             for i, v in enumerate((1.0, x, y, x * x, x * y)):
                 b.sums[i] += v
             if small:
@@ -199,13 +216,14 @@ class StepCostModel:
         return b.fit
 
     def restart_ratio(self, batch: int) -> float:
-        """ρ: what restarting the asynchronous pipeline after a run of verifies costs, in units of
-        D(B) (the bucket's, else the nearest measured bucket's, else the prior: 0 on a synchronous
-        engine, where no step restarts anything)."""
+        """ρ: what a run of verifies costs once on an asynchronous engine, in units of D(B): the
+        pipeline's restart after it (the bucket's, else the nearest measured bucket's, else the
+        prior: 0 on a synchronous engine, where no step restarts anything) and, measured apart
+        (``asynchronous``), its first verify's excess over a steady one (the entry)."""
         b = self._nearest(batch, lambda v: v.restart is not None and bool(v.decode))
-        if b is None or b.restart is None or not b.decode:
-            return self.prior_restart
-        return b.restart / b.decode
+        rho = self.prior_restart if b is None or b.restart is None or not b.decode else b.restart / b.decode
+        e = self._nearest(batch, lambda v: v.entry is not None)
+        return rho + (e.entry if e is not None and e.entry is not None else 0.0)
 
     def run_length(self, batch: int) -> float:
         """The verify steps a run has had before its pipeline restart (the bucket's EWMA, else the

@@ -453,5 +453,5 @@ def build_speculator(config: SpeculativeConfig | None, proposer: EngineProposer 
                            draft_cost=None if free else declared, latest_shadow=latest,
                            cost=StepCostModel(prior_sigma=ASYNC_PRIOR_SIGMA if asynchronous else PRIOR_SIGMA,
                                               prior_restart=ASYNC_PRIOR_RESTART if asynchronous else 0.0,
-                                              max_k=k))
+                                              max_k=k, asynchronous=asynchronous))
     return Speculator(config, proposer, stats, policy, k)
