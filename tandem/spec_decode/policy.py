@@ -6,7 +6,7 @@ Each step it maximises expected tokens per second over the batch,
 
 with ``s[i, j]`` the survival (expected acceptance) of request i's draft slot j
 (``policy_accept.py``) and T the step time (``policy_cost.py``, in units of a decode step of B
-requests, plus ``draft_cost`` per draft step for a model-based proposer). Because survival never
+requests, plus a model-based proposer's drafting: ``policy_draft.py``, fixed plus per draft step). Because survival never
 increases along a draft, the optimum takes the N best slots over the whole batch for some N: the
 policy sorts the slots, evaluates G at every N (N = 0 — plain decoding — included) and keeps N* only
 if it beats plain decoding by ``margin`` (5%: estimation error must not make speculation slower;
@@ -16,7 +16,7 @@ token costs more of a step) or acceptance falls, k shrinks per request until nob
 
 Where drafts come from:
 
-- Host proposers (n-gram, suffix; ``draft_cost`` 0): the speculator asks for the full k for every
+- Host proposers (n-gram, suffix; drafting free): the speculator asks for the full k for every
   request first, then the policy chooses from the *actual* drafts and the speculator truncates them.
   The whole proposal is scored against the tokens the target produced afterwards (``score_draft``:
   its longest prefix equal to the real continuation, exactly what greedy verification would have
@@ -99,6 +99,7 @@ from dataclasses import dataclass
 from tandem.engine.stats import SpecStats
 from tandem.spec_decode.policy_accept import MODEL_BLEND_WEIGHT, MODEL_IDLE_FORGET, MODEL_OPTIMISM, AcceptanceModel
 from tandem.spec_decode.policy_cost import TRANSITION_SPAN, StepCostModel, bucket_of
+from tandem.spec_decode.policy_draft import DraftCost
 from tandem.spec_decode.policy_evidence import LatestShadowDraft, PendingDraft, PolicyEvidence, ShadowDraft
 from tandem.spec_decode.policy_guard import GoodputGuard
 from tandem.spec_decode.policy_slots import best_slots
@@ -124,7 +125,6 @@ MODEL_RECHECK = 16  # steps a model proposer's "nobody would draft" stands witho
 # re-evaluation of the estimates, a host proposer's periodic full round) is paid from a time credit
 # (time_credit.py: a share of each step's wall time; the speculator's finished outputs share it)
 IDLE_BATCH = 8
-DRAFT_COST_ALPHA = 0.2
 PRIOR_DRAFT_COST = 0.1  # a model-based proposer's draft step, in target decode steps, until measured
 
 @dataclass(frozen=True)
@@ -175,8 +175,9 @@ class GoodputPolicy(PolicyEvidence):
         self._num_proposals = 0  # drafts proposed, real and shadow (cumulative)
         self._steps_since_event = TRANSITION_SPAN + 1  # steps since a round that drafted, or a verify
         self._steps_since_round = TRANSITION_SPAN + 1  # steps since any proposal round
-        self.measure_draft_cost = draft_cost is None and not free
-        self.draft_cost = 0.0 if free else (PRIOR_DRAFT_COST if draft_cost is None else draft_cost)
+        # a model proposer's drafting, in decode steps (measured unless declared)
+        self.draft = DraftCost(0.0 if free else (PRIOR_DRAFT_COST if draft_cost is None else draft_cost),
+                               measured=draft_cost is None and not free)
         self._pending: dict[str, PendingDraft] = {}
         self._shadow_at: dict[str, int] = {}  # lazy shadows: the next position to draft from
         self._shadow_due: list[tuple[str, Sequence[int]]] = []  # latest shadows for ``background`` (id, tokens)
@@ -364,7 +365,7 @@ class GoodputPolicy(PolicyEvidence):
         for row, c in zip(surv, candidates):
             if c.weight != 1.0:
                 row[:] = [v * c.weight for v in row]
-        return best_slots(batch, surv, lengths, sigma, beta, residuals, shape_weights, self.draft_cost, self.margin)
+        return best_slots(batch, surv, lengths, sigma, beta, residuals, shape_weights, self.draft, self.margin)
 
     def _may_pay(self, batch: int, candidates: Sequence[Candidate], lengths: Sequence[int], sigma: float,
                  beta: float) -> bool:
@@ -378,10 +379,9 @@ class GoodputPolicy(PolicyEvidence):
         s_max = max((self.acceptance.first_survival(c.request_id, self.free and c.draft is None, 1.0 / batch) * c.weight
                      for c, n in zip(candidates, lengths) if n), default=0.0)
         need = (1.0 + self.margin) * batch
-        cost = self.draft_cost * max(lengths)
         for n in (1, total):
             ratio = 1.0 + max(0.0, sigma + beta * n / batch)
-            if (batch + n * s_max) / (ratio + (self.draft_cost if n == 1 else cost)) >= need:
+            if (batch + n * s_max) / (ratio + self.draft.of(1 if n == 1 else max(lengths))) >= need:
                 return True
         return False
 
@@ -442,11 +442,10 @@ class GoodputPolicy(PolicyEvidence):
                    or (not steady and self._steps_since_round <= TRANSITION_SPAN))
         if num_tokens is not None and touched and not self._exploring:
             self.guard.observe(batch, num_tokens, seconds, self.cost.decode_seconds(batch))
-        if self.measure_draft_cost and draft_steps > 0 and draft_seconds > 0:
+        if draft_steps > 0 and draft_seconds > 0:
             d = self.cost.decode_seconds(batch)
             if d:
-                x = draft_seconds / (draft_steps * d)
-                self.draft_cost += DRAFT_COST_ALPHA * (x - self.draft_cost)
+                self.draft.observe(draft_steps, draft_seconds / d)
 
     def forget(self, request_id: str) -> None:
         self._pending.pop(request_id, None)

@@ -54,8 +54,8 @@ tokens) is a cold start too and is not used.)
 
 A bucket without measurements borrows the nearest measured bucket's fit, and its decode time from
 its neighbours (scaled with B). Everything the policy compares is a ratio to D(B), so it can decide
-before any step was timed. (A model-based proposer's draft cost is the policy's ``draft_cost``, per
-draft step in units of D(B).)
+before any step was timed. (A model-based proposer's drafting cost is the policy's ``draft``,
+``policy_draft.py``, in units of D(B).)
 """
 
 from __future__ import annotations

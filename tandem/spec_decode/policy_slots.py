@@ -4,7 +4,7 @@ Survival never increases along a draft, so the optimum takes the N best slots ov
 for some N (a prefix of each request's draft): sort the slots, evaluate G at every N and keep N* if
 it beats plain decoding by the margin. A step of ``count`` draft tokens costs
 
-    T / D(B) = 1 + max(0, σ + β · count / B + r(count)) + draft_cost · (longest draft)
+    T / D(B) = 1 + max(0, σ + β · count / B + r(count)) + draft(longest draft)
 
 with r the per-shape correction of the step-cost fit (``policy_cost.py``). For a model proposer at
 batch 1 (``shape_weights`` given; a batch of B has up to B·k shapes) the shapes are those the policy
@@ -22,14 +22,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tandem.spec_decode.policy_cost import RESIDUAL_PRIOR_WEIGHT
+from tandem.spec_decode.policy_draft import DraftCost
 
 
 def best_slots(batch: int, surv: Sequence[Sequence[float]], lengths: Sequence[int], sigma: float, beta: float,
-               residuals: dict[int, float], shape_weights: dict[int, float] | None, draft_cost: float,
+               residuals: dict[int, float], shape_weights: dict[int, float] | None, draft: DraftCost,
                margin: float) -> list[int]:
     """k per request: ``surv[i][j]`` the survival of request i's slot j, ``lengths[i]`` its longest
     draft; (σ, β) the line and ``residuals`` its per-shape corrections at this batch size (with their
-    ``shape_weights`` for a model proposer, else None); ``draft_cost`` per draft step, in D(B)."""
+    ``shape_weights`` for a model proposer, else None); ``draft`` a proposal's cost by its length, in D(B)."""
     n = len(surv)
     # a slot below β never raises the goodput at the margin (adding it gains s, costs G·β/B ≥ β), unless
     # shapes are bounded below (one more slot may cost nothing there)
@@ -55,7 +56,7 @@ def best_slots(batch: int, surv: Sequence[Sequence[float]], lengths: Sequence[in
             floor = over if floor is None else max(floor, over)
         elif count in residuals:
             over += residuals[count]
-        g = total / ((1.0 + over if over > 0.0 else 1.0) + draft_cost * longest)
+        g = total / ((1.0 + over if over > 0.0 else 1.0) + draft.of(longest))
         if g > best_g:
             best_g, best_n = g, count
     if best_g < (1.0 + margin) * batch:

@@ -54,7 +54,7 @@ def test_capabilities_are_declared_not_type_checked():
     costly.drafts_on_host_for_free = False  # as a stateful proposer declares: no lazy shadows
     costly.draft_step_cost = 0.3  # type: ignore[attr-defined]  # drafting costs forwards
     policy = build_speculator(_cfg(), costly, stats, CUDA).policy
-    assert policy is not None and policy.shadow is None and not policy.free and policy.draft_cost == 0.3
+    assert policy is not None and policy.shadow is None and not policy.free and policy.draft.of(1) == 0.3 and not policy.draft.measured
     assert isinstance(build_speculator(None, ngram, stats, CUDA), NoSpeculation)
 
 
