@@ -1004,8 +1004,9 @@ def _gpu_head_engine(alpha: float, seed: int, asynchronous: bool, steps: int = 3
 def test_a_runs_first_verify_is_its_entry_not_the_verify_cost(alpha):
     """On an asynchronous engine a run's first verify follows a drained pipeline: taken into the
     verify fit it kept σ near 1, and a GPU head that paid drafting every step stayed idle (chat on
-    the H100, §52; here at α = 0.7 without the entry apart 0.99-1.34x over five seeds). Its excess is the run's entry cost (paid once per run, with the restart): the
-    policy drafts where steady rounds pay, and stays near plain decoding where they do not."""
+    the H100, §52; here at α = 0.7 without the entry apart 0.99-1.34x over five seeds). Its excess is
+    the run's entry cost (paid once per run, with the restart): the policy drafts where steady rounds
+    pay, and stays near plain decoding where they do not."""
     d = 0.55e-3
     for seed in range(3):
         sim = _gpu_head_engine(alpha, seed, asynchronous=True)
