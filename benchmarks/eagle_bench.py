@@ -69,6 +69,23 @@ def head_prompt_indices(head: str) -> tuple[set[int], set[int]]:
     return set(data.get("train_prompt_indices", [])) | set(data.get("val_prompt_indices", [])), set()
 
 
+def policy_state(llm, before) -> dict | None:  # type: ignore[no-untyped-def]
+    """The goodput policy's batch-1 models after a workload, and the rounds it chose since ``before``
+    (None without the policy)."""
+    policy = llm.engine.policy
+    if policy is None:
+        return None
+    cost, st = policy.cost, llm.engine.stats.spec
+    sigma, beta = cost.overhead(1)
+    bucket = cost._buckets.get(1)  # (the entry is part of restart_ratio; shown apart)
+    draft = getattr(policy, "draft", None)
+    return {"chosen_k": [x - _at(before.chosen_k, j) for j, x in enumerate(st.chosen_k)],
+            "sigma": sigma, "beta": beta, "restart": cost.restart_ratio(1),
+            "entry": getattr(bucket, "entry", None) or 0.0, "run_length": cost.run_length(1),
+            "draft_fixed": draft.fixed if draft is not None else 0.0,
+            "draft_per_step": draft.per_step if draft is not None else policy.draft_cost}
+
+
 def timed(llm, prompt, max_tokens: int):  # type: ignore[no-untyped-def]
     from tandem import SamplingParams
 
@@ -221,6 +238,7 @@ def main() -> None:
                 tau=1 + (st.num_accepted_tokens - b.num_accepted_tokens) / drafts if drafts else None,
                 per_position=per_pos, cond_rates=cond,
                 speedup=acc["baseline"]["seconds"] / acc[name]["seconds"] if name != "baseline" else 1.0,
+                policy=policy_state(llm, b),
             )
         results[wname] = acc
     costs = {}
@@ -243,6 +261,15 @@ def main() -> None:
             tau = f"{a['tau']:.2f}" if a.get("tau") else ""
             print(f"| {wname} | {name} | {a['tokens'] / a['seconds']:.1f} | {a['speedup']:.2f}x | {tau} | {pos} | "
                   f"{a['identical']}/{len(work[wname])} | {eta} |")
+    states = [(w, name, a["policy"]) for w, acc in results.items() for name, a in acc.items() if a.get("policy")]
+    if states:  # why the policy drafted what it did: its models as each workload left them
+        print("\n| workload | engine | rounds: chosen k 0/1/.. | σ, β | ρ (of it the runs' entry) | run length | "
+              "draft cost: fixed + per step (D) |")
+        print("|---|---|---|---|---|---|---|")
+        for w, name, ps in states:
+            print(f"| {w} | {name} | {'/'.join(map(str, ps['chosen_k']))} | {ps['sigma']:.3f}, {ps['beta']:.3f} | "
+                  f"{ps['restart']:.2f} ({ps['entry']:.2f}) | {ps['run_length']:.1f} | "
+                  f"{ps['draft_fixed']:.3f} + {ps['draft_per_step']:.3f} |")
     for k, c in costs.items():
         print(f"k={k}: target decode {c['decode_s'] * 1e3:.3f} ms, verify {c['verify_s'] * 1e3:.3f} ms (v={c['v']:.3f}), "
               f"head step {c['head_step_s'] * 1e3:.3f} ms (c={c['c']:.3f})")
