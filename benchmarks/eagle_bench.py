@@ -77,11 +77,10 @@ def policy_state(llm, before) -> dict | None:  # type: ignore[no-untyped-def]
         return None
     cost, st = policy.cost, llm.engine.stats.spec
     sigma, beta = cost.overhead(1)
-    bucket = cost._buckets.get(1)  # (the entry is part of restart_ratio; shown apart)
     draft = getattr(policy, "draft", None)
     return {"chosen_k": [x - _at(before.chosen_k, j) for j, x in enumerate(st.chosen_k)],
             "sigma": sigma, "beta": beta, "restart": cost.restart_ratio(1),
-            "entry": getattr(bucket, "entry", None) or 0.0, "run_length": cost.run_length(1),
+            "entry": cost.entry_ratio(1) if hasattr(cost, "entry_ratio") else 0.0, "run_length": cost.run_length(1),
             "draft_fixed": draft.fixed if draft is not None else 0.0,
             "draft_per_step": draft.per_step if draft is not None else policy.draft_cost}
 

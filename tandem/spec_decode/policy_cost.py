@@ -222,8 +222,14 @@ class StepCostModel:
         (``asynchronous``), its first verify's excess over a steady one (the entry)."""
         b = self._nearest(batch, lambda v: v.restart is not None and bool(v.decode))
         rho = self.prior_restart if b is None or b.restart is None or not b.decode else b.restart / b.decode
+        return rho + self.entry_ratio(batch)
+
+    def entry_ratio(self, batch: int) -> float:
+        """Of ``restart_ratio``: a run's first verify's excess over a steady one, in units of D(B) (the
+        bucket's, else the nearest measured bucket's; 0 before any was measured or on a synchronous
+        engine)."""
         e = self._nearest(batch, lambda v: v.entry is not None)
-        return rho + (e.entry if e is not None and e.entry is not None else 0.0)
+        return e.entry if e is not None and e.entry is not None else 0.0
 
     def run_length(self, batch: int) -> float:
         """The verify steps a run has had before its pipeline restart (the bucket's EWMA, else the
