@@ -66,10 +66,6 @@ def _accepted(dev: torch.Tensor, off: int, n: int, stride: int, row_tokens: torc
     return desc, rows, match.long().cumprod(1).sum(1)
 
 
-def _feed_args(fed: FedTokens | None, fed_at: int) -> tuple[torch.Tensor, int, int] | None:
-    return (fed.values, fed_at, len(fed.rows)) if fed is not None and fed.rows else None
-
-
 def chain_fixup(dev: torch.Tensor, t: int, b: int, w: int, block_size: int, off: int, n: int, stride: int,
                 row_tokens: torch.Tensor, max_query_len: int, fed: FedTokens | None = None, fed_at: int = 0) -> None:
     """On the device: the chained step's first ids, positions, KV slots and context lengths, from
@@ -79,8 +75,7 @@ def chain_fixup(dev: torch.Tensor, t: int, b: int, w: int, block_size: int, off:
     if dev.is_cuda:
         from tandem.worker.triton_chain import chain_fixup_cuda
 
-        chain_fixup_cuda(dev, t, b, w, block_size, off, n, stride, HEAD, row_tokens, max_query_len,
-                         _feed_args(fed, fed_at))
+        chain_fixup_cuda(dev, t, b, w, block_size, off, n, stride, HEAD, row_tokens, max_query_len, fed, fed_at)
         return
     feed_rows(dev, t, fed_at, fed)
     o_ids, o_pos, o_slot, o_seq, _, _, o_bt, _ = layout(t, b, w)
@@ -110,7 +105,7 @@ def chain_select(dev: torch.Tensor, sel_off: int, off: int, n: int, stride: int,
     if dev.is_cuda:
         from tandem.worker.triton_chain import chain_select_cuda
 
-        chain_select_cuda(dev, sel_off, off, n, stride, HEAD, row_tokens, _feed_args(fed, fed_at))
+        chain_select_cuda(dev, sel_off, off, n, stride, HEAD, row_tokens, fed, fed_at)
         return
     feed_rows(dev, t, fed_at, fed)
     desc, _, accepted = _accepted(dev, off, n, stride, row_tokens)

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from tandem.worker import triton_feed
+from tandem.worker.batch import FedTokens
 from tandem.worker.input_packer import layout
 from tandem.worker.triton_feed import feed_args, feed_program
 
@@ -63,12 +64,12 @@ def _chain_fixup_kernel(dev_ptr, rows_ptr, vals_ptr, o_ids, o_pos, o_slot, o_seq
 
 def chain_fixup_cuda(dev: torch.Tensor, t: int, b: int, w: int, block_size: int, off: int, n: int, stride: int,
                      head: int, row_tokens: torch.Tensor, max_query_len: int,
-                     fed: tuple[torch.Tensor, int, int] | None = None) -> None:
-    """``head``: descriptor fields before the drafts (``chain.HEAD``); ``fed``: (values, offset of
-    ``pack_fed``'s indices, count) fed in the same launch. (One compiled variant covers every step of
+                     fed: FedTokens | None = None, fed_at: int = 0) -> None:
+    """``head``: descriptor fields before the drafts (``chain.HEAD``); ``fed``: rows fed in the same
+    launch (``pack_fed``'s indices at ``fed_at``). (One compiled variant covers every step of
     at most 8 query rows and 8 drafts per request: ``GpuModelRunner.compile_kernels`` compiles it at start.)"""
     o_ids, o_pos, o_slot, o_seq, _, _, o_bt, _ = layout(t, b, w)
-    vals, f_off, m = feed_args(dev, fed)
+    vals, f_off, m = feed_args(dev, fed, fed_at)
     _chain_fixup_kernel[(n + (m > 0),)](dev, row_tokens, vals, o_ids, o_pos, o_slot, o_seq, o_bt, w, block_size,
                                         off, stride, n, f_off, m, HEAD=head,
                                         KP=max(8, triton.next_power_of_2(stride - head)),
@@ -89,10 +90,10 @@ def _chain_select_kernel(dev_ptr, rows_ptr, vals_ptr, sel_off, off, stride, n, f
 
 
 def chain_select_cuda(dev: torch.Tensor, sel_off: int, off: int, n: int, stride: int, head: int,
-                      row_tokens: torch.Tensor, fed: tuple[torch.Tensor, int, int] | None = None) -> None:
+                      row_tokens: torch.Tensor, fed: FedTokens | None = None, fed_at: int = 0) -> None:
     """``fed`` as ``chain_fixup_cuda``'s. (One compiled variant for up to 8 drafts per request:
     ``GpuHeadRunner.warm_up`` compiles it.)"""
-    vals, f_off, m = feed_args(dev, fed)
+    vals, f_off, m = feed_args(dev, fed, fed_at)
     _chain_select_kernel[(n + (m > 0),)](dev, row_tokens, vals, sel_off, off, stride, n, f_off, m, HEAD=head,
                                          KP=max(8, triton.next_power_of_2(stride - head)),
                                          FB=triton_feed.FEED_BLOCK, num_warps=1)

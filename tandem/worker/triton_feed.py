@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tandem.worker.batch import FedTokens
+
 FEED_BLOCK = 64  # fed rows per loop iteration of the feeding program
 
 
@@ -27,10 +29,9 @@ def feed_program(dev_ptr, vals_ptr, f_off, m, FB: tl.constexpr):
         tl.store(dev_ptr + row, tl.load(vals_ptr + src, mask=ok, other=0), mask=ok)
 
 
-def feed_args(dev: torch.Tensor, fed: tuple[torch.Tensor, int, int] | None
-              ) -> tuple[torch.Tensor, int, int]:
-    """A kernel's feed arguments (values, offset of the indices, count); none: nothing to feed."""
-    return fed if fed is not None and fed[2] > 0 else (dev, 0, 0)
+def feed_args(dev: torch.Tensor, fed: FedTokens | None, fed_at: int) -> tuple[torch.Tensor, int, int]:
+    """A kernel's feed arguments: (values, offset of the indices, count); nothing to feed: (dev, 0, 0)."""
+    return (fed.values, fed_at, len(fed.rows)) if fed is not None and fed.rows else (dev, 0, 0)
 
 
 @triton.jit(do_not_specialize=["vals_ptr", "f_off", "m"])

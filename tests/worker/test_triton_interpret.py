@@ -313,8 +313,7 @@ _CHAIN_SCRIPT = textwrap.dedent('''
         for f in (None, fed):
             ref, got = torch.from_numpy(buf.copy()), torch.from_numpy(buf.copy())
             chain_fixup(ref, t, n, w, bs, off, n, chain_width(chain), chain.row_tokens, q, f, length)
-            chain_fixup_cuda(got, t, n, w, bs, off, n, chain_width(chain), HEAD, chain.row_tokens, q,
-                             None if f is None else (values, length, len(rows)))
+            chain_fixup_cuda(got, t, n, w, bs, off, n, chain_width(chain), HEAD, chain.row_tokens, q, f, length)
             assert torch.equal(got, ref), seed
         ref, got = torch.from_numpy(buf.copy()), torch.from_numpy(buf.copy())
         feed_rows(ref, t, length, fed)
@@ -327,8 +326,7 @@ _CHAIN_SCRIPT = textwrap.dedent('''
         for f in (None, fed):
             ref, got = torch.from_numpy(buf.copy()), torch.from_numpy(buf.copy())
             chain_select(ref, end, off, n, chain_width(chain), chain.row_tokens, t, f, length)
-            chain_select_cuda(got, end, off, n, chain_width(chain), HEAD, chain.row_tokens,
-                              None if f is None else (values, length, len(rows)))
+            chain_select_cuda(got, end, off, n, chain_width(chain), HEAD, chain.row_tokens, f, length)
             assert torch.equal(got, ref), seed
         moved += int((ref != torch.from_numpy(buf)).sum())
     assert moved > 0 and fed_rows > 8  # (some request rejected drafts; a step fed more than two blocks of 4)
