@@ -83,7 +83,10 @@ catch-up, and only the later ones show what drafting on costs), the interval dou
 exploration up to ``MAX_EXPLORE_EVERY`` and back to ``probe_every`` once the estimates alone choose
 to draft the full k (a head that never pays then costs an exploration round every few thousand steps,
 not every 64: with the 64-step rounds and their pipeline drains an idle EAGLE-3 head ran at 0.87× of
-plain decoding on the H200, docs/performance.md §23);
+plain decoding on the H200, docs/performance.md §23) — past ``UNSURE_EXPLORE_EVERY`` only where the
+estimates raised by ``EXPLORE_OPTIMISM`` standard errors (and charged a run's restart) say no as
+well: a few explorations' outcomes are noisy, and a head whose first ones came out ~2σ low (α 0.65,
+where drafting pays ~1.28×) had stayed idle for thousands of steps (§53, §54);
 likewise a host proposer verifies its whole drafts once per ``verify_probe_every`` steps without a
 verify when its acceptance would pay under the prior cost model (the measured cost may be an outlier
 that nobody re-measures; measurements also fade with age); and when a batch-size
@@ -110,6 +113,8 @@ PROBE_EVERY = 64
 MAX_EXPLORE_EVERY = 4096  # a model proposer's exploration interval doubles up to this while it never pays
 EXPLORE_REQUESTS = 4  # ... and an exploration drafts the full k for this many requests at most, in turn
 EXPLORE_ROUNDS = 4  # ... in this many consecutive proposal rounds (its later verifies are steady ones)
+UNSURE_EXPLORE_EVERY = 512  # ... up to this while drafting may still pay (the estimates, raised ...
+EXPLORE_OPTIMISM = 3.0  # ... by this many standard errors of the engine-wide rates, say yes)
 DECODE_PROBE_EVERY = 256
 VERIFY_PROBE_EVERY = 256
 DECODE_PROBE_STEPS = 4  # on an asynchronous engine the first one restarts the pipeline (not steady)
@@ -222,7 +227,9 @@ class GoodputPolicy(PolicyEvidence):
             ks = [max(a, b) for a, b in zip(ks, explore)]
             self._explore_ids = frozenset(c.request_id for c, x in zip(candidates, explore) if x)
             self._explore_left = EXPLORE_ROUNDS - 1
-            self._explore_every = min(MAX_EXPLORE_EVERY, 2 * self._explore_every)
+            restart = self.cost.restart_ratio(batch) / self.cost.run_length(batch)
+            unsure = any(self._optimise(batch, candidates, restart=restart, optimism=EXPLORE_OPTIMISM))
+            self._explore_every = min(UNSURE_EXPLORE_EVERY if unsure else MAX_EXPLORE_EVERY, 2 * self._explore_every)
             self._steps_since_full = 0
             self._exploring = True
         elif self._explore_left > 0 and not full:
@@ -343,7 +350,7 @@ class GoodputPolicy(PolicyEvidence):
         return self.disable_by_batch_size is not None and batch >= self.disable_by_batch_size
 
     def _optimise(self, batch: int, candidates: Sequence[Candidate], restart: float = 0.0,
-                  cost: tuple[float, float] | None = None) -> list[int]:
+                  cost: tuple[float, float] | None = None, optimism: float = 1.0) -> list[int]:
         """k per candidate; a candidate without a known draft is weighed with its expected reach.
         ``restart``: a pipeline restart's share per verify (ρ / run length), where the decision
         starts a run of verifies."""
@@ -355,20 +362,21 @@ class GoodputPolicy(PolicyEvidence):
         # (policy_slots.py; at batch 1 only: a batch of B has up to B·k shapes, each tried twice when bounded)
         shape_weights = self.cost.shape_weights(batch) if residuals and not self.free and batch == 1 else None
         lengths = [min(c.max_tokens, self.k if c.draft is None else len(c.draft)) for c in candidates]
+        scale = optimism / batch  # (of the acceptance model's upper-confidence bonus)
         if shape_weights is None and not self._may_pay(batch, candidates, lengths,
-                                                       sigma + min([0.0, *residuals.values()]), beta):
+                                                       sigma + min([0.0, *residuals.values()]), beta, scale):
             return [0] * len(candidates)
         # (reach is a host proposer's; a model proposer's drafts are as long as granted: weighing by
         # that had made each grant below k shrink the next, and EAGLE's k-th draft was never granted)
         surv = self.acceptance.survival_matrix([c.request_id for c in candidates],
-                                               [self.free and c.draft is None for c in candidates], 1.0 / batch)
+                                               [self.free and c.draft is None for c in candidates], scale)
         for row, c in zip(surv, candidates):
             if c.weight != 1.0:
                 row[:] = [v * c.weight for v in row]
         return best_slots(batch, surv, lengths, sigma, beta, residuals, shape_weights, self.draft, self.margin)
 
     def _may_pay(self, batch: int, candidates: Sequence[Candidate], lengths: Sequence[int], sigma: float,
-                 beta: float) -> bool:
+                 beta: float, scale: float) -> bool:
         """A cheap bound: with every slot as good as the best one (survival ≤ s_max), G(N) ≤
         (B + N s_max) / (1 + σ + β N / B), monotone in N, so its largest value over N ≥ 1 is at N = 1
         or at N = all slots. If neither beats plain decoding by the margin, nothing can. (``sigma``
@@ -376,7 +384,7 @@ class GoodputPolicy(PolicyEvidence):
         total = sum(lengths)
         if total == 0:
             return False
-        s_max = max((self.acceptance.first_survival(c.request_id, self.free and c.draft is None, 1.0 / batch) * c.weight
+        s_max = max((self.acceptance.first_survival(c.request_id, self.free and c.draft is None, scale) * c.weight
                      for c, n in zip(candidates, lengths) if n), default=0.0)
         need = (1.0 + self.margin) * batch
         for n in (1, total):

@@ -42,7 +42,8 @@ it, and on the H100 such verifies cost 2.4–4.6 decode steps where a steady cha
 drafting every step idle on chat (§52). There a run's first verify's excess over the fit's
 prediction is the run's *entry* cost (an EWMA per bucket, in units of D(B), ``RESTART_ALPHA``), which
 ``restart_ratio`` adds to the restart: both are paid once per run, where a decision starts one; the
-fit takes that verify less the entry cost.
+fit takes none of that verify (taking it less the entry had let the fit confirm itself: an entry
+measured against a fit faded to the pessimistic prior leaves exactly that prior, §54).
 
 A step's cost need not be linear in its draft tokens: on the CPU, torch's int4 kernel works in blocks
 of four rows, so a 5-row verify cost 2.57 decodes where a 4-row one cost 1.75 (docs/performance.md
@@ -176,10 +177,12 @@ class StepCostModel:
         if b.num_verify > 1 and b.decode is not None and (not small or (batch, n) in b.seen):
             self._age(b, self.forget)  # older verify steps weigh ``forget`` less
             x, y = n / batch, seconds / b.decode - 1.0  # (the overhead against D(B) as it is now)
-            if entry_of is not None:  # the run's entry, apart: the fit takes what is left
+            if entry_of is not None:  # the run's entry, apart: the fit takes the run's later verifies
                 excess = max(0.0, y + 1.0 - entry_of)
                 b.entry = excess if b.entry is None else b.entry + RESTART_ALPHA * (excess - b.entry)
-                y -= b.entry
+                if small:
+                    b.seen.add((batch, n))
+                return
             for i, v in enumerate((1.0, x, y, x * x, x * y)):
                 b.sums[i] += v
             if small:
