@@ -34,6 +34,16 @@ class RunSummary:
     result: TrainResult
     evals: list[EngineEval]
     seconds: dict[str, float]  # phase → wall seconds
+    # the training.json of the head it started from (``--init-head``; None: none, or it has none)
+    init_training: dict[str, Any] | None = None
+
+
+def read_training(head: str) -> dict[str, Any] | None:
+    """A head's ``training.json`` (alias or directory), None where it has none."""
+    from tandem.loader.heads import resolve_head
+
+    path = resolve_head(head) / "training.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def machine(device: torch.device) -> str:
@@ -46,11 +56,15 @@ def machine(device: torch.device) -> str:
 def write_report(out: Path, s: RunSummary) -> None:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     r = s.result
+    # a head trained on from another has seen that one's data too: its source records count as used
+    # (benchmarks pick held-out prompts outside ``data.records``: eagle_bench.head_prompt_indices)
+    before = (s.init_training or {}).get("data", {})
+    records = sorted(set(s.data.records) | set(before.get("records") or []))
     info: dict[str, Any] = {
         "command": s.command, "date": now, "machine": machine(s.device), "config": s.cfg.to_dict(),
         "data": {"source": s.data.source, "train_sequences": len(s.data.train), "val_sequences": len(s.data.val),
                  "train_generated_tokens": s.data.num_generated_tokens, "given_conversations": s.data.num_given,
-                 "given_tokens": s.data.num_given_tokens, "records": s.data.records,
+                 "given_tokens": s.data.num_given_tokens, "records": records,
                  "train_prompt_indices": s.data.train_indices, "val_prompt_indices": s.data.val_indices},
         "draft_vocab": {"size": s.vocab_size, "coverage": s.coverage}, "head_parameters": s.head_params,
         "training": {"steps": r.steps, "planned_steps": r.planned_steps, "stopped": r.stopped,
@@ -58,6 +72,11 @@ def write_report(out: Path, s: RunSummary) -> None:
         "final_validation": r.final.to_dict(), "engine_eval": [e.to_dict() for e in s.evals],
         "seconds": s.seconds,
     }
+    if s.init_training is not None:
+        info["data"]["init_head"] = {"head": s.cfg.init_head, "command": s.init_training.get("command"),
+                                     "date": s.init_training.get("date"), "source": before.get("source"),
+                                     "num_records": len(before.get("records") or []),
+                                     "init_head": before.get("init_head")}
     (out / "training.json").write_text(json.dumps(info, indent=1) + "\n")
     acc = ", ".join(f"{a:.3f}" for a in r.final.acceptance)
     lines = [
@@ -73,8 +92,11 @@ def write_report(out: Path, s: RunSummary) -> None:
          "are in `training.json` "
          "(`data.train_prompt_indices`, `data.val_prompt_indices`)."),
         f"- Held-out prompt indices: {s.data.val_indices}",
-        *([f"- Source records used (train and held-out): {len(s.data.records)}, from {s.data.records[0]} to "
-           f"{s.data.records[-1]} (`data.records`)"] if s.data.records else []),
+        *([f"- Started from `{s.cfg.init_head}` (trained {s.init_training.get('date')}: "
+           f"`{s.init_training.get('command')}`); its source records count as used below "
+           f"(`data.init_head`)"] if s.init_training is not None else []),
+        *([f"- Source records used (train and held-out{', with the initial head' if before else ''}): "
+           f"{len(records)}, from {records[0]} to {records[-1]} (`data.records`)"] if records else []),
         f"- Draft vocabulary: {s.vocab_size} ids covering {100 * s.coverage:.2f} % of generated tokens",
         f"- Head parameters: {s.head_params:,} ({2 * s.head_params / 2**20:.1f} MiB in bf16)",
         (f"- Training: {r.steps} steps ({r.stopped}), TTT steps {s.cfg.ttt_steps}, lr {s.cfg.lr}, "

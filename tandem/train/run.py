@@ -54,7 +54,7 @@ def run_train(cfg: TrainConfig, command: str, stop_at_step: int | None = None) -
         layer_config,
         load_init_head,
     )
-    from tandem.train.report import write_report
+    from tandem.train.report import read_training, write_report
     from tandem.train.target import FrozenTarget
     from tandem.train.trainer import Trainer
     from tandem.train.vocab import build_draft_vocab, full_vocab, given_vocab
@@ -85,9 +85,10 @@ def run_train(cfg: TrainConfig, command: str, stop_at_step: int | None = None) -
     max_positions = longest + cfg.ttt_steps + 2
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(arch, ckpt.weights(), dtype, device, max(max_positions, 16))
-    shape_cfg, init = cfg, None
-    if cfg.init_head is not None:  # its shape, vocabulary and weights
+    shape_cfg, init, init_training = cfg, None, None
+    if cfg.init_head is not None:  # its shape, vocabulary and weights (and what it was trained on)
         init_cfg, init = load_init_head(cfg, arch)
+        init_training = read_training(cfg.init_head)
         shape_cfg = cfg.with_shape_of(init_cfg)
     if cfg.method == "eagle3":
         generated = [s.generated for s in data.train]
@@ -137,6 +138,7 @@ def run_train(cfg: TrainConfig, command: str, stop_at_step: int | None = None) -
         print(f"\nEngine measurement on {len(prompts)} held-out prompts (greedy, {cfg.max_tokens} tokens):")
         print(format_table(evals))
     print("phases (wall s): " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()) + f"; head in {out}")
-    summary = RunSummary(cfg, command, device, data, vocab.size, vocab.coverage, n_params, result, evals, seconds)
+    summary = RunSummary(cfg, command, device, data, vocab.size, vocab.coverage, n_params, result, evals, seconds,
+                         init_training)
     write_report(out, summary)
     return summary

@@ -206,9 +206,18 @@ def test_init_head_starts_from_a_trained_head(setup, tmp_path, capsys):
     assert cfg_b["transformer_layer_config"]["num_attention_heads"] == 2 == cfg_a["transformer_layer_config"]["num_attention_heads"]
     e0, e1 = _report(start)["engine_eval"][0], _report(same)["engine_eval"][0]
     assert e1["per_position"] == e0["per_position"]
+    # what the head started from was trained on counts as used (held-out benchmarks skip its records)
+    info = _report(start)
+    own = set(info["data"]["records"])
+    assert own  # (the given conversations name theirs)
+    info["data"]["records"] = [7, 8]  # as if it had been trained on other records
+    (start / "training.json").write_text(json.dumps(info))
     assert main(_args(setup, more, "--init-head", str(start), "--max-steps", "30", "--eval-k", "3")) == 0
     assert _report(more)["engine_eval"][0]["acceptance_rate"] >= e0["acceptance_rate"] - 0.1
     assert _report(more)["config"]["init_head"] == str(start)
+    assert set(_report(more)["data"]["records"]) == own | {7, 8}
+    assert _report(more)["data"]["init_head"]["num_records"] == 2
+    assert f"Started from `{start}`" in (more / "TRAINING.md").read_text()
     # bad combinations are one clear error naming the key
     assert main(_args(setup, tmp_path / "x", "--init-head", str(start), "--num-heads", "4")) == 2
     assert "num_heads" in capsys.readouterr().err
