@@ -82,7 +82,8 @@ def policy_state(llm, before) -> dict | None:  # type: ignore[no-untyped-def]
             "sigma": sigma, "beta": beta, "restart": cost.restart_ratio(1),
             "entry": cost.entry_ratio(1) if hasattr(cost, "entry_ratio") else 0.0, "run_length": cost.run_length(1),
             "draft_fixed": draft.fixed if draft is not None else 0.0,
-            "draft_per_step": draft.per_step if draft is not None else policy.draft_cost}
+            "draft_per_step": draft.per_step if draft is not None else policy.draft_cost,
+            "guard_blocks": policy.guard.num_blocks}  # (the engine's so far: workloads run one after another)
 
 
 def timed(llm, prompt, max_tokens: int):  # type: ignore[no-untyped-def]
@@ -263,12 +264,12 @@ def main() -> None:
     states = [(w, name, a["policy"]) for w, acc in results.items() for name, a in acc.items() if a.get("policy")]
     if states:  # why the policy drafted what it did: its models as each workload left them
         print("\n| workload | engine | rounds: chosen k 0/1/.. | σ, β | ρ (of it the runs' entry) | run length | "
-              "draft cost: fixed + per step (D) |")
-        print("|---|---|---|---|---|---|---|")
+              "draft cost: fixed + per step (D) | guard blocks so far |")
+        print("|---|---|---|---|---|---|---|---|")
         for w, name, ps in states:
             print(f"| {w} | {name} | {'/'.join(map(str, ps['chosen_k']))} | {ps['sigma']:.3f}, {ps['beta']:.3f} | "
                   f"{ps['restart']:.2f} ({ps['entry']:.2f}) | {ps['run_length']:.1f} | "
-                  f"{ps['draft_fixed']:.3f} + {ps['draft_per_step']:.3f} |")
+                  f"{ps['draft_fixed']:.3f} + {ps['draft_per_step']:.3f} | {ps.get('guard_blocks', '')} |")
     for k, c in costs.items():
         print(f"k={k}: target decode {c['decode_s'] * 1e3:.3f} ms, verify {c['verify_s'] * 1e3:.3f} ms (v={c['v']:.3f}), "
               f"head step {c['head_step_s'] * 1e3:.3f} ms (c={c['c']:.3f})")
