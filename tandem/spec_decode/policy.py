@@ -227,8 +227,8 @@ class GoodputPolicy(PolicyEvidence):
             ks = [max(a, b) for a, b in zip(ks, explore)]
             self._explore_ids = frozenset(c.request_id for c, x in zip(candidates, explore) if x)
             self._explore_left = EXPLORE_ROUNDS - 1
-            restart = self.cost.restart_ratio(batch) / self.cost.run_length(batch)
-            unsure = any(self._optimise(batch, candidates, restart=restart, optimism=EXPLORE_OPTIMISM))
+            unsure = any(self._optimise(batch, candidates, restart=self._restart_share(batch),
+                                        optimism=EXPLORE_OPTIMISM))
             self._explore_every = min(UNSURE_EXPLORE_EVERY if unsure else MAX_EXPLORE_EVERY, 2 * self._explore_every)
             self._steps_since_full = 0
             self._exploring = True
@@ -305,8 +305,7 @@ class GoodputPolicy(PolicyEvidence):
             pending = self._pending
             cands = [Candidate(c.request_id, c.max_tokens, p.draft)
                      if (p := pending.get(c.request_id)) is not None and p.draft else c for c in cands]
-        restart = 0.0 if drained else self.cost.restart_ratio(batch) / self.cost.run_length(batch)
-        yes = any(self._optimise(batch, cands, restart=restart))
+        yes = any(self._optimise(batch, cands, restart=0.0 if drained else self._restart_share(batch)))
         if rationed:
             self.idle.charge(self.idle.clock() - t0)
         if yes:
@@ -323,6 +322,11 @@ class GoodputPolicy(PolicyEvidence):
         self._no_until, self._no_batch = self._step + recheck, bucket_of(batch)
         self._no_evidence, self._no_drained, self._no_holds = evidence, drained, hold
         return False
+
+    def _restart_share(self, batch: int) -> float:
+        """What starting a run costs per verify of it: ρ (the restart and the runs' entry) over the
+        runs' expected length."""
+        return self.cost.restart_ratio(batch) / self.cost.run_length(batch)
 
     def rationed(self, batch: int) -> bool:
         """Optional host work is paid from the idle credit: batch >= IDLE_BATCH and no verify nor

@@ -180,8 +180,6 @@ class StepCostModel:
             if entry_of is not None:  # the run's entry, apart: the fit takes the run's later verifies
                 excess = max(0.0, y + 1.0 - entry_of)
                 b.entry = excess if b.entry is None else b.entry + RESTART_ALPHA * (excess - b.entry)
-                if small:
-                    b.seen.add((batch, n))
                 return
             for i, v in enumerate((1.0, x, y, x * x, x * y)):
                 b.sums[i] += v
