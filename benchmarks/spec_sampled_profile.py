@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Sampled chat at batch 1: what a speculating engine costs when it (almost) never drafts.
+"""Sampled chat at batch 1 (or `--batch`): what a speculating engine costs when it (almost) never drafts.
 
 One engine per method in one process (baseline, n-gram k = 4 and EAGLE-3 k = 3 with the shipped
 head, the goodput policy at its default), the same ShareGPT first turns through the chat template,
@@ -11,7 +11,7 @@ synchronous one; now a step nobody drafts chains on the device as a greedy one d
 difference between the methods is what speculation adds to a round (§32, §33).
 
 Usage: python benchmarks/spec_sampled_profile.py [--model smollm2-135m-instruct] [--num-prompts 12]
-       [--max-tokens 256] [--temperature 0.8] [--rounds 3] [--methods baseline,ngram,eagle3]
+       [--max-tokens 256] [--temperature 0.8] [--rounds 3] [--batch 1] [--methods baseline,ngram,eagle3]
        [--kv-cache-memory-bytes 3000000000] [--cprofile DIR]
 """
 
@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1, help="prompts per generate call (concurrent requests)")
     ap.add_argument("--methods", default="baseline,ngram,eagle3", help="comma-separated from " + ",".join(METHODS))
     ap.add_argument("--kv-cache-memory-bytes", type=int, default=3_000_000_000)
     ap.add_argument("--device", default=None)
@@ -76,8 +77,9 @@ def main() -> None:
             t0 = time.perf_counter()
             if prof is not None:
                 prof.enable()
-            for p in prompts:
-                toks += len(llm.generate([p], sp, use_tqdm=False)[0].outputs[0].token_ids)
+            for i in range(0, len(prompts), args.batch):
+                outs = llm.generate(prompts[i:i + args.batch], sp, use_tqdm=False)
+                toks += sum(len(o.outputs[0].token_ids) for o in outs)
             if prof is not None:
                 prof.disable()
                 args.cprofile.mkdir(parents=True, exist_ok=True)
@@ -85,7 +87,7 @@ def main() -> None:
                 pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(40)
                 (args.cprofile / f"{n}.txt").write_text(s.getvalue())
             ms[n].append(1e3 * (time.perf_counter() - t0) / max(toks, 1))
-    print(f"\n{args.model}, {len(prompts)} ShareGPT chat prompts x {args.max_tokens} tokens, T = {args.temperature}, batch 1")
+    print(f"\n{args.model}, {len(prompts)} ShareGPT chat prompts x {args.max_tokens} tokens, T = {args.temperature}, batch {args.batch}")
     print("| method | " + " | ".join(f"round {i + 1} ms/token" for i in range(args.rounds)) + " | drafts verified |")
     print("|---|" + "---|" * (args.rounds + 1))
     for n in names:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.bench.sweep_spec import WORKLOADS, CellResult, Method, Workload
+from tandem.config.cache import CacheConfig
 from tandem.errors import ConfigError
 
 
@@ -351,7 +352,8 @@ def _run_offline(args: argparse.Namespace, workloads: Sequence[str], concurrenci
                                 args.repeated_task_repeats, args.max_prompt_len)
 
     if args.interleave:  # every engine at once; each cell measures the methods back to back
-        llms = [LLM(args.model, **kw, speculative_config=m.speculative_config) for m in methods]
+        llms = [LLM(args.model, **shared_memory(kw, i, len(methods)), speculative_config=m.speculative_config)
+                for i, m in enumerate(methods)]
         for w in workloads:
             prompts = prompts_for(llms[0], w)
             for c in concurrencies:
@@ -371,6 +373,19 @@ def _run_offline(args: argparse.Namespace, workloads: Sequence[str], concurrenci
             _free_memory()
     meta["methods"] = {m.name: m.speculative_config for m in methods}
     return cells, names, meta
+
+
+def shared_memory(kw: dict[str, Any], i: int, n: int) -> dict[str, Any]:
+    """Engine ``i`` of ``n`` living in one process at once: ``gpu_memory_utilization`` is the share of
+    the GPU that the process may fill, and each engine's KV cache takes what the engines before it
+    left of that share (``kv_budget_bytes``), so the first would have taken all of it and the next
+    found none ("KV cache of 0.0 KiB"). Engine ``i`` fills the process up to ``(i + 1) / n`` of the
+    share instead. An explicit ``kv_cache_memory_bytes`` is each engine's as given (and the CPU
+    sizes its KV cache by use)."""
+    if n <= 1 or kw.get("kv_cache_memory_bytes") is not None:
+        return kw
+    share = kw.get("gpu_memory_utilization", CacheConfig.gpu_memory_utilization)
+    return {**kw, "gpu_memory_utilization": share * (i + 1) / n}
 
 
 def _engine_meta(args: argparse.Namespace, eng: Any) -> dict[str, Any]:

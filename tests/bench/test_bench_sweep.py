@@ -297,3 +297,38 @@ def test_a_cell_reports_how_often_chained_drafts_held(model_dir):
     assert spec_stats.num_assumed_held + spec_stats.num_assumed_failed > 0
     assert cells[0].assumptions_held is not None and 0.0 <= cells[0].assumptions_held <= 1.0
     assert cells[1].assumptions_held is None
+
+
+def test_interleaved_engines_share_the_gpus_memory(monkeypatch):
+    """Every engine of an interleaved sweep lives in one process: with ``gpu_memory_utilization``
+    alone the first engine's KV cache took the whole share and the second found none (on an H100:
+    "KV cache of 0.0 KiB (gpu_memory_utilization) holds 0 blocks"). Each engine now fills the process
+    up to its part of the share; an explicit ``kv_cache_memory_bytes`` is each engine's."""
+    import torch
+
+    from tandem.bench.sweep import shared_memory
+    from tandem.kv.kv_cache import kv_budget_bytes
+
+    total, weights = 80 << 30, 300 << 20
+    used = [0]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (total - used[0], total))
+
+    def build(kws: list[dict]) -> list[int]:  # engines built one after another, as the sweep does
+        used[0] = 0
+        budgets = []
+        for kw in kws:
+            used[0] += weights
+            budget, _ = kv_budget_bytes(torch.device("cuda"), kw.get("gpu_memory_utilization", 0.92), None)
+            used[0] += budget
+            budgets.append(budget)
+        return budgets
+
+    assert build([{}, {}, {}])[1:] == [0, 0]  # each engine alone: the first takes everything
+    budgets = build([shared_memory({}, i, 3) for i in range(3)])
+    for b in budgets:
+        assert b == pytest.approx(0.92 * total / 3 - weights, rel=1e-6)
+    assert used[0] <= 0.92 * total
+    assert build([shared_memory({"gpu_memory_utilization": 0.5}, i, 2) for i in range(2)]) == [
+        pytest.approx(0.25 * total - weights, rel=1e-6)] * 2
+    assert shared_memory({"kv_cache_memory_bytes": 1 << 30}, 1, 3) == {"kv_cache_memory_bytes": 1 << 30}
+    assert shared_memory({}, 0, 1) == {}
