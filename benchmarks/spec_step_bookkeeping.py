@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """A speculator's own host work per engine step, without a model (issue #16, never slower): what the
 engine and the speculator do around every step of a batch where nobody drafts — building the step
-record (one ``SampledTokens`` per request; a plain engine builds none), ``observe``, ``will_draft``
+record (``StepRows.add`` over the step's scheduled requests as the engine calls it, then
+``StepRecord.of``; a plain engine builds none), ``observe``, ``will_draft``
 and ``background`` — timed with synthetic requests whose tokens never repeat (n-gram and suffix find
 no matches) and a given step time (the share of it the idle credit earns: ``time_credit.py``).
 On a host-bound GPU engine (SmolLM2 at batch 8–64, docs/performance.md §43–44) every microsecond of
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -24,7 +26,7 @@ from tandem.request import Request, RequestStatus
 from tandem.sampling_params import SamplingParams
 from tandem.spec_decode.proposers import build_proposer
 from tandem.spec_decode.speculator import build_speculator
-from tandem.spec_decode.step_record import SampledTokens, StepKind, StepRecord
+from tandem.spec_decode.step_record import StepKind, StepRecord, StepRows
 
 STAGES = ("record", "observe", "will_draft", "background")
 
@@ -42,13 +44,17 @@ def measure(batch: int, method: str, steps: int, step_seconds: float) -> dict[st
         r.num_computed_tokens, r.status = 199, RequestStatus.RUNNING
         reqs.append(r)
     totals = dict.fromkeys(STAGES, 0.0)
+    scheduled = [SimpleNamespace(request=r, spec_token_ids=[]) for r in reqs]  # (a ScheduledRequest's fields read)
+    accepted = [0] * batch
 
     def step(n: int, timed: bool) -> None:
         for r in reqs:
             r.token_ids.append(500 + (n * batch + int(r.request_id[1:])) % 100_000)  # never repeats
+        sampled_ids = [[r.token_ids[-1]] for r in reqs]
         t0 = time.perf_counter()
-        record = StepRecord(StepKind.DECODE, step_seconds, tuple(SampledTokens(r, 0, 0) for r in reqs), (),
-                            batch, batch)
+        rows = StepRows()
+        rows.add(scheduled, sampled_ids, accepted, False)
+        record = StepRecord.of(StepKind.DECODE, step_seconds, rows, (), batch, batch)
         t1 = time.perf_counter()
         spec.observe(record)
         t2 = time.perf_counter()

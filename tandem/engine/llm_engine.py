@@ -58,7 +58,7 @@ from tandem.sampling_params import SamplingParams
 from tandem.scheduler import SchedulerOutput
 from tandem.spec_decode.policy import GoodputPolicy
 from tandem.spec_decode.speculator import AnySpeculator, build_speculator
-from tandem.spec_decode.step_record import SampledTokens, StepKind, StepRecord, step_kind
+from tandem.spec_decode.step_record import StepKind, StepRecord, StepRows, step_kind
 
 logger = logging.getLogger("tandem")
 
@@ -168,7 +168,7 @@ class LLMEngine:
         otherwise: draft, schedule, then execute (or launch, and continue as with a step in flight)."""
         t0 = time.perf_counter()
         outputs = self.output_processor.take_aborted()
-        sampled: list[SampledTokens] = []
+        rows = StepRows()
         prev, self._inflight = self._inflight, None
         # drafts read from the device: a chained proposal's, fed to the verify in flight
         fed = self.speculator.resolve_drafts() if self.speculator.device_drafts is not None else {}
@@ -193,7 +193,7 @@ class LLMEngine:
                 self.speculator.background()  # (host work that may wait, while the step runs)
                 out = self.executor.finish(launched)
                 self.scheduler.update_from_output(sched, out)
-                self._apply(sched, out, sampled)
+                self._apply(sched, out, rows, kind is StepKind.VERIFY)
             fed = self.speculator.resolve_drafts() or fed  # (a launched verify's; else none left)
         if prev is not None:
             prev = prev.resolved(fed)  # (drafts fed to it on the device: read by now)
@@ -213,7 +213,7 @@ class LLMEngine:
             out = prev.read()  # the host sync
             if prev.verifies:
                 self.scheduler.settle_launched(prev.sched, out)
-            self._apply(prev.sched, out, sampled)
+            self._apply(prev.sched, out, rows, prev.verifies)
         if kind is not StepKind.VERIFY or not self.async_scheduling:
             outputs += self.output_processor.flush()  # else: the next step() flushes once it has launched
         finished, self._finished = tuple(self._finished), []
@@ -221,8 +221,8 @@ class LLMEngine:
         # steady: what a plain engine would have run (a pipeline drain or restart is not)
         steady = not self.async_scheduling or not (chained or ahead) or (chained and ahead)
         if self.speculator.observes:
-            self.speculator.observe(StepRecord(kind, time.perf_counter() - t0, tuple(sampled), finished, *size,
-                                               steady=steady))
+            self.speculator.observe(StepRecord.of(kind, time.perf_counter() - t0, rows, finished, *size,
+                                                  steady=steady))
         if self._log is not None:
             self._log.maybe_log(self.stats, self.num_running, self.num_waiting, self.kv_usage)
         return outputs
@@ -279,11 +279,9 @@ class LLMEngine:
         return (self.async_scheduling and can_schedule_ahead(s.running, s.admission_open())
                 and not self.speculator.will_draft(s.running))
 
-    def _apply(self, sched: SchedulerOutput, out: ModelRunnerOutput, sampled: list[SampledTokens]) -> None:
+    def _apply(self, sched: SchedulerOutput, out: ModelRunnerOutput, rows: StepRows, verifies: bool) -> None:
         if self.speculator.observes:  # (its step record)
-            for s, toks, accepted in zip(sched.scheduled, out.sampled_token_ids, out.num_accepted):
-                if toks and not s.request.status.finished:
-                    sampled.append(SampledTokens(s.request, len(s.spec_token_ids), accepted))
+            rows.add(sched.scheduled, out.sampled_token_ids, out.num_accepted, verifies)
         self.output_processor.apply(sched, out)
 
     def _finish(self, r: Request, status: RequestStatus) -> None:

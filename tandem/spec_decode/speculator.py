@@ -331,16 +331,16 @@ class Speculator:
         speculator adds to every step, paid for by the steps that speculate). A plain step where
         nobody has a proposal pending costs one pass over its requests (who got tokens)."""
         t0 = time.perf_counter()
-        sampled = record.sampled
+        got = record.requests
         if record.kind is StepKind.VERIFY:  # (only a verify has drafts to count)
             stats = self.stats
-            for s in sampled:
-                if s.num_drafted:
-                    stats.record(s.num_drafted, s.num_accepted)
-        self._new_tokens.update(s.request.request_id for s in sampled)  # (finished ones: forgotten below)
+            for d, a in zip(record.drafted, record.accepted):
+                if d:
+                    stats.record(d, a)
+        self._new_tokens.update([r.request_id for r in got])  # (finished ones: forgotten below)
         policy = self.policy
         if policy is not None and policy.wants_tokens:
-            tokens = [(s.request.request_id, s.request.token_ids) for s in sampled if not s.request.status.finished]
+            tokens = [(r.request_id, r.token_ids) for r in got if not r.status.finished]
             if tokens:
                 policy.on_step_tokens(tokens)
         if self._assumed:

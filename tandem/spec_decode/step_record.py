@@ -5,13 +5,13 @@ speculating engine (none for ``NoSpeculation``: a plain engine builds no records
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
 from tandem.request import Request
-from tandem.scheduler import SchedulerOutput
+from tandem.scheduler import ScheduledRequest, SchedulerOutput
 
 
 class StepKind(enum.Enum):
@@ -37,27 +37,56 @@ class Draft:
 NO_DRAFT = Draft(())
 
 
-class SampledTokens(NamedTuple):
-    """A request that got tokens in a step: ``num_drafted`` drafts verified, ``num_accepted`` kept.
-    (A tuple: one per request per step, built in half a frozen dataclass's time.)"""
+class StepRows:
+    """The requests that got tokens in a step, gathered for its ``StepRecord`` (``add`` after each
+    step's output is read, before it is applied). Where nobody verified drafts, a list of requests:
+    a tuple per request per step (the ``SampledTokens`` it replaced) had cost a host-bound engine
+    ~4 % of a step at batch 64 on the H100 while nobody drafted (docs/performance.md §55)."""
 
-    request: Request
-    num_drafted: int
-    num_accepted: int
+    __slots__ = ("requests", "drafted", "accepted")
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self.drafted: list[int] = []  # per request: drafts verified (empty unless a verify was added)
+        self.accepted: list[int] = []  # ... and kept
+
+    def add(self, scheduled: Sequence[ScheduledRequest], sampled_token_ids: Sequence[Sequence[int]],
+            num_accepted: Sequence[int], verifies: bool) -> None:
+        """A step's rows: every scheduled request that got tokens and had not finished before."""
+        if verifies:
+            for s, toks, a in zip(scheduled, sampled_token_ids, num_accepted):
+                if toks and not s.request.status.finished:
+                    self.requests.append(s.request)
+                    self.drafted.append(len(s.spec_token_ids))
+                    self.accepted.append(a)
+            return
+        got = [s.request for s, toks in zip(scheduled, sampled_token_ids) if toks and not s.request.status.finished]
+        if self.drafted:  # (after a verify's rows: keep the columns aligned)
+            self.drafted += [0] * len(got)
+            self.accepted += [0] * len(got)
+        self.requests += got
 
 
 @dataclass(frozen=True)
 class StepRecord:
     kind: StepKind
     seconds: float  # wall time of the engine step
-    sampled: tuple[SampledTokens, ...]
+    requests: tuple[Request, ...]  # the requests that got tokens in the step
     finished: tuple[Request, ...]  # requests finished (stopped, length, aborted) since the last record
     num_requests: int = 0  # requests in the timed step's batch
     num_query_tokens: int = 0  # its query tokens (drafts included)
     # False: a plain step that drained or restarted the asynchronous pipeline (around a verify)
     steady: bool = True
+    drafted: tuple[int, ...] = ()  # per request of ``requests``: drafts verified (empty: no verify)
+    accepted: tuple[int, ...] = ()  # ... and accepted
+
+    @classmethod
+    def of(cls, kind: StepKind, seconds: float, rows: StepRows, finished: tuple[Request, ...],
+           num_requests: int = 0, num_query_tokens: int = 0, steady: bool = True) -> StepRecord:
+        return cls(kind, seconds, tuple(rows.requests), finished, num_requests, num_query_tokens, steady,
+                   tuple(rows.drafted), tuple(rows.accepted))
 
     @property
     def num_tokens(self) -> int:
         """Tokens the step emitted (accepted drafts + one per request that sampled)."""
-        return sum(s.num_accepted + 1 for s in self.sampled)
+        return len(self.requests) + sum(self.accepted)

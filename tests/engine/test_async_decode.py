@@ -342,19 +342,18 @@ def test_verify_text_is_decoded_while_the_next_step_runs(llama_dir):
 
 
 def test_only_a_speculating_engine_builds_step_records(llama_dir, monkeypatch):
-    """A plain engine's steps build no per-request step records (host work at batch 32–64 on a
-    host-bound GPU: ~15–30 µs a step as frozen dataclasses); a speculating one hands its speculator
-    one per step, a record per request that got tokens."""
-    import tandem.engine.llm_engine as llm_engine
+    """A plain engine's steps build no step records (host work at batch 32–64 on a host-bound GPU);
+    a speculating one hands its speculator one per step, listing the requests that got tokens."""
+    from tandem.spec_decode.step_record import StepRows
 
     built = Counter()
-    real = llm_engine.SampledTokens
+    real = StepRows.add
 
-    def counting(*args):
-        built["sampled"] += 1
-        return real(*args)
+    def counting(self, scheduled, *args):
+        built["sampled"] += len(scheduled)
+        return real(self, scheduled, *args)
 
-    monkeypatch.setattr(llm_engine, "SampledTokens", counting)
+    monkeypatch.setattr(StepRows, "add", counting)
     prompts = [{"prompt_token_ids": p} for p in random_prompts(4, 100, lo=4, hi=8, seed=5)]
     plain = make_llm(llama_dir, async_scheduling=True)
     plain.generate(prompts, greedy(6), use_tqdm=False)

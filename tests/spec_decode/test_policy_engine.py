@@ -179,7 +179,8 @@ def test_async_transitions_are_marked_and_timed(llama_dir, prompts, want, monkey
     restarts = [b for a, b, c in zip(records, records[1:], records[2:])
                 if a.kind is StepKind.VERIFY and b.kind is StepKind.DECODE and c.kind is StepKind.DECODE and c.steady]
     assert restarts and all(not r.steady for r in restarts)
-    assert all(r.num_tokens == sum(s.num_accepted + 1 for s in r.sampled) for r in records)
+    assert all(r.num_tokens == len(r.requests) + sum(r.accepted) for r in records)
+    assert all(len(r.drafted) == len(r.accepted) == len(r.requests) for r in records if r.kind is StepKind.VERIFY)
     assert sum(r.num_tokens for r in records) == sum(len(t) for t in want)
 
 

@@ -16,7 +16,7 @@ from tandem.spec_decode.finished_queue import FinishedQueue
 from tandem.spec_decode.ngram import NgramProposer
 from tandem.spec_decode.proposers import TokenProposerAdapter, build_proposer
 from tandem.spec_decode.speculator import NoSpeculation, Speculator, build_speculator
-from tandem.spec_decode.step_record import SampledTokens, StepKind, StepRecord, step_kind
+from tandem.spec_decode.step_record import StepKind, StepRecord, step_kind
 from tandem.spec_decode.time_credit import TimeCredit
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # only the device type is read
@@ -33,8 +33,8 @@ def _req(rid: str, tokens: list[int], max_tokens: int = 50, max_model_len: int =
     return r
 
 
-def _record(*sampled: SampledTokens, finished: tuple[Request, ...] = (), kind: StepKind = StepKind.OTHER) -> StepRecord:
-    return StepRecord(kind, 0.01, sampled, finished)
+def _record(*got: Request, finished: tuple[Request, ...] = (), kind: StepKind = StepKind.OTHER) -> StepRecord:
+    return StepRecord(kind, 0.01, got, finished)
 
 
 def test_capabilities_are_declared_not_type_checked():
@@ -65,7 +65,7 @@ def test_drafts_only_for_new_tokens_within_the_room():
     loop = [5, 6, 7, 8] * 4
     a, b, c = _req("a", loop), _req("b", loop, max_tokens=16), _req("c", loop)
     assert spec.drafts_for([a, b, c]) == {}  # nobody got tokens yet
-    spec.observe(_record(SampledTokens(a, 0, 0), SampledTokens(b, 0, 0), SampledTokens(c, 0, 0)))
+    spec.observe(_record(a, b, c))
     c.num_computed_tokens = 3  # c is still prefilling: no drafts
     drafts = spec.drafts_for([a, b, c])
     assert set(drafts) == {"a", "b"}
@@ -86,16 +86,16 @@ def test_record_updates_counters_policy_and_forgets():
     acc.prior_weight = 0.5  # a request's own evidence counts quickly
     loop = [5, 6, 7, 8] * 4
     a = _req("a", loop)
-    spec.observe(_record(SampledTokens(a, 0, 0)))
+    spec.observe(_record(a))
     assert spec.drafts_for([a])["a"].token_ids == ()  # proposal [5, 6, 7] kept in the shadow
     assert stats.chosen_k == [1, 0, 0, 0] and stats.last_drafting == 0
     a.token_ids += [5, 6, 7]  # the shadow draft came true (a plain decode step, then two more)
     a.num_computed_tokens += 3
-    spec.observe(StepRecord(StepKind.DECODE, 0.01, (SampledTokens(a, 0, 0),), (), 1, 1))
+    spec.observe(StepRecord(StepKind.DECODE, 0.01, (a,), (), 1, 1))
     assert acc.num_scored_for("a") == 1 and acc.rates("a")[0] > 0.5
     drafts = spec.drafts_for([a])["a"].token_ids
     assert drafts == (8, 5, 6)[: len(drafts)] and len(drafts) >= 1  # now it pays
-    spec.observe(StepRecord(StepKind.VERIFY, 0.012, (SampledTokens(a, len(drafts), 1),), (), 1, 1 + len(drafts)))
+    spec.observe(StepRecord(StepKind.VERIFY, 0.012, (a,), (), 1, 1 + len(drafts), drafted=(len(drafts),), accepted=(1,)))
     assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, len(drafts), 1)
     spec.observe(_record(finished=(a,)))
     assert acc.num_scored_for("a") == 0 and "a" not in spec.policy._pending and spec.drafts_for([a]) == {}
@@ -123,17 +123,17 @@ def test_suffix_proposer_learns_finished_outputs_without_lazy_shadows():
     spec = build_speculator(cfg, proposer, SpecStats(), CPU)
     a = _req("a", [1, 2, 3, 4])
     a.prompt_token_ids = [1, 2]
-    spec.observe(_record(SampledTokens(a, 0, 0)))
+    spec.observe(_record(a))
     assert spec.drafts_for([a])["a"].token_ids == ()
     a.token_ids += [9, 8, 7]  # the finishing step's tokens: the speculator reads them at forget
     a.status = RequestStatus.FINISHED_LENGTH
-    spec.observe(_record(SampledTokens(a, 0, 0), finished=(a,)))
+    spec.observe(_record(a, finished=(a,)))
     suffix = proposer.proposer
     assert suffix.num_active_requests == 1 and not suffix.global_tree  # queued for ``background``
     spec.background()
     assert suffix.num_active_requests == 0 and suffix.global_tree._seqs == {"a": [3, 4, 9, 8, 7]}
     b = _req("b", [5, 5, 4, 9])
-    spec.observe(_record(SampledTokens(b, 0, 0)))
+    spec.observe(_record(b))
     assert spec.drafts_for([b])["b"].token_ids == (8, 7)  # "4 9" from a's output: 2 tokens at most
     gone = _req("gone", [1, 2])  # aborted before any token: nothing to cache
     gone.status = RequestStatus.FINISHED_ABORTED
