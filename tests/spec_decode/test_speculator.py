@@ -16,7 +16,7 @@ from tandem.spec_decode.finished_queue import FinishedQueue
 from tandem.spec_decode.ngram import NgramProposer
 from tandem.spec_decode.proposers import TokenProposerAdapter, build_proposer
 from tandem.spec_decode.speculator import NoSpeculation, Speculator, build_speculator
-from tandem.spec_decode.step_record import StepKind, StepRecord, step_kind
+from tandem.spec_decode.step_record import StepKind, StepRecord, StepRows, step_kind
 from tandem.spec_decode.time_credit import TimeCredit
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # only the device type is read
@@ -184,3 +184,26 @@ def test_spec_stats_count_the_drafts_that_reached_each_position():
         st.record(drafted, accepted)
     assert st.num_drafts == 3 and st.accepted_per_pos == [2, 0, 0] and st.drafted_per_pos == [3, 2, 1]
     assert st.copy().drafted_per_pos == [3, 2, 1]
+
+
+def test_step_rows_list_the_requests_that_got_tokens():
+    """A step's record: every scheduled request that got tokens and had not finished before the step
+    (an abort, or a stop found while the step ran ahead); a verify's drafted / accepted counts stay
+    aligned with its requests, also when plain rows follow; the tokens emitted count accepted drafts."""
+    a, b, c, d = (_req(x, [1, 2, 3, 4]) for x in "abcd")
+    c.status = RequestStatus.FINISHED_ABORTED
+    sched = [ScheduledRequest(r, 1, 3, (), True) for r in (a, b, c, d)]
+    rows = StepRows()
+    rows.add(sched, [[5], [], [6], [7]], [0, 0, 0, 0], False)  # b: a chunk that sampled nothing
+    rec = StepRecord.of(StepKind.DECODE, 0.01, rows, (), 4, 4)
+    assert rec.requests == (a, d) and rec.drafted == rec.accepted == () and rec.num_tokens == 2
+    verify = [ScheduledRequest(a, 3, 3, (8, 9), True), ScheduledRequest(b, 1, 3, (), True)]
+    rows = StepRows()
+    rows.add(verify, [[8, 5], [6]], [1, 0], True)
+    rows.add(sched[3:], [[7]], [0], False)
+    rec = StepRecord.of(StepKind.VERIFY, 0.01, rows, (), 3, 5)
+    assert rec.requests == (a, b, d) and rec.drafted == (2, 0, 0) and rec.accepted == (1, 0, 0)
+    assert rec.num_tokens == 4
+    spec = build_speculator(_cfg(), build_proposer(_cfg(), None, torch.Generator()), SpecStats(), CPU)
+    spec.observe(rec)
+    assert spec.stats.num_drafts == 1 and spec.stats.num_draft_tokens == 2 and spec.stats.num_accepted_tokens == 1
