@@ -168,7 +168,7 @@ class LLMEngine:
         otherwise: draft, schedule, then execute (or launch, and continue as with a step in flight)."""
         t0 = time.perf_counter()
         outputs = self.output_processor.take_aborted()
-        rows = StepRows()
+        rows = StepRows() if self.speculator.observes else None  # (its step record; a plain engine builds none)
         prev, self._inflight = self._inflight, None
         # drafts read from the device: a chained proposal's, fed to the verify in flight
         fed = self.speculator.resolve_drafts() if self.speculator.device_drafts is not None else {}
@@ -220,7 +220,7 @@ class LLMEngine:
         size = (len(timed.scheduled), timed.num_batched_tokens) if timed is not None else (0, 0)
         # steady: what a plain engine would have run (a pipeline drain or restart is not)
         steady = not self.async_scheduling or not (chained or ahead) or (chained and ahead)
-        if self.speculator.observes:
+        if rows is not None:
             self.speculator.observe(StepRecord.of(kind, time.perf_counter() - t0, rows, finished, *size,
                                                   steady=steady))
         if self._log is not None:
@@ -279,8 +279,8 @@ class LLMEngine:
         return (self.async_scheduling and can_schedule_ahead(s.running, s.admission_open())
                 and not self.speculator.will_draft(s.running))
 
-    def _apply(self, sched: SchedulerOutput, out: ModelRunnerOutput, rows: StepRows, verifies: bool) -> None:
-        if self.speculator.observes:  # (its step record)
+    def _apply(self, sched: SchedulerOutput, out: ModelRunnerOutput, rows: StepRows | None, verifies: bool) -> None:
+        if rows is not None:
             rows.add(sched.scheduled, out.sampled_token_ids, out.num_accepted, verifies)
         self.output_processor.apply(sched, out)
 
