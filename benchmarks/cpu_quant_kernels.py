@@ -11,8 +11,9 @@ layers x [qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576] + the tie
 - ``int8pack``: ``aten._weight_int8pack_mm`` (int8, one scale per output row; requantized);
 - ``int4pack gG``: ``aten._weight_int4pack_mm_for_cpu`` (uint4 with a scale and a zero per group of
   G along K; G = 32 is GGUF's Q4 block, mapped exactly, see below; G = 64/128 requantized);
-- ``cpu_q4``: tandem's own kernel (``tandem/models/quant/cpu_q4.py``, C with AVX-512 BF16), the
-  Q4 codes and float32 scales as served, bf16 activations;
+- ``cpu_q4``: tandem's own kernel (``tandem/models/quant/cpu_q4.py``, C with AVX-512 BF16; with
+  ``--isa avx2`` its AVX2 + FMA variant, ``cpu_q4_avx2.py``), the Q4 codes and float32 scales as
+  served, bf16 activations;
 - ``dyn4``: ``aten._dyn_quant_matmul_4bit`` (symmetric int4 weights, int8 dynamic activations);
 - torchao's CPU weight-only configs, if ``import torchao`` works (``--torchao-path``).
 
@@ -54,8 +55,8 @@ def parse_args() -> argparse.Namespace:
                     help="timed rounds per cell (slow candidates: 2 passes in all); one warm-up more")
     ap.add_argument("--layers", type=int, default=30, help="decoder layers to use (default all 30)")
     ap.add_argument("--isa", choices=("native", "avx2"), default="native",
-                    help="avx2: re-run with ATEN_CPU_CAPABILITY=avx2 and MKL_ENABLE_INSTRUCTIONS=AVX2 "
-                         "(emulates an AVX2-only CI machine on an AVX-512 one)")
+                    help="avx2: re-run with ATEN_CPU_CAPABILITY=avx2, MKL_ENABLE_INSTRUCTIONS=AVX2 and "
+                         "TANDEM_CPU_ISA=avx2 (emulates an AVX2-only machine on an AVX-512 one)")
     ap.add_argument("--torchao-path", default=None,
                     help="directory to prepend to sys.path for torchao (e.g. a side venv's site-packages)")
     ap.add_argument("--no-torchao", action="store_true", help="skip torchao even if importable")
@@ -72,7 +73,7 @@ def parse_args() -> argparse.Namespace:
 ARGS = parse_args() if __name__ == "__main__" else None
 if ARGS is not None and ARGS.isa == "avx2" and os.environ.get("ATEN_CPU_CAPABILITY") != "avx2":
     # Both are read once, when torch / MKL initialise: set them and start again.
-    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2")
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2", TANDEM_CPU_ISA="avx2")
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 import json  # noqa: E402
@@ -322,14 +323,14 @@ def prep_dyn4(kinds: dict[str, list[tuple[QW, torch.Tensor]]], gs: int = 32) -> 
 
 
 def prep_cpu_q4(kinds: dict[str, list[tuple[QW, torch.Tensor]]]) -> Candidate:
-    """tandem's own kernel (``models/quant/cpu_q4.py``, AVX-512 BF16): the Q4 codes exactly, float32
-    scale and offset, bf16 activations, float32 out. 4-bit formats only (the Q8_0 head is skipped)."""
+    """tandem's own kernel (``models/quant/cpu_q4.py``, AVX-512 BF16 or AVX2 + FMA): the Q4 codes exactly,
+    float32 scale and offset, bf16 activations, float32 out. 4-bit formats only (the Q8_0 head is skipped)."""
     from tandem.models.quant import cpu_q4
     from tandem.models.quant.weights import QuantizedWeight
 
-    c = Candidate("cpu_q4 g32 bf16 (tandem)")
+    c = Candidate(f"cpu_q4 g32 bf16 (tandem, {cpu_q4.variant() or 'not built'})")
     if not cpu_q4.available():
-        c.note = "cpu_q4 unavailable here (needs AVX-512 BF16 and a C compiler)"
+        c.note = "cpu_q4 unavailable here (needs AVX-512 BF16 or AVX2 + FMA, and a C compiler)"
         return c
     for kind, pairs in kinds.items():
         if pairs[0][0].fmt not in ("Q4_0", "Q4_1"):

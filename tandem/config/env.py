@@ -17,6 +17,7 @@ benchmarks only, and each maps onto a configuration field. Read when called (nev
 | ``TANDEM_PDL=0`` | ``RunnerConfig.pdl = False`` |
 | ``TANDEM_CPU_SCRIPT=0`` | ``RunnerConfig.cpu_script = False`` (CPU: eager batch-1 steps) |
 | ``TANDEM_SCREENED_HEAD=0`` | ``RunnerConfig.screened_head = False`` (CPU: the float LM head for every row) |
+| ``TANDEM_CPU_ISA=avx2`` | tandem's C kernels built for x86-64-v3 (AVX2 + FMA) instead of this CPU: an AVX2-only machine's kernels, measured on a newer CPU (``models/c_build.py``) |
 | ``TANDEM_CACHE_DIR`` | where built-in models and datasets are cached (default ``~/.cache/tandem/models``) |
 | ``TANDEM_API_KEY`` | ``tandem serve --api-key`` default |
 | ``OPENAI_API_KEY`` | ``tandem bench serve`` sends it as the bearer token |
@@ -95,6 +96,18 @@ def api_key() -> str | None:
 def openai_api_key() -> str | None:
     """``$OPENAI_API_KEY`` (sent by ``tandem bench serve``) or None."""
     return os.environ.get("OPENAI_API_KEY") or None
+
+
+CPU_ISAS = ("native", "avx2")
+
+
+def cpu_isa() -> str:
+    """``$TANDEM_CPU_ISA``: what tandem's C kernels are built for — ``native`` (default: this CPU) or
+    ``avx2`` (x86-64-v3: AVX2 + FMA, what an AVX2-only laptop runs)."""
+    v = os.environ.get("TANDEM_CPU_ISA", "").strip().lower() or "native"
+    if v not in CPU_ISAS:
+        raise ConfigError("TANDEM_CPU_ISA", f"got {v!r}", allowed=CPU_ISAS)
+    return v
 
 
 def c_compiler() -> str:

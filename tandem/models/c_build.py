@@ -26,12 +26,27 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+# ``-march=native`` becomes this where the kernels are built for AVX2 (``$TANDEM_CPU_ISA=avx2``, or a
+# caller's ``isa="avx2"``): x86-64-v3 is AVX2, FMA, F16C, BMI2 — an AVX2-only laptop's instructions
+MARCH = {"native": ("-march=native",), "avx2": ("-march=x86-64-v3", "-mtune=native")}
 
 
-def load(name: str, source: str, flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL:
-    """The compiled ``source`` (built into the cache on first use), loaded."""
+def target_flags(flags: tuple[str, ...], isa: str | None = None) -> tuple[str, ...]:
+    """``flags`` with ``-march=native`` replaced by ``isa``'s target (None: ``$TANDEM_CPU_ISA``)."""
+    if isa is None:
+        from tandem.config.env import cpu_isa
+
+        isa = cpu_isa()
+    return tuple(f for flag in flags for f in (MARCH[isa] if flag == "-march=native" else (flag,)))
+
+
+def load(name: str, source: str, flags: tuple[str, ...] = FLAGS, isa: str | None = None) -> ctypes.CDLL:
+    """The compiled ``source`` (built into the cache on first use) for ``isa`` (``target_flags``), loaded."""
+    flags = target_flags(flags, isa)
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise RuntimeError(f"no x86-64 SIMD on {platform.machine()}")
+    if "-march=x86-64-v3" in flags and not {"avx2", "fma"} <= set(_cpu_flags().split()):
+        raise RuntimeError("built for AVX2 + FMA, which this CPU lacks")
     from tandem.config.env import c_compiler
 
     cc = shutil.which(c_compiler())
@@ -53,8 +68,10 @@ class Kernel:
     good (logged once, with ``fallback`` saying what is used instead)."""
 
     def __init__(self, name: str, source: str, isa: str, needs: str, functions: dict[str, list[type]],
-                 check: Callable[[], None], fallback: str, flags: tuple[str, ...] = FLAGS) -> None:
+                 check: Callable[[], None], fallback: str, flags: tuple[str, ...] = FLAGS,
+                 target: str | None = None) -> None:
         self.name, self.source, self.isa, self.needs, self.flags = name, source, isa, needs, flags
+        self.target = target  # the instruction set built for (None: ``$TANDEM_CPU_ISA``, else native)
         self.functions, self.check, self.fallback = functions, check, fallback
         self.lib: ctypes.CDLL | None = None
         self.checked = False
@@ -63,7 +80,7 @@ class Kernel:
         if not self.checked:
             self.checked = True
             try:
-                lib = load(self.name, self.source, self.flags)
+                lib = load(self.name, self.source, self.flags, self.target)
                 getattr(lib, self.isa).restype = ctypes.c_int
                 for fn, args in self.functions.items():
                     getattr(lib, fn).restype = ctypes.c_int

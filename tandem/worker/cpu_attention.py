@@ -17,7 +17,9 @@ head_dim a multiple of 16), grouped-query heads, causal, no sliding window.
 Used by a model whose linears are on ``cpu_q4`` (``models/quant/q4_linear.py``): the eager lone
 path (``attention.py``, ``TorchAttention(cpu_kernel=True)``) and the scripted step
 (``lone_decode.py``, as the op ``torch.ops.tandem.lone_attention``) call the same kernel. Built by
-``models/c_build.py``; needs AVX-512F; ``available()`` is False elsewhere (torch's attention stays).
+``models/c_build.py``; needs AVX-512F, or AVX2 + FMA (the same computation with 8-lane vectors: other
+bits than the AVX-512 build's, the same guarantees); ``available()`` is False elsewhere (torch's
+attention stays).
 """
 
 from __future__ import annotations
@@ -38,13 +40,15 @@ _SOURCE = r"""
 
 #if defined(__AVX512F__)
 #define ISA 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define ISA 2
 #else
 #define ISA 0
 #endif
 
 int attn_isa(void) { return ISA; }
 
-#if ISA
+#if ISA == 1
 /* exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-5 polynomial, 2^n by scalef) */
 static inline __m512 exp512(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
@@ -94,6 +98,65 @@ static void attend_one(const float *q, const float *kc, const float *vc, int64_t
     }
     const __m512 vinv = _mm512_set1_ps(inv);
     for (int e = 0; e < d / 16; e++) _mm512_storeu_ps(out + 16 * e, _mm512_mul_ps(o[e], vinv));
+}
+#elif ISA == 2
+/* the same with 8-lane vectors (AVX2 + FMA): exp's 2^n by the exponent bits */
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(_mm256_mul_ps(y, x), x, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static void attend_one(const float *q, const float *kc, const float *vc, int64_t ld, const int64_t *slots,
+                       int64_t start, int c, int d, float scale, float *s, float *out) {
+    float mx = -INFINITY;
+    for (int j = 0; j < c; j++) {
+        const int64_t slot = slots ? slots[j] : start + j;
+        const float *kr = kc + slot * ld;
+        __m256 acc = _mm256_setzero_ps();
+        for (int e = 0; e < d; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), _mm256_loadu_ps(kr + e), acc);
+        const float v = hsum256(acc) * scale;
+        s[j] = v;
+        mx = v > mx ? v : mx;
+    }
+    __m256 sum = _mm256_setzero_ps();
+    const __m256 vmx = _mm256_set1_ps(mx);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int j = 0; j < c; j += 8) {
+        const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32(c - j), lane);
+        const __m256 p = _mm256_and_ps(_mm256_castsi256_ps(mk),
+                                       exp256(_mm256_sub_ps(_mm256_maskload_ps(s + j, mk), vmx)));
+        _mm256_maskstore_ps(s + j, mk, p);
+        sum = _mm256_add_ps(sum, p);
+    }
+    const float inv = 1.0f / hsum256(sum);
+    __m256 o[16];  /* d <= 128 */
+    for (int e = 0; e < d / 8; e++) o[e] = _mm256_setzero_ps();
+    for (int j = 0; j < c; j++) {
+        const int64_t slot = slots ? slots[j] : start + j;
+        const float *vr = vc + slot * ld;
+        const __m256 p = _mm256_set1_ps(s[j]);
+        for (int e = 0; e < d / 8; e++) o[e] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * e), o[e]);
+    }
+    const __m256 vinv = _mm256_set1_ps(inv);
+    for (int e = 0; e < d / 8; e++) _mm256_storeu_ps(out + 8 * e, _mm256_mul_ps(o[e], vinv));
 }
 #endif
 
@@ -210,9 +273,10 @@ def fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
-           slots: torch.Tensor | None, n: int, scale: float) -> torch.Tensor:
+           slots: torch.Tensor | None, n: int, scale: float, kernel: c_build.Kernel | None = None) -> torch.Tensor:
     """out [t, h, d] for q [t, h, d]: row r over context positions ``0 .. n − t + r`` (slots
-    ``start + j``, or ``slots[j]`` int64 when given); see the module docstring."""
+    ``start + j``, or ``slots[j]`` int64 when given); see the module docstring. ``kernel``: ``KERNEL``
+    or another ``build``."""
     t, h, d = q.shape
     if not fits(q, k_cache) or v_cache.shape != k_cache.shape or n < t or (slots is not None and len(slots) < n):
         raise ValueError("lone attention: float32 q [t, h, d] (d % 16 == 0, ≤ 128) and caches, n ≥ t")
@@ -220,7 +284,7 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start:
     out = torch.empty_like(q)
     if slots is not None:
         slots = slots.to(torch.int64).contiguous()
-    lib = KERNEL.lib
+    lib = (KERNEL if kernel is None else kernel).lib
     assert lib is not None
     if lib.lone_attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), h, k_cache.shape[1], d,
                            slots.data_ptr() if slots is not None else None, start, n, t, scale, out.data_ptr(),
@@ -254,14 +318,14 @@ class RowPlan:
 
 
 def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: RowPlan, scale: float,
-                out: torch.Tensor) -> None:
+                out: torch.Tensor, kernel: c_build.Kernel | None = None) -> None:
     """The rows of ``plan`` (several requests' decodes and verifies) into ``out`` [T, h, d] (contiguous),
     each bitwise what :func:`attend` computes for that row as its request's lone step: a row's bits
     do not depend on the other requests of the step or their padding."""
     if not fits(q, k_cache) or v_cache.shape != k_cache.shape or out.shape != q.shape or not out.is_contiguous():
         raise ValueError("rows attention: float32 q, out [T, h, d] (d % 16 == 0, ≤ 128) and caches")
     q = q.contiguous()
-    lib = KERNEL.lib
+    lib = (KERNEL if kernel is None else kernel).lib
     assert lib is not None
     h, d = q.shape[1], q.shape[2]
     if lib.rows_attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), h, k_cache.shape[1], d,
@@ -286,24 +350,24 @@ def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     return out
 
 
-def _self_check() -> None:
+def _self_check(kernel: c_build.Kernel) -> None:
     gen = torch.Generator().manual_seed(0)
     kc, vc = torch.randn(50, 2, 32, generator=gen), torch.randn(50, 2, 32, generator=gen)
     q = torch.randn(3, 6, 32, generator=gen)
     slots = torch.randperm(50, generator=gen)
     for s in (None, slots):
-        got = attend(q, kc, vc, 7, s, 37, 0.2)
+        got = attend(q, kc, vc, 7, s, 37, 0.2, kernel)
         if not torch.allclose(got.double(), reference(q, kc, vc, 7, s, 37, 0.2), rtol=1e-4, atol=1e-5):
             raise RuntimeError("self-check failed")
     out = torch.zeros_like(q)
-    attend_rows(q, kc, vc, RowPlan([(0, slots[:37], 3)]), 0.2, out)
-    if not torch.equal(out, attend(q, kc, vc, 0, slots, 37, 0.2)):
+    attend_rows(q, kc, vc, RowPlan([(0, slots[:37], 3)]), 0.2, out, kernel)
+    if not torch.equal(out, attend(q, kc, vc, 0, slots, 37, 0.2, kernel)):
         raise RuntimeError("self-check failed (rows)")
 
 
 def rope_attend(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, heads: int, write_start: int, write_slots: torch.Tensor | None, start: int,
-                slots: torch.Tensor | None, n: int, scale: float) -> torch.Tensor:
+                slots: torch.Tensor | None, n: int, scale: float, kernel: c_build.Kernel | None = None) -> torch.Tensor:
     """The scripted step's attention block in one C call: rope on qkv's q and k heads (bitwise
     torch's ``qk·cos + roll(qk, d/2)·sin_signed``, ``cos`` / ``sin_signed`` [t, d] for the rows'
     positions), k and v written to the caches at the rows' slots (``write_slots``, or ``write_start``
@@ -321,7 +385,7 @@ def rope_attend(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, 
     if slots is not None:
         slots = slots.to(torch.int64).contiguous()
     out = torch.empty(t, heads, d)
-    lib = KERNEL.lib
+    lib = (KERNEL if kernel is None else kernel).lib
     assert lib is not None
     if lib.rope_lone_attention(qkv.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(), k_cache.data_ptr(),
                                v_cache.data_ptr(), heads, kvh, d,
@@ -348,15 +412,24 @@ def _lone_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 _P, _I = ctypes.c_void_p, ctypes.c_int
-KERNEL = c_build.Kernel("attn", _SOURCE, "attn_isa", "AVX-512",
-                        {"lone_attention": [_P, _P, _P, _I, _I, _I, _P, ctypes.c_int64, _I, _I, ctypes.c_float,
-                                            _P, _I],
-                         "rows_attention": [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _I, _I, ctypes.c_float, _P,
-                                            _I],
-                         "rope_write": [_P, _P, _P, _P, _P, _I, _I, _I, _P, ctypes.c_int64, _I, _P],
-                         "rope_lone_attention": [_P, _P, _P, _P, _P, _I, _I, _I, _P, ctypes.c_int64, _P,
-                                                 ctypes.c_int64, _I, _I, ctypes.c_float, _P, _I]},
-                        lambda: _self_check(), "torch's attention is used", (*c_build.FLAGS, "-ffp-contract=off"))
+
+
+def build(target: str | None = None) -> c_build.Kernel:
+    """The kernel for ``target`` (``c_build.target_flags``: None = ``$TANDEM_CPU_ISA``, else this CPU;
+    ``"avx2"``: the AVX2 + FMA variant, also on a CPU that has AVX-512), built and self-checked on its
+    first ``available()``. ``KERNEL`` is the one the models use."""
+    kernel = c_build.Kernel(
+        "attn", _SOURCE, "attn_isa", "AVX-512 or AVX2 + FMA",
+        {"lone_attention": [_P, _P, _P, _I, _I, _I, _P, ctypes.c_int64, _I, _I, ctypes.c_float, _P, _I],
+         "rows_attention": [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _I, _I, ctypes.c_float, _P, _I],
+         "rope_write": [_P, _P, _P, _P, _P, _I, _I, _I, _P, ctypes.c_int64, _I, _P],
+         "rope_lone_attention": [_P, _P, _P, _P, _P, _I, _I, _I, _P, ctypes.c_int64, _P, ctypes.c_int64, _I, _I,
+                                 ctypes.c_float, _P, _I]},
+        lambda: _self_check(kernel), "torch's attention is used", (*c_build.FLAGS, "-ffp-contract=off"), target)
+    return kernel
+
+
+KERNEL = build()
 
 _ops = torch.library.Library("tandem", "FRAGMENT")
 _ops.define("lone_attention(Tensor q, Tensor k_cache, Tensor v_cache, int start, Tensor? slots, int n, "

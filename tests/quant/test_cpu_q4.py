@@ -1,5 +1,6 @@
 """tandem's 4-bit CPU kernel (``models/quant/cpu_q4.py``): the packed layout as documented, products
-against float64, a row's bits independent of the row count and the thread count, and the fallback
+against float64, a row's bits independent of the row count and the thread count — for both variants
+where this CPU runs them (AVX-512 BF16; AVX2 + FMA, also built on an AVX-512 CPU) — and the fallback
 to int4pack where it cannot be built."""
 
 from __future__ import annotations
@@ -7,11 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_utils import without_a_compiler
+from kernel_utils import kernel_variants, without_a_compiler
 from tandem.models.quant import cpu_q4
 from tandem.models.quant.weights import QuantizedWeight
 
-needs_kernel = pytest.mark.skipif(not cpu_q4.available(), reason="cpu_q4 needs AVX-512 BF16 and a C compiler")
+needs_kernel = pytest.mark.skipif(not cpu_q4.available(), reason="cpu_q4 needs AVX-512 BF16 or AVX2 and a C compiler")
+kernel = kernel_variants(cpu_q4)
 
 
 def _qw(n: int, k: int, group: int, seed: int = 0, perm: bool = False, bits: int = 4) -> QuantizedWeight:
@@ -52,34 +54,32 @@ def test_pack_refuses_what_it_cannot_hold():
             cpu_q4.pack(qw)
 
 
-@needs_kernel
 @pytest.mark.parametrize("n,k,group", [(16, 32, 32), (48, 576, 32), (64, 256, 128), (32, 40, 8), (80, 64, 64)])
 @pytest.mark.parametrize("bits", [4, 8])
-def test_product_equals_float64(n, k, group, bits):
+def test_product_equals_float64(n, k, group, bits, kernel):
     qw = _qw(n, k, group, seed=n + k, bits=bits)
     w = qw.dequantize().double()
     packed = cpu_q4.pack(qw)
     x = torch.randn(20, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     for m in (1, 2, 3, 5, 8, 9, 20):  # the row functions, a chunk of 8 and tails
         ref = x[:m].double() @ w.T
-        got = cpu_q4.mm(x[:m], packed, group)
+        got = cpu_q4.mm(x[:m], packed, group, kernel=kernel)
         assert got.dtype is torch.float32 and got.shape == (m, n)
         assert torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-5), m
 
 
-@needs_kernel
 @pytest.mark.parametrize("bits", [4, 8])
-def test_a_rows_bits_do_not_depend_on_the_other_rows_or_threads(bits):
+def test_a_rows_bits_do_not_depend_on_the_other_rows_or_threads(bits, kernel):
     qw = _qw(96, 576, 32, seed=3, bits=bits)
     packed = cpu_q4.pack(qw)
     x = torch.randn(17, 576, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = torch.cat([cpu_q4.mm(x[i:i + 1], packed, 32) for i in range(17)])
+        one = torch.cat([cpu_q4.mm(x[i:i + 1], packed, 32, kernel=kernel) for i in range(17)])
         torch.set_num_threads(2)
         for m in range(1, 18):
-            assert torch.equal(cpu_q4.mm(x[:m], packed, 32), one[:m]), m
+            assert torch.equal(cpu_q4.mm(x[:m], packed, 32, kernel=kernel), one[:m]), m
     finally:
         torch.set_num_threads(old)
 
@@ -109,19 +109,38 @@ def test_without_a_compiler_int4pack_serves_four_bit_weights(monkeypatch, tmp_pa
     assert isinstance(make_quant_linear(_qw(32, 64, 32), None), Int4PackLinear)
 
 
-@needs_kernel
-def test_fused_norm_and_residual():
+@pytest.mark.parametrize("k", [192, 200])  # (200: the AVX2 norm's scalar tail)
+def test_fused_norm_and_residual(kernel, k):
     """The RMS norm in the kernel is torch's to bf16 rounding; the residual add is torch's sum bitwise."""
-    qw = _qw(64, 192, 32, seed=7)
+    qw = _qw(64, k, 8, seed=7)
     packed = cpu_q4.pack(qw)
     g = torch.Generator().manual_seed(8)
-    x, w, res = torch.randn(5, 192, generator=g) * 3, torch.rand(192, generator=g) + 0.5, torch.randn(5, 64, generator=g)
-    normed = torch.rms_norm(x, [192], w, 1e-5)
-    fused = cpu_q4.mm(x, packed, 32, w, 1e-5)
-    assert torch.allclose(fused, cpu_q4.mm(normed, packed, 32), rtol=2e-2, atol=2e-2)
+    x, w, res = torch.randn(5, k, generator=g) * 3, torch.rand(k, generator=g) + 0.5, torch.randn(5, 64, generator=g)
+    normed = torch.rms_norm(x, [k], w, 1e-5)
+    fused = cpu_q4.mm(x, packed, 8, w, 1e-5, kernel=kernel)
+    assert torch.allclose(fused, cpu_q4.mm(normed, packed, 8, kernel=kernel), rtol=2e-2, atol=2e-2)
     ref = (normed.to(torch.bfloat16).double() @ qw.dequantize().double().T).float()
     assert float((fused - ref).norm() / ref.norm()) < 1e-2
     h = x.to(torch.bfloat16)
-    assert torch.equal(cpu_q4.mm(h, packed, 32, residual=res), res + cpu_q4.mm(h, packed, 32))
+    assert torch.equal(cpu_q4.mm(h, packed, 8, residual=res, kernel=kernel), res + cpu_q4.mm(h, packed, 8, kernel=kernel))
     with pytest.raises(ValueError, match="residual"):
-        cpu_q4.mm(h, packed, 32, residual=res[:, :10])
+        cpu_q4.mm(h, packed, 8, residual=res[:, :10], kernel=kernel)
+
+
+def test_the_avx2_variant_is_what_an_avx2_target_builds(monkeypatch):
+    """``$TANDEM_CPU_ISA=avx2`` builds tandem's kernels for x86-64-v3 (an AVX2 laptop's instructions);
+    on such a build this kernel is its AVX2 variant; a bad value is one error naming the variable."""
+    from tandem.errors import ConfigError
+    from tandem.models import c_build
+
+    monkeypatch.setenv("TANDEM_CPU_ISA", "avx2")
+    assert c_build.target_flags(c_build.FLAGS) == tuple(
+        f for flag in c_build.FLAGS for f in (("-march=x86-64-v3", "-mtune=native") if flag == "-march=native" else (flag,)))
+    monkeypatch.setenv("TANDEM_CPU_ISA", "avx9")
+    with pytest.raises(ConfigError, match="TANDEM_CPU_ISA.*allowed: native, avx2"):
+        c_build.target_flags(c_build.FLAGS)
+    monkeypatch.delenv("TANDEM_CPU_ISA")
+    assert "-march=native" in c_build.target_flags(c_build.FLAGS)
+    avx2 = cpu_q4.build("avx2")
+    if avx2.available():
+        assert cpu_q4.variant(avx2) == "avx2"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernel_utils import use_avx2_kernels
 from tiny_models import random_quant_bytes, write_tiny_gguf, write_tiny_hf_checkpoint
 
 from tandem.models.layers import Linear
@@ -56,7 +57,8 @@ def test_verify_rows_equal_decode_steps_bitwise(tmp_path, family, weights, rows)
         assert torch.equal(row[0], verify[r]), r
 
 
-def test_a_batched_steps_rows_equal_each_requests_lone_steps_bitwise(tmp_path):
+@pytest.mark.parametrize("isa", ["native", "avx2"])  # avx2: the kernels an AVX2-only machine runs
+def test_a_batched_steps_rows_equal_each_requests_lone_steps_bitwise(tmp_path, monkeypatch, isa):
     """Several requests in one step (a verify beside decodes, contexts of different lengths): on the
     packed path each row's hidden state is bitwise its request's lone decode at that position — the
     C attention computes every row over exactly its own context (``cpu_attention.attend_rows``), not
@@ -65,6 +67,13 @@ def test_a_batched_steps_rows_equal_each_requests_lone_steps_bitwise(tmp_path):
     from tandem import LLM
     from tandem.worker.batch import SeqChunk
 
+    if isa == "avx2" and not use_avx2_kernels(monkeypatch):
+        pytest.skip("the AVX2 builds of cpu_q4 and the C attention need AVX2 + FMA and a C compiler")
+    if isa == "avx2":
+        from tandem.models.quant import cpu_q4
+
+        assert cpu_q4.variant() == "avx2"
+
     path = write_tiny_hf_checkpoint(tmp_path, "llama", std=0.2, num_hidden_layers=2, hidden_size=576,
                                     num_attention_heads=9, num_key_value_heads=3, head_dim=64,
                                     intermediate_size=256, max_position_embeddings=512)
@@ -72,7 +81,7 @@ def test_a_batched_steps_rows_equal_each_requests_lone_steps_bitwise(tmp_path):
               quantization="int4", speculative_config={"method": "ngram", "num_speculative_tokens": 3})
     runner = llm.engine.runner
     if not runner.attention.cpu_kernel:
-        pytest.skip("needs cpu_q4 and the C attention (AVX-512, a C compiler)")
+        pytest.skip("needs cpu_q4 and the C attention (AVX-512 or AVX2, a C compiler)")
     final = (runner.model.arch.num_layers,)
     prompts = [[(7 * j + 3 * i) % 90 + 6 for j in range(n)] for i, n in enumerate((181, 40, 97))]
     blocks = [list(range(i * 60, i * 60 + 60))[::-1] for i in range(3)]  # (not one slot range)

@@ -26,9 +26,11 @@ Memory layout (``pack``): uint8 ``[N / 16, K / G, 8·G + 128]``: a tile's group 
 then 16 float32 scales, then 16 float32 offsets. Codes of 5–8 bits (Q5_x, Q8_0, the screened LM
 head's 8-bit copy) use a byte layout instead: 64 bytes per unit (the pair ``(4u, 4u + 1)`` as bytes
 ``2b + j``, then the pair ``(4u + 2, 4u + 3)``), turned into bf16 by ``vpmovzxbd`` / ``vcvtdq2ps`` /
-``vcvtne2ps2bf16``; the rest is the same. Needs AVX-512 BW + BF16 (Zen 4, Sapphire Rapids and
-later); elsewhere ``available()`` is False and ``int4pack`` stays. The C source is built by
-``models/c_build.py``.
+``vcvtne2ps2bf16``; the rest is the same. This needs AVX-512 BW + BF16 (Zen 4, Sapphire Rapids and
+later); a CPU with AVX2 + FMA only (most laptops) runs the variant of ``cpu_q4_avx2.py`` (the same
+layout and product with 8-lane FMAs, ``ISA == 2``); elsewhere ``available()`` is False and
+``int4pack`` stays. The C source is built by ``models/c_build.py`` (``$TANDEM_CPU_ISA=avx2``: the AVX2
+variant on an AVX-512 CPU, to measure an AVX2 machine's path).
 
 Two fusions, both per row: an RMS norm of float32 input rows before the product (``norm_weight``:
 ``bf16(x · rsqrt(mean(x²) + eps) · w)``, the layer's input norm) and a float32 residual added to the
@@ -45,6 +47,7 @@ from collections.abc import Callable
 import torch
 
 from tandem.models import c_build
+from tandem.models.quant import cpu_q4_avx2
 from tandem.models.quant.weights import QuantizedWeight
 
 
@@ -61,14 +64,17 @@ _SOURCE = r"""
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #define ISA 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define ISA 2
 #else
 #define ISA 0
 #endif
 
 int q4_isa(void) { return ISA; }
 
-#if ISA
 #define MAXM 8
+#if ISA == 1
+typedef uint16_t xelem;  /* the rows of x as the block reads them: bf16 */
 /* bf16 bit patterns of 0..15, twice: vpermw reads the low 5 bits of each index word */
 static const uint16_t BF16_CODES[32] = {
     0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
@@ -83,7 +89,7 @@ static inline int32_t pair(const uint16_t *p) { int32_t v; memcpy(&v, p, 4); ret
    BITS 4: a unit of 4 k is 32 bytes of nibbles; BITS 8: 64 bytes, the pair (4u, 4u + 1) then (4u + 2, 4u + 3). */
 static inline __attribute__((always_inline)) void block(
         const uint8_t *restrict w, int64_t tile_bytes, const int NT, const int M, const int BITS, int groups, int G,
-        const uint16_t *restrict x, int64_t ldx, const float *restrict xs, const float *restrict res,
+        const xelem *restrict x, int64_t ldx, const float *restrict xs, const float *restrict res,
         float *restrict y, int64_t ldy) {
     const __m512i table = _mm512_loadu_si512((const void *)BF16_CODES);
     const int units = G / 4, ub = BITS == 4 ? 32 : 64;
@@ -95,7 +101,7 @@ static inline __attribute__((always_inline)) void block(
         __m512 ga[2][MAXM], gb[2][MAXM];
         for (int t = 0; t < NT; t++)
             for (int m = 0; m < M; m++) { ga[t][m] = _mm512_setzero_ps(); gb[t][m] = _mm512_setzero_ps(); }
-        const uint16_t *xg = x + (int64_t)g * G;
+        const xelem *xg = x + (int64_t)g * G;
         for (int u = 0; u < units; u++) {
             __m512i lo[2], hi[2];
             for (int t = 0; t < NT; t++) {
@@ -140,27 +146,6 @@ static inline __attribute__((always_inline)) void block(
         }
 }
 
-#define ROWS(B, M, NT)                                                                                \
-static void rows_##B##_##M(const uint8_t *w, int64_t tile_bytes, int t0, int t1, int groups, int G,    \
-                           const uint16_t *x, int64_t ldx, const float *xs, const float *res, float *y,       \
-                           int64_t ldy) {                                                             \
-    int t = t0;                                                                                       \
-    for (; t + NT <= t1; t += NT)                                                                     \
-        block(w + t * tile_bytes, tile_bytes, NT, M, B, groups, G, x, ldx, xs, res ? res + t * 16 : 0,  \
-              y + t * 16, ldy);                                                                       \
-    for (; t < t1; t++)                                                                               \
-        block(w + t * tile_bytes, tile_bytes, 1, M, B, groups, G, x, ldx, xs, res ? res + t * 16 : 0,   \
-              y + t * 16, ldy);                                                                       \
-}
-ROWS(4, 1, 2) ROWS(4, 2, 2) ROWS(4, 3, 2) ROWS(4, 4, 1) ROWS(4, 5, 1) ROWS(4, 6, 1) ROWS(4, 7, 1) ROWS(4, 8, 1)
-ROWS(8, 1, 2) ROWS(8, 2, 2) ROWS(8, 3, 2) ROWS(8, 4, 1) ROWS(8, 5, 1) ROWS(8, 6, 1) ROWS(8, 7, 1) ROWS(8, 8, 1)
-
-typedef void (*rows_fn)(const uint8_t *, int64_t, int, int, int, int, const uint16_t *, int64_t, const float *,
-                        const float *, float *, int64_t);
-static const rows_fn ROWS_FN[2][MAXM + 1] = {
-    {0, rows_4_1, rows_4_2, rows_4_3, rows_4_4, rows_4_5, rows_4_6, rows_4_7, rows_4_8},
-    {0, rows_8_1, rows_8_2, rows_8_3, rows_8_4, rows_8_5, rows_8_6, rows_8_7, rows_8_8}};
-
 /* sum of x[k] (bf16 as float32) over k in [0, G), in a fixed order */
 static float group_sum(const uint16_t *x, int G) {
     __m512 s = _mm512_setzero_ps();
@@ -188,7 +173,33 @@ static void norm_row(const float *x, const float *nw, float eps, int K, uint16_t
         _mm256_mask_storeu_epi16(out + k, mk, (__m256i)_mm512_cvtneps_pbh(h));
     }
 }
+"""
+_SOURCE += cpu_q4_avx2.SOURCE + r"""
 #endif
+
+#if ISA
+#define ROWS(B, M, NT)                                                                                \
+static void rows_##B##_##M(const uint8_t *w, int64_t tile_bytes, int t0, int t1, int groups, int G,    \
+                           const xelem *x, int64_t ldx, const float *xs, const float *res, float *y,       \
+                           int64_t ldy) {                                                             \
+    int t = t0;                                                                                       \
+    for (; t + NT <= t1; t += NT)                                                                     \
+        block(w + t * tile_bytes, tile_bytes, NT, M, B, groups, G, x, ldx, xs, res ? res + t * 16 : 0,  \
+              y + t * 16, ldy);                                                                       \
+    for (; t < t1; t++)                                                                               \
+        block(w + t * tile_bytes, tile_bytes, 1, M, B, groups, G, x, ldx, xs, res ? res + t * 16 : 0,   \
+              y + t * 16, ldy);                                                                       \
+}
+ROWS(4, 1, 2) ROWS(4, 2, 2) ROWS(4, 3, 2) ROWS(4, 4, 1) ROWS(4, 5, 1) ROWS(4, 6, 1) ROWS(4, 7, 1) ROWS(4, 8, 1)
+ROWS(8, 1, 2) ROWS(8, 2, 2) ROWS(8, 3, 2) ROWS(8, 4, 1) ROWS(8, 5, 1) ROWS(8, 6, 1) ROWS(8, 7, 1) ROWS(8, 8, 1)
+
+typedef void (*rows_fn)(const uint8_t *, int64_t, int, int, int, int, const xelem *, int64_t, const float *,
+                        const float *, float *, int64_t);
+static const rows_fn ROWS_FN[2][MAXM + 1] = {
+    {0, rows_4_1, rows_4_2, rows_4_3, rows_4_4, rows_4_5, rows_4_6, rows_4_7, rows_4_8},
+    {0, rows_8_1, rows_8_2, rows_8_3, rows_8_4, rows_8_5, rows_8_6, rows_8_7, rows_8_8}};
+#endif
+
 
 /* y[m * N + n] = res[m * N + n] + sum_k bf16 x[m * K + k] * W[n, k] for the packed W (N / 16 tiles,
    K / G groups, bits 4 or 8); res may be NULL (no residual). With nw given, x is not read: the rows
@@ -199,12 +210,14 @@ int q4_mm(const uint16_t *x, const float *xf, const float *nw, float eps, int M,
     if (M < 1 || N % 16 || G % 4 || K % G || (bits != 4 && bits != 8)) return 1;
     const int groups = K / G, tiles = N / 16, b8 = bits == 8;
     float small[1024];  /* the rows' group sums */
-    uint16_t small_x[8 * 1024];  /* the normed rows */
+    xelem small_x[8 * 1024];  /* the rows as the block reads them, where x is not that already */
     float *xs = M * groups <= 1024 ? small : (float *)malloc(sizeof(float) * (size_t)M * groups);
-    uint16_t *xn = 0;
-    if (nw) xn = (int64_t)M * K <= 8 * 1024 ? small_x : (uint16_t *)malloc(sizeof(uint16_t) * (size_t)M * K);
-    if (!xs || (nw && !xn)) { if (xs && xs != small) free(xs); return 2; }
-    if (nw) x = xn;
+    /* ISA 1 reads bf16 x in place (a fused norm writes its rows here); ISA 2 reads float32 copies */
+    const int own = nw != 0 || ISA == 2;
+    xelem *xn = 0;
+    if (own) xn = (int64_t)M * K <= 8 * 1024 ? small_x : (xelem *)malloc(sizeof(xelem) * (size_t)M * K);
+    if (!xs || (own && !xn)) { if (xs && xs != small) free(xs); return 2; }
+    const xelem *xr = own ? (const xelem *)xn : (const xelem *)(const void *)x;
     const int64_t tile_bytes = (int64_t)groups * (G / 4 * (b8 ? 64 : 32) + 128);
     _Pragma("omp parallel num_threads(nt)")
     {
@@ -212,8 +225,14 @@ int q4_mm(const uint16_t *x, const float *xf, const float *nw, float eps, int M,
             _Pragma("omp for schedule(static)")
             for (int m = 0; m < M; m++) norm_row(xf + (int64_t)m * K, nw, eps, K, xn + (int64_t)m * K);
         }
+#if ISA == 2
+        else {
+            _Pragma("omp for schedule(static)")
+            for (int m = 0; m < M; m++) widen_rows(x + (int64_t)m * K, K, xn + (int64_t)m * K);
+        }
+#endif
         _Pragma("omp for schedule(static)")
-        for (int i = 0; i < M * groups; i++) xs[i] = group_sum(x + (int64_t)(i / groups) * K + (int64_t)(i % groups) * G, G);
+        for (int i = 0; i < M * groups; i++) xs[i] = group_sum(xr + (int64_t)(i / groups) * K + (int64_t)(i % groups) * G, G);
         const int nthr = omp_get_num_threads(), tid = omp_get_thread_num();
         const int t0 = (int)((int64_t)tiles * tid / nthr), t1 = (int)((int64_t)tiles * (tid + 1) / nthr);
         /* more than 8 rows (a prefill): every chunk of 8 rows on a pair of tiles while they are in L1 */
@@ -222,7 +241,7 @@ int q4_mm(const uint16_t *x, const float *xf, const float *nw, float eps, int M,
             const int tb = ta + tstep < t1 ? ta + tstep : t1;
             for (int m0 = 0; m0 < M; m0 += MAXM) {
                 const int mc = M - m0 < MAXM ? M - m0 : MAXM;
-                ROWS_FN[b8][mc](w, tile_bytes, ta, tb, groups, G, x + (int64_t)m0 * K, K, xs + (int64_t)m0 * groups,
+                ROWS_FN[b8][mc](w, tile_bytes, ta, tb, groups, G, xr + (int64_t)m0 * K, K, xs + (int64_t)m0 * groups,
                                 res ? res + (int64_t)m0 * N : 0, y + (int64_t)m0 * N, N);
             }
         }
@@ -238,7 +257,7 @@ int q4_mm(const uint16_t *x, const float *xf, const float *nw, float eps, int M,
 
 def available() -> bool:
     """Whether the kernel is built, loaded and checked (built on the first call; False for good
-    where it cannot be: no compiler, no AVX-512 BF16, a failed self-check)."""
+    where it cannot be: no compiler, neither AVX-512 BF16 nor AVX2 + FMA, a failed self-check)."""
     return KERNEL.available()
 
 
@@ -293,11 +312,12 @@ def pack(qw: QuantizedWeight, blocks: Callable[[int, int], QuantizedWeight] | No
 
 
 def mm(x: torch.Tensor, packed: torch.Tensor, group: int, norm_weight: torch.Tensor | None = None,
-       eps: float = 0.0, residual: torch.Tensor | None = None) -> torch.Tensor:
+       eps: float = 0.0, residual: torch.Tensor | None = None, kernel: c_build.Kernel | None = None) -> torch.Tensor:
     """``residual + bf16(x) @ Wᵀ`` in float32 [M, N] for x [M, K] (bf16, or float cast to bf16) and
     ``pack(qw)``; ``residual`` (float32 [M, N]) optional, added as torch's ``residual + y`` would be.
     With ``norm_weight`` (float32 [K]), x (float32) goes through an RMS norm first, in the kernel:
-    ``bf16(x · rsqrt(mean(x²) + eps) · norm_weight)`` (``norm_row``). ``available()`` must be True."""
+    ``bf16(x · rsqrt(mean(x²) + eps) · norm_weight)`` (``norm_row``). ``kernel``: ``KERNEL`` (whose
+    ``available()`` must be True) or another ``build``."""
     tiles, groups, width = packed.shape
     m, k = x.shape
     bits = 4 if width == group_bytes(group, 4) else 8
@@ -323,14 +343,14 @@ def mm(x: torch.Tensor, packed: torch.Tensor, group: int, norm_weight: torch.Ten
     if residual is not None:
         residual = residual.contiguous()
         res = residual.data_ptr()
-    lib = KERNEL.lib
+    lib = (KERNEL if kernel is None else kernel).lib
     assert lib is not None
     if lib.q4_mm(xb, xf, nw, eps, m, k, packed.data_ptr(), n, group, bits, res, y.data_ptr(), torch.get_num_threads()):
         raise RuntimeError("cpu_q4: the kernel refused its arguments")
     return y
 
 
-def _self_check() -> None:
+def _self_check(kernel: c_build.Kernel) -> None:
     """Row counts 1..9 (a chunk of 8 and a tail), two tiles, groups of 32 and 8, 4- and 8-bit codes,
     against float64."""
     gen = torch.Generator().manual_seed(0)
@@ -344,7 +364,7 @@ def _self_check() -> None:
         for m in range(1, ROW_CHUNK + 2):
             x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
             ref = (x.double() @ w.T).float()
-            if not torch.allclose(mm(x, packed, group), ref, rtol=1e-4, atol=1e-4):
+            if not torch.allclose(mm(x, packed, group, kernel=kernel), ref, rtol=1e-4, atol=1e-4):
                 raise RuntimeError(f"self-check failed at {m} rows ({n}x{k}, group {group}, {bits}-bit)")
 
 
@@ -356,9 +376,28 @@ def _q4_mm(x: torch.Tensor, packed: torch.Tensor, group: int, norm_weight: torch
 
 
 _P, _I = ctypes.c_void_p, ctypes.c_int
-KERNEL = c_build.Kernel("q4", _SOURCE, "q4_isa", "AVX-512 BF16",
-                        {"q4_mm": [_P, _P, _P, ctypes.c_float, _I, _I, _P, _I, _I, _I, _P, _P, _I]},
-                        lambda: _self_check(), "int4pack is used")
+
+
+def build(target: str | None = None) -> c_build.Kernel:
+    """The kernel for ``target`` (``c_build.target_flags``: None = ``$TANDEM_CPU_ISA``, else this CPU;
+    ``"avx2"``: the AVX2 + FMA variant, also on a CPU that has AVX-512), built and self-checked on its
+    first ``available()``. ``KERNEL`` is the one the models use."""
+    kernel = c_build.Kernel("q4", _SOURCE, "q4_isa", "AVX-512 BF16 or AVX2 + FMA",
+                            {"q4_mm": [_P, _P, _P, ctypes.c_float, _I, _I, _P, _I, _I, _I, _P, _P, _I]},
+                            lambda: _self_check(kernel), "int4pack is used", target=target)
+    return kernel
+
+
+KERNEL = build()
+
+
+def variant(kernel: c_build.Kernel | None = None) -> str | None:
+    """Which variant ``kernel`` (default ``KERNEL``) runs: ``"avx512"``, ``"avx2"``, or None (not built)."""
+    k = KERNEL if kernel is None else kernel
+    if not k.available():
+        return None
+    assert k.lib is not None
+    return {1: "avx512", 2: "avx2"}.get(k.lib.q4_isa())
 
 _ops = torch.library.Library("tandem", "FRAGMENT")
 _ops.define("q4_mm(Tensor x, Tensor packed, int group, Tensor? norm_weight=None, float eps=0.0, "

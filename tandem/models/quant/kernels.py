@@ -3,7 +3,7 @@ cuda_w4.py).
 
 CPU order: ``int8pack`` for symmetric per-channel 8-bit weights (exact: one scale per row), else
 ``cpu_q4`` (tandem's kernel, ``q4_linear.py``: 4-bit codes as nibbles, 5–8-bit as bytes) where it is
-available (AVX-512 BF16) and fits (N % 16 == 0, groups of a multiple of 4, Q6_K's 16 included), else
+available (AVX-512 BF16, or AVX2 + FMA) and fits (N % 16 == 0, groups of a multiple of 4, Q6_K's 16 included), else
 ``int4pack`` when the format's groups are multiples of 32 and N % 16 == 0 (4-bit directly, 5–8-bit
 as two planes). CUDA: ``W4Linear`` for ≤ 4-bit weights without act-order in a 16-bit model dtype
 (its kernel runs on 16-bit MMAs). Else None: the caller dequantizes that weight to float (and says so

@@ -1,6 +1,6 @@
 """CPU module for ≤ 8-bit weights on tandem's own kernel (``cpu_q4.py``): ``x @ W^T + b``.
 
-Chosen over ``int4pack`` (``kernels.py``) wherever ``cpu_q4.available()`` (AVX-512 BF16): the same
+Chosen over ``int4pack`` (``kernels.py``) wherever ``cpu_q4.available()`` (AVX-512 BF16, or AVX2 + FMA): the same
 bf16 activations, but scale and offset in float32 (exact for every format) and float32 output, and a
 verify's rows cost little more than a decode's row (docs/performance.md §46). Act-order weights
 gather x's columns first (``perm``), as ``int4pack`` does.
