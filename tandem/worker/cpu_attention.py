@@ -49,21 +49,75 @@ _SOURCE = r"""
 int attn_isa(void) { return ISA; }
 
 #if ISA == 1
-/* exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-5 polynomial, 2^n by scalef) */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
-    __m512 y = _mm512_set1_ps(1.9875691500E-4f);
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
-    y = _mm512_fmadd_ps(_mm512_mul_ps(y, x), x, _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(y, n);
+/* 16-lane vectors (AVX-512F) */
+#define VL 16
+typedef __m512 vec;
+typedef __mmask16 vmask;
+#define VSET1(x) _mm512_set1_ps(x)
+#define VZERO() _mm512_setzero_ps()
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VSTORE(p, v) _mm512_storeu_ps(p, v)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#define VSUB(a, b) _mm512_sub_ps(a, b)
+#define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VMAX(a, b) _mm512_max_ps(a, b)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VFNMA(a, b, c) _mm512_fnmadd_ps(a, b, c)
+#define VHSUM(v) _mm512_reduce_add_ps(v)
+#define VFLOOR(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)
+#define VSCALE2(y, n) _mm512_scalef_ps(y, n) /* y · 2^n */
+static inline vmask tail_mask(int n) { return n >= 16 ? (vmask)0xffff : (vmask)((1u << n) - 1u); }
+#define VLOADM(p, m) _mm512_maskz_loadu_ps(m, p)
+#define VSTOREM(p, m, v) _mm512_mask_storeu_ps(p, m, v)
+#define VKEEP(m, v) _mm512_maskz_mov_ps(m, v) /* lanes outside m: 0 */
+#elif ISA == 2
+/* 8-lane vectors (AVX2 + FMA): the same computation, other bits than the AVX-512 build's */
+#define VL 8
+typedef __m256 vec;
+typedef __m256i vmask;
+#define VSET1(x) _mm256_set1_ps(x)
+#define VZERO() _mm256_setzero_ps()
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VSTORE(p, v) _mm256_storeu_ps(p, v)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#define VSUB(a, b) _mm256_sub_ps(a, b)
+#define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VMAX(a, b) _mm256_max_ps(a, b)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VFNMA(a, b, c) _mm256_fnmadd_ps(a, b, c)
+static inline float VHSUM(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#define VFLOOR(v) _mm256_floor_ps(v)
+/* y · 2^n for integral n in [-126, 127]: n's exponent bits */
+#define VSCALE2(y, n) _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32( \
+    _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)))
+static inline vmask tail_mask(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#define VLOADM(p, m) _mm256_maskload_ps(p, m)
+#define VSTOREM(p, m, v) _mm256_maskstore_ps(p, m, v)
+#define VKEEP(m, v) _mm256_and_ps(_mm256_castsi256_ps(m), v)
+#endif
+
+#if ISA
+/* exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-5 polynomial, then 2^n) */
+static inline vec vexp(vec x) {
+    x = VMAX(x, VSET1(-87.0f));
+    vec n = VFLOOR(VFMA(x, VSET1(1.44269504088896341f), VSET1(0.5f)));
+    x = VFNMA(n, VSET1(0.693359375f), x);
+    x = VFNMA(n, VSET1(-2.12194440e-4f), x);
+    vec y = VSET1(1.9875691500E-4f);
+    y = VFMA(y, x, VSET1(1.3981999507E-3f));
+    y = VFMA(y, x, VSET1(8.3334519073E-3f));
+    y = VFMA(y, x, VSET1(4.1665795894E-2f));
+    y = VFMA(y, x, VSET1(1.6666665459E-1f));
+    y = VFMA(y, x, VSET1(5.0000001201E-1f));
+    y = VFMA(VMUL(y, x), x, VADD(x, VSET1(1.0f)));
+    return VSCALE2(y, n);
 }
 
 /* one (row, head): q [d] over the first c context positions; out [d]; s: scratch of c floats */
@@ -73,90 +127,31 @@ static void attend_one(const float *q, const float *kc, const float *vc, int64_t
     for (int j = 0; j < c; j++) {
         const int64_t slot = slots ? slots[j] : start + j;
         const float *kr = kc + slot * ld;
-        __m512 acc = _mm512_setzero_ps();
-        for (int e = 0; e < d; e += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), _mm512_loadu_ps(kr + e), acc);
-        const float v = _mm512_reduce_add_ps(acc) * scale;
+        vec acc = VZERO();
+        for (int e = 0; e < d; e += VL) acc = VFMA(VLOAD(q + e), VLOAD(kr + e), acc);
+        const float v = VHSUM(acc) * scale;
         s[j] = v;
         mx = v > mx ? v : mx;
     }
-    __m512 sum = _mm512_setzero_ps();
-    const __m512 vmx = _mm512_set1_ps(mx);
-    for (int j = 0; j < c; j += 16) {
-        const __mmask16 mk = c - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (c - j)) - 1u);
-        const __m512 p = _mm512_maskz_mov_ps(mk, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), vmx)));
-        _mm512_mask_storeu_ps(s + j, mk, p);
-        sum = _mm512_add_ps(sum, p);
+    vec sum = VZERO();
+    const vec vmx = VSET1(mx);
+    for (int j = 0; j < c; j += VL) {
+        const vmask mk = tail_mask(c - j);
+        const vec p = VKEEP(mk, vexp(VSUB(VLOADM(s + j, mk), vmx)));
+        VSTOREM(s + j, mk, p);
+        sum = VADD(sum, p);
     }
-    const float inv = 1.0f / _mm512_reduce_add_ps(sum);
-    __m512 o[8];  /* d <= 128 */
-    for (int e = 0; e < d / 16; e++) o[e] = _mm512_setzero_ps();
+    const float inv = 1.0f / VHSUM(sum);
+    vec o[128 / VL];  /* d <= 128 */
+    for (int e = 0; e < d / VL; e++) o[e] = VZERO();
     for (int j = 0; j < c; j++) {
         const int64_t slot = slots ? slots[j] : start + j;
         const float *vr = vc + slot * ld;
-        const __m512 p = _mm512_set1_ps(s[j]);
-        for (int e = 0; e < d / 16; e++) o[e] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * e), o[e]);
+        const vec p = VSET1(s[j]);
+        for (int e = 0; e < d / VL; e++) o[e] = VFMA(p, VLOAD(vr + VL * e), o[e]);
     }
-    const __m512 vinv = _mm512_set1_ps(inv);
-    for (int e = 0; e < d / 16; e++) _mm512_storeu_ps(out + 16 * e, _mm512_mul_ps(o[e], vinv));
-}
-#elif ISA == 2
-/* the same with 8-lane vectors (AVX2 + FMA): exp's 2^n by the exponent bits */
-static inline __m256 exp256(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-    y = _mm256_fmadd_ps(_mm256_mul_ps(y, x), x, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static void attend_one(const float *q, const float *kc, const float *vc, int64_t ld, const int64_t *slots,
-                       int64_t start, int c, int d, float scale, float *s, float *out) {
-    float mx = -INFINITY;
-    for (int j = 0; j < c; j++) {
-        const int64_t slot = slots ? slots[j] : start + j;
-        const float *kr = kc + slot * ld;
-        __m256 acc = _mm256_setzero_ps();
-        for (int e = 0; e < d; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), _mm256_loadu_ps(kr + e), acc);
-        const float v = hsum256(acc) * scale;
-        s[j] = v;
-        mx = v > mx ? v : mx;
-    }
-    __m256 sum = _mm256_setzero_ps();
-    const __m256 vmx = _mm256_set1_ps(mx);
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    for (int j = 0; j < c; j += 8) {
-        const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32(c - j), lane);
-        const __m256 p = _mm256_and_ps(_mm256_castsi256_ps(mk),
-                                       exp256(_mm256_sub_ps(_mm256_maskload_ps(s + j, mk), vmx)));
-        _mm256_maskstore_ps(s + j, mk, p);
-        sum = _mm256_add_ps(sum, p);
-    }
-    const float inv = 1.0f / hsum256(sum);
-    __m256 o[16];  /* d <= 128 */
-    for (int e = 0; e < d / 8; e++) o[e] = _mm256_setzero_ps();
-    for (int j = 0; j < c; j++) {
-        const int64_t slot = slots ? slots[j] : start + j;
-        const float *vr = vc + slot * ld;
-        const __m256 p = _mm256_set1_ps(s[j]);
-        for (int e = 0; e < d / 8; e++) o[e] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * e), o[e]);
-    }
-    const __m256 vinv = _mm256_set1_ps(inv);
-    for (int e = 0; e < d / 8; e++) _mm256_storeu_ps(out + 8 * e, _mm256_mul_ps(o[e], vinv));
+    const vec vinv = VSET1(inv);
+    for (int e = 0; e < d / VL; e++) VSTORE(out + VL * e, VMUL(o[e], vinv));
 }
 #endif
 
