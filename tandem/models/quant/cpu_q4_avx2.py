@@ -1,5 +1,6 @@
 """The AVX2 + FMA variant of ``cpu_q4``'s C kernel (``ISA == 2``; the rest of the source is
-``cpu_q4.py``'s): for CPUs without AVX-512 BF16 — most x86 laptops — where torch's ``int4pack`` kernel
+``cpu_q4.py``'s): for CPUs without AVX-512 BF16 — most x86 laptops, and AVX-512 CPUs before Sapphire
+Rapids / Zen 4 (their native build compiles this branch) — where torch's ``int4pack`` kernel
 (AVX2 dispatch) had served the packed weights, 8.2 ms for SmolLM2's linears at one row on the 2-core
 VM built for x86-64-v3 (docs/performance.md §56).
 
@@ -15,7 +16,7 @@ than the AVX-512 build's. Rows 1–5 take both parities in one pass (1–3 rows 
 enough independent FMA chains), 6–8 a pass per parity (fewer live registers).
 
 Per row it costs one FMA per 8 weights where the AVX-512 kernel's ``vdpbf16ps`` does 32 multiply-adds:
-a 5-row verify costs ~2.6 one-row products here (~2.0 there). Activations quantized to int8 / int16
+a 5-row verify costs ~2.4 one-row products here (~1.2 there; SmolLM2, §56). Activations quantized to int8 / int16
 (llama.cpp's way) would be cheaper per row, but the product would no longer be ``bf16(x) · Wᵀ``, which
 the screened LM head's error bound (``screened_head.py``) and the bitwise tests rely on.
 """
