@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kernel_utils import use_avx2_kernels
 from tandem import LLM, SamplingParams
 from tandem.models.quant.kernels import is_quantized
 
@@ -53,13 +54,17 @@ def test_packed_smollm2_ngram_is_lossless(smollm2):
     assert spec.engine.stats.spec.num_accepted_tokens > 0
 
 
-def test_packed_speculation_is_identical_at_concurrency_8():
+@pytest.mark.parametrize("isa", ["native", "avx2"])  # avx2: the kernels an AVX2-only machine runs
+def test_packed_speculation_is_identical_at_concurrency_8(monkeypatch, isa):
     """The CPU default under concurrency: 8 chats at once, greedy, drafting every step (n-gram and the
     EAGLE-3 head) — the same tokens as plain decoding of the same 8 at once. A step's rows are each
     computed as their request's lone step would (cpu_q4 rows, the C attention's rows over their own
     contexts), so verifies beside other requests' decodes cannot move a token (before the batched C
     attention: 6-7 of 8 identical). Fresh engines without prefix caching: a prompt's prefill rows
-    depend on its chunking, so a prefix cached by earlier requests would change them (docs/quantization.md)."""
+    depend on its chunking, so a prefix cached by earlier requests would change them (docs/quantization.md).
+    Also with the kernels' AVX2 builds (their own bits, the same guarantees)."""
+    if isa == "avx2" and not use_avx2_kernels(monkeypatch):
+        pytest.skip("the AVX2 builds of cpu_q4 and the C attention need AVX2 + FMA and a C compiler")
     kw = dict(device="cpu", max_model_len=1024, kv_cache_memory_bytes=256 << 20, enable_prefix_caching=False)
     chats = [[{"role": "user", "content": q}] for q in (
         "Explain what a hash table is.", "Write a Python function that merges two sorted lists.",
