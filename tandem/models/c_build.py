@@ -30,6 +30,16 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 # caller's ``isa="avx2"``): x86-64-v3 is AVX2, FMA, F16C, BMI2 — an AVX2-only laptop's instructions
 MARCH = {"native": ("-march=native",), "avx2": ("-march=x86-64-v3", "-mtune=native")}
 
+# C the kernels' AVX2 branches share (spliced into their sources): the sum of an 8-float vector's lanes,
+# in a fixed order
+HSUM256 = r"""static inline float hsum256(__m256 v) {
+""" + """    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+"""
+
 
 def target_flags(flags: tuple[str, ...], isa: str | None = None) -> tuple[str, ...]:
     """``flags`` with ``-march=native`` replaced by ``isa``'s target (None: ``$TANDEM_CPU_ISA``)."""

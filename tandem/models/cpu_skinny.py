@@ -60,12 +60,7 @@ typedef __m256 vec;
 #define VZERO() _mm256_setzero_ps()
 #define VLOAD(p) _mm256_loadu_ps(p)
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-static inline float VHSUM(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+""" + c_build.HSUM256 + r"""#define VHSUM(v) hsum256(v)
 #define REGS 12
 typedef __m256i tailmask;
 static inline tailmask make_mask(int n) {

@@ -85,12 +85,7 @@ typedef __m256i vmask;
 #define VMAX(a, b) _mm256_max_ps(a, b)
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define VFNMA(a, b, c) _mm256_fnmadd_ps(a, b, c)
-static inline float VHSUM(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+""" + c_build.HSUM256 + r"""#define VHSUM(v) hsum256(v)
 #define VFLOOR(v) _mm256_floor_ps(v)
 /* y · 2^n for integral n in [-126, 127]: n's exponent bits */
 #define VSCALE2(y, n) _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32( \

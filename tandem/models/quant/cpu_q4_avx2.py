@@ -21,16 +21,14 @@ a 5-row verify costs ~2.4 one-row products here (~1.2 there; SmolLM2, §56). Act
 the screened LM head's error bound (``screened_head.py``) and the bitwise tests rely on.
 """
 
+from __future__ import annotations
+
+from tandem.models import c_build
+
 SOURCE = r"""
 #elif ISA == 2
 typedef float xelem;  /* the rows of x as the block reads them: bf16 values widened to float32 (exact) */
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-/* lanes i of a tile's 16 floats, rows 2i + p (p = 0: even rows, 1: odd rows) */
+""" + c_build.HSUM256 + r"""/* lanes i of a tile's 16 floats, rows 2i + p (p = 0: even rows, 1: odd rows) */
 static inline __m256 parity(const float *v, int p) {
     const __m256 lo = _mm256_loadu_ps(v), hi = _mm256_loadu_ps(v + 8);
     const __m256 s = p ? _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)) : _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
@@ -117,7 +115,7 @@ static float group_sum(const float *x, int G) {
     __m256 s = _mm256_setzero_ps();
     int k = 0;
     for (; k + 8 <= G; k += 8) s = _mm256_add_ps(s, _mm256_loadu_ps(x + k));
-    float r = hsum8(s);
+    float r = hsum256(s);
     for (; k < G; k++) r += x[k];
     return r;
 }
@@ -135,7 +133,7 @@ static void norm_row(const float *x, const float *nw, float eps, int K, float *o
     __m256 s = _mm256_setzero_ps();
     int k = 0;
     for (; k + 8 <= K; k += 8) { const __m256 v = _mm256_loadu_ps(x + k); s = _mm256_fmadd_ps(v, v, s); }
-    float ss = hsum8(s);
+    float ss = hsum256(s);
     for (int i = k; i < K; i++) ss += x[i] * x[i];
     const float rs = 1.0f / sqrtf(ss / (float)K + eps);
     const __m256 r = _mm256_set1_ps(rs);
